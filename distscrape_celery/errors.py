@@ -1,0 +1,43 @@
+"""Exceptions raised by distscrape-celery.
+
+Every exception the package raises on purpose derives from :class:`DistscrapeError`, so callers (and
+the CLI) can tell our errors, which carry a message meant for a person, from bugs.
+"""
+
+from __future__ import annotations
+
+
+class DistscrapeError(Exception):
+    """Root of every error raised on purpose by distscrape-celery."""
+
+
+class ConfigError(DistscrapeError, ValueError):
+    """A setting, job spec or command-line value is invalid; the message names the field."""
+
+
+class JobNotFound(DistscrapeError, LookupError):
+    """No job of that name has been seeded on this tracker."""
+
+
+class JobConflict(DistscrapeError):
+    """A job of that name already exists with a different spec."""
+
+
+class TrackerUnavailable(DistscrapeError):
+    """The tracker's store (Redis) cannot be reached or answered with an error."""
+
+
+class FetchError(DistscrapeError):
+    """A download failed. ``retryable`` says whether trying again later may succeed."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class SaveError(DistscrapeError):
+    """A saver could not store an item."""
+
+
+class EmbeddedServiceError(DistscrapeError):
+    """An embedded service (Redis or a worker process) could not be started."""

@@ -1,0 +1,129 @@
+"""A job's spec: its seeds and how to scrape, fetch and save. Validated once, stored as JSON."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+from .settings import format_validation_error
+from .urls import check_seed_url
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FetchSpec(_Strict):
+    """Limits on every download; a fetch never runs without a timeout."""
+
+    connect_timeout: float = Field(10.0, gt=0, le=600)
+    read_timeout: float = Field(30.0, gt=0, le=3600)
+    total_timeout: float = Field(120.0, gt=0, le=3600, description="Whole download, body included.")
+    max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest body kept, after decoding.")
+    max_redirects: int = Field(5, ge=0, le=30)
+    user_agent: str = "distscrape-celery/0.1 (+https://github.com/distscrape/distscrape-celery)"
+
+
+class ScraperSpec(_Strict):
+    """Which scraper finds new items, and its options."""
+
+    kind: Literal["simple"] = "simple"
+    link_regex: Optional[str] = Field(
+        None, description="Follow only links whose absolute URL matches (re.search); None: all."
+    )
+    same_host: bool = Field(True, description="Follow only links to the seeds' hosts.")
+
+    @field_validator("link_regex")
+    @classmethod
+    def _compiles(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        return value
+
+
+class SaverSpec(_Strict):
+    """Which saver stores downloaded items, and its options."""
+
+    kind: Literal["files"] = "files"
+    output: str = Field("crawl-output", description="Output directory (absolute once seeded).")
+    name_scheme: str = Field(
+        "{host}/{path}",
+        description="File name under the output directory; fields {host} {port} {path} {query} "
+        "{sha1}; every part is sanitised so no name leaves the output directory.",
+    )
+
+
+class JobSpec(_Strict):
+    """Everything a worker needs to process a job's items, shared through the tracker."""
+
+    seeds: list[str] = Field(..., min_length=1)
+    scraper: ScraperSpec = ScraperSpec()
+    saver: SaverSpec = SaverSpec()
+    fetch: FetchSpec = FetchSpec()
+    max_retries: int = Field(3, ge=0, le=100, description="Failed attempts before an item is dead.")
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_urls(cls, seeds: list[str]) -> list[str]:
+        out: list[str] = []
+        for seed in seeds:
+            try:
+                url = check_seed_url(seed)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+            if url not in out:
+                out.append(url)
+        return out
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "JobSpec":
+        return cls.model_validate_json(text)
+
+
+def build_spec(data: dict[str, Any]) -> JobSpec:
+    """Validate ``data`` into a :class:`JobSpec`; errors name the bad field."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("invalid job spec: " + format_validation_error(exc)) from None
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML job file into a plain dict (validated later, together with CLI overrides)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base`` (None values in ``override`` are skipped)."""
+    out = dict(base)
+    for key, value in override.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out

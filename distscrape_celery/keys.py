@@ -1,0 +1,105 @@
+"""Every Redis key distscrape-celery uses, built in one place.
+
+Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live in one slot
+(Redis Cluster). Key shapes, with ``P = ds:{<job>}:``:
+
+================================  ======  ===================================================
+key                               type    holds
+================================  ======  ===================================================
+``P items``                       hash    item -> state letter + depth (``q``ueued, ``d``ispatched,
+                                          ``l``eased, ``D``one, ``X`` dead); doubles as the dedup set
+``P frontier``                    list    items waiting to be dispatched (stale entries skipped)
+``P dispatched``                  zset    item -> deadline; a Celery message for it exists
+``P leased``                      zset    item -> deadline; a worker is working on it
+``P owners``                      hash    leased item -> worker ID
+``P fails``                       hash    item -> number of failed attempts
+``P dead``                        hash    item -> reason it was given up on
+``P stats``                       hash    counters: seen, queued, done, dead
+``P spec``                        string  the job spec as JSON
+``P body:<ref>``                  string  a downloaded body staged for the save task (has a TTL)
+``ds:jobs``                       set     names of every seeded job
+``ds:workers``                    hash    worker ID -> JSON description (host, pid, concurrency)
+``ds:worker-concurrency``         hash    worker ID -> concurrency
+``ds:heartbeats``                 zset    worker ID -> time of its last heartbeat (Redis clock)
+``ds:worker-seq``                 string  counter that hands out worker IDs
+================================  ======  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+PREFIX = "ds"
+JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+JOBS = f"{PREFIX}:jobs"
+WORKERS = f"{PREFIX}:workers"
+WORKER_CONCURRENCY = f"{PREFIX}:worker-concurrency"
+HEARTBEATS = f"{PREFIX}:heartbeats"
+WORKER_SEQ = f"{PREFIX}:worker-seq"
+
+
+def check_job_name(job: str) -> str:
+    """Return ``job`` if it is a valid job name, else raise :class:`ConfigError`."""
+    if not isinstance(job, str) or not JOB_NAME_RE.match(job):
+        raise ConfigError(
+            f"invalid job name {job!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return job
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The keys of one job."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        check_job_name(self.job)
+
+    @property
+    def prefix(self) -> str:
+        return f"{PREFIX}:{{{self.job}}}:"
+
+    @property
+    def items(self) -> str:
+        return self.prefix + "items"
+
+    @property
+    def frontier(self) -> str:
+        return self.prefix + "frontier"
+
+    @property
+    def dispatched(self) -> str:
+        return self.prefix + "dispatched"
+
+    @property
+    def leased(self) -> str:
+        return self.prefix + "leased"
+
+    @property
+    def owners(self) -> str:
+        return self.prefix + "owners"
+
+    @property
+    def fails(self) -> str:
+        return self.prefix + "fails"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def spec(self) -> str:
+        return self.prefix + "spec"
+
+    def body(self, ref: str) -> str:
+        return f"{self.prefix}body:{ref}"

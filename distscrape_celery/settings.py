@@ -1,0 +1,126 @@
+"""Process-wide settings, read from ``DISTSCRAPE_*`` environment variables once and validated.
+
+Nothing else in the package reads the environment: the CLI and the Celery app build one
+:class:`Settings` and pass it down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+ENV_PREFIX = "DISTSCRAPE_"
+
+
+class Settings(BaseModel):
+    """Settings of one process (worker, CLI); every field maps to ``DISTSCRAPE_<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis holding the tracker; also the Celery broker unless broker_url is set.",
+    )
+    broker_url: Optional[str] = Field(
+        None, description="Celery broker URL, when it is not the tracker's Redis."
+    )
+    lease_seconds: float = Field(
+        60.0,
+        ge=0.5,
+        le=86400,
+        description="How long a worker may hold an item without a heartbeat before it is handed "
+        "to another worker. Sets how fast work of a dead worker is recovered.",
+    )
+    dispatch_factor: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="The broker holds at most this many scrape messages per unit of live worker "
+        "concurrency; the rest of the frontier waits in the tracker.",
+    )
+
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _check_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and "://" not in value:
+            raise ValueError(f"{value!r} is not a URL (expected e.g. redis://host:6379/0)")
+        return value
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between a worker's heartbeats; several fit in one lease."""
+        return min(max(self.lease_seconds / 4, 0.2), 10.0)
+
+    @property
+    def task_soft_time_limit(self) -> float:
+        return 4 * self.lease_seconds
+
+    @property
+    def task_time_limit(self) -> float:
+        return 5 * self.lease_seconds
+
+    @property
+    def visibility_timeout(self) -> float:
+        """Celery's redelivery delay on the Redis broker: well above any task's time limit.
+
+        The tracker recovers lost work within a lease on its own; the broker's redelivery is only a
+        backstop, so it may be late but must never fire while a task can still be running.
+        """
+        return 2 * self.task_time_limit
+
+    @classmethod
+    def from_env(
+        cls, environ: Optional[Mapping[str, str]] = None, **overrides: object
+    ) -> "Settings":
+        """Build settings from ``environ`` (default: the process environment) plus overrides.
+
+        Unknown ``DISTSCRAPE_*`` variables are rejected, so a typo is an error, not a silent default.
+        """
+        environ = os.environ if environ is None else environ
+        known = {ENV_PREFIX + name.upper() for name in cls.model_fields}
+        unknown = sorted(
+            k for k in environ if k.startswith(ENV_PREFIX) and k not in known and not k.startswith("DISTSCRAPE_TEST_")
+        )
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
+        values: dict[str, object] = {
+            name: environ[ENV_PREFIX + name.upper()]
+            for name in cls.model_fields
+            if ENV_PREFIX + name.upper() in environ
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, prefix=ENV_PREFIX)) from None
+
+    def to_env(self) -> dict[str, str]:
+        """The ``DISTSCRAPE_*`` variables that recreate these settings in a child process."""
+        env = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is not None:
+                env[ENV_PREFIX + name.upper()] = str(value)
+        return env
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One line per problem, each naming the field, for people rather than programs."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        if prefix:
+            loc = prefix + loc.upper()
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
