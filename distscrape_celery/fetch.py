@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import requests
+import urllib3.exceptions
+
+from .errors import FetchError
+from .jobspec import FetchSpec
+
+_CHUNK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -21,3 +32,108 @@ class Download:
     @classmethod
     def from_meta(cls, meta: dict, body: bytes) -> "Download":
         return cls(url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"], body=body)
+
+
+class Fetcher:
+    """Downloads http(s) URLs within the limits of a :class:`FetchSpec`.
+
+    Safe to share between threads: each thread gets its own pooled ``requests.Session``.
+    """
+
+    def __init__(self, spec: FetchSpec) -> None:
+        self.spec = spec
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            session.max_redirects = self.spec.max_redirects
+            session.headers["User-Agent"] = self.spec.user_agent
+            self._local.session = session
+        return session
+
+    def get(self, url: str) -> Download:
+        """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
+        raises :class:`FetchError` for anything else, never an exception of requests or urllib3."""
+        if urlsplit(url).scheme.lower() not in ("http", "https"):
+            raise FetchError(f"not an http(s) URL: {url}", retryable=False)
+        spec = self.spec
+        deadline = time.monotonic() + spec.total_timeout
+        # A single socket read may never outlast the whole download's budget.
+        timeout = (spec.connect_timeout, min(spec.read_timeout, spec.total_timeout))
+        try:
+            with self._session().get(url, stream=True, timeout=timeout) as response:
+                _check_status(response)
+                body = self._read_body(response, deadline)
+                return Download(
+                    url=response.url,
+                    status=response.status_code,
+                    content_type=response.headers.get("Content-Type", ""),
+                    body=body,
+                )
+        except requests.RequestException as exc:
+            raise _request_error(exc, url, spec) from exc
+        except urllib3.exceptions.LocationValueError as exc:
+            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise FetchError(f"HTTP error for {url}: {exc}", retryable=True) from exc
+
+    def _read_body(self, response: requests.Response, deadline: float) -> bytes:
+        body = bytearray()
+        # iter_content yields decoded bytes, so max_bytes also caps what a compressed body expands to.
+        for chunk in response.iter_content(_CHUNK_BYTES):
+            body += chunk
+            if len(body) > self.spec.max_bytes:
+                raise FetchError(
+                    f"body of {response.url} exceeds max_bytes={self.spec.max_bytes}", retryable=False
+                )
+            if time.monotonic() > deadline:
+                raise FetchError(
+                    f"timed out after {self.spec.total_timeout:g}s (total_timeout) reading {response.url}",
+                    retryable=True,
+                )
+        return bytes(body)
+
+
+def _check_status(response: requests.Response) -> None:
+    status = response.status_code
+    if status >= 400:
+        retryable = status >= 500 or status in (408, 429)
+        raise FetchError(f"HTTP {status} for {response.url}", retryable=retryable)
+
+
+def _request_error(exc: requests.RequestException, url: str, spec: FetchSpec) -> FetchError:
+    """Map a requests exception to a short :class:`FetchError`."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return FetchError(f"timed out after {spec.connect_timeout:g}s connecting to {url}", retryable=True)
+    # A read timeout while streaming the body arrives as a ConnectionError wrapping urllib3's.
+    if isinstance(exc, requests.ReadTimeout) or (
+        exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
+    ):
+        read_timeout = min(spec.read_timeout, spec.total_timeout)
+        return FetchError(f"timed out after {read_timeout:g}s reading {url}", retryable=True)
+    if isinstance(exc, requests.TooManyRedirects):
+        return FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
+    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
+                        requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader)):
+        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return FetchError(f"connection broken while reading {url}", retryable=True)
+    if isinstance(exc, requests.ConnectionError):
+        return FetchError(f"{_connection_reason(exc)} for {url}", retryable=True)
+    return FetchError(f"request for {url} failed: {exc}", retryable=True)
+
+
+def _connection_reason(exc: requests.ConnectionError) -> str:
+    """A few words on why a connection failed, from the cause urllib3 wrapped."""
+    reason = exc.args[0] if exc.args else None
+    if isinstance(reason, urllib3.exceptions.MaxRetryError):
+        reason = reason.reason
+    if isinstance(reason, urllib3.exceptions.NameResolutionError):
+        return "cannot resolve host"
+    if isinstance(getattr(reason, "__cause__", None), ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "TLS error"
+    return "connection failed"

@@ -18,10 +18,10 @@ key                               type    holds
 ``P spec``                        string  the job spec as JSON
 ``P body:<ref>``                  string  a downloaded body staged for the save task (has a TTL)
 ``ds:jobs``                       set     names of every seeded job
-``ds:workers``                    hash    worker ID -> JSON description (host, pid, concurrency)
-``ds:worker-concurrency``         hash    worker ID -> concurrency
-``ds:heartbeats``                 zset    worker ID -> time of its last heartbeat (Redis clock)
-``ds:worker-seq``                 string  counter that hands out worker IDs
+``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
+``ds:{workers}:concurrency``      hash    worker ID -> concurrency
+``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
+``ds:{workers}:seq``              string  counter that hands out worker IDs
 ================================  ======  ===================================================
 """
 
@@ -36,10 +36,11 @@ PREFIX = "ds"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 JOBS = f"{PREFIX}:jobs"
-WORKERS = f"{PREFIX}:workers"
-WORKER_CONCURRENCY = f"{PREFIX}:worker-concurrency"
-HEARTBEATS = f"{PREFIX}:heartbeats"
-WORKER_SEQ = f"{PREFIX}:worker-seq"
+# One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
+WORKERS = f"{PREFIX}:{{workers}}:info"
+WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
+HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
+WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
 
 
 def check_job_name(job: str) -> str:
@@ -100,6 +101,13 @@ class JobKeys:
     @property
     def spec(self) -> str:
         return self.prefix + "spec"
+
+    def item_keys(self) -> tuple[str, ...]:
+        """The KEYS every item script takes, in the order the scripts name them."""
+        return (
+            self.items, self.frontier, self.dispatched, self.leased,
+            self.owners, self.stats, self.fails, self.dead,
+        )
 
     def body(self, ref: str) -> str:
         return f"{self.prefix}body:{ref}"

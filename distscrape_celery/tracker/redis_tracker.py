@@ -1,0 +1,282 @@
+"""RedisTracker: the tracker for distributed crawls. Each operation is one Lua script call."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from importlib import resources
+from typing import Any, Optional, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from .. import keys
+from ..errors import JobConflict, JobNotFound, TrackerUnavailable
+from .base import (
+    MAX_ADD_BATCH,
+    MAX_DISPATCH_BATCH,
+    MAX_RECLAIM_BATCH,
+    AddResult,
+    Checkout,
+    CompleteResult,
+    FailOutcome,
+    FailResult,
+    JobStats,
+    LeaseStatus,
+    MaintainResult,
+    Tracker,
+    WorkerInfo,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ITEM_SCRIPTS = ("add", "checkout", "complete", "fail", "extend", "maintain")
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced, for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _read_lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _converts_redis_errors(method: F) -> F:
+    """Turn redis-py connection errors into :class:`TrackerUnavailable` where they enter."""
+
+    @functools.wraps(method)
+    def wrapper(self: "RedisTracker", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        except redis.ResponseError as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class RedisTracker(Tracker):
+    """Tracker state in Redis; safe for any number of worker processes on any number of hosts."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        lease_seconds: float = 60.0,
+        dispatch_factor: int = 2,
+        bound_refresh_seconds: Optional[float] = None,
+    ) -> None:
+        super().__init__(lease_seconds=lease_seconds, dispatch_factor=dispatch_factor)
+        if not client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("RedisTracker needs a client created with decode_responses=True")
+        self.client = client
+        kw = client.get_connection_kwargs()
+        self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
+        lib = _read_lua("_lib")
+        self._scripts = {
+            name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
+        }
+        self._heartbeat_script = client.register_script(_read_lua("heartbeat"))
+        self._bound_refresh = (
+            bound_refresh_seconds
+            if bound_refresh_seconds is not None
+            else min(max(self.lease_seconds / 4, 0.2), 2.0)
+        )
+        self._bound: Optional[int] = None
+        self._bound_at = 0.0
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "RedisTracker":
+        """Connect to ``url`` and check that Redis answers, so a bad URL fails now, clearly."""
+        client = redis.Redis.from_url(
+            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+            health_check_interval=30,
+        )
+        tracker = cls(client, **kwargs)
+        tracker.url = redact(url)
+        tracker.ping()
+        return tracker
+
+    @_converts_redis_errors
+    def ping(self) -> None:
+        self.client.ping()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    @_converts_redis_errors
+    def register_worker(self, host: str, pid: int, concurrency: int) -> str:
+        worker_id = f"w{self.client.incr(keys.WORKER_SEQ)}"
+        info = json.dumps({"host": host, "pid": pid, "concurrency": concurrency})
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(keys.WORKERS, worker_id, info)
+        pipe.hset(keys.WORKER_CONCURRENCY, worker_id, concurrency)
+        pipe.execute()
+        self.heartbeat(worker_id)
+        return worker_id
+
+    @_converts_redis_errors
+    def heartbeat(self, worker_id: str) -> None:
+        self._beat(worker_id)
+
+    def _beat(self, worker_id: str) -> int:
+        total, _live = self._heartbeat_script(
+            keys=[keys.HEARTBEATS, keys.WORKER_CONCURRENCY], args=[worker_id, self.lease_seconds]
+        )
+        self._bound = int(total) * self.dispatch_factor
+        self._bound_at = time.monotonic()
+        return self._bound
+
+    @_converts_redis_errors
+    def deregister_worker(self, worker_id: str) -> None:
+        self.client.zrem(keys.HEARTBEATS, worker_id)
+
+    @_converts_redis_errors
+    def workers(self) -> list[WorkerInfo]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.WORKERS)
+        pipe.zrange(keys.HEARTBEATS, 0, -1, withscores=True)
+        pipe.time()
+        infos, beats, (sec, usec) = pipe.execute()
+        now = sec + usec / 1e6
+        last = dict(beats)
+        out = []
+        for worker_id, raw in sorted(infos.items(), key=lambda kv: int(kv[0][1:])):
+            info = json.loads(raw)
+            seen = last.get(worker_id)
+            out.append(
+                WorkerInfo(
+                    id=worker_id, host=info["host"], pid=info["pid"],
+                    concurrency=info["concurrency"], last_seen=seen,
+                    alive=seen is not None and now - seen <= self.lease_seconds,
+                )
+            )
+        return out
+
+    @_converts_redis_errors
+    def dispatch_bound(self) -> int:
+        if self._bound is None or time.monotonic() - self._bound_at > self._bound_refresh:
+            return self._beat("")
+        return self._bound
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    @_converts_redis_errors
+    def create_job(self, job: str, spec_json: str) -> bool:
+        k = keys.JobKeys(job)
+        created = bool(self.client.set(k.spec, spec_json, nx=True))
+        if not created:
+            existing = self.client.get(k.spec)
+            if existing is not None and json.loads(existing) != json.loads(spec_json):
+                raise JobConflict(
+                    f"job {job!r} already exists with a different spec; pick another job name"
+                )
+        self.client.sadd(keys.JOBS, job)
+        return created
+
+    @_converts_redis_errors
+    def load_spec(self, job: str) -> str:
+        spec = self.client.get(keys.JobKeys(job).spec)
+        if spec is None:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        return spec
+
+    @_converts_redis_errors
+    def jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.JOBS))
+
+    # -- items -----------------------------------------------------------------------------
+
+    def _top_up_args(self) -> list[Any]:
+        return [self.dispatch_bound(), MAX_DISPATCH_BATCH, self.lease_seconds]
+
+    @_converts_redis_errors
+    def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
+        k = keys.JobKeys(job).item_keys()
+        added, dispatch = 0, []
+        for chunk in _chunks(list(items), MAX_ADD_BATCH) if items else [[]]:
+            res = self._scripts["add"](keys=k, args=[depth, *self._top_up_args(), *chunk])
+            added += int(res[0])
+            dispatch.extend(res[1:])
+        return AddResult(dispatch=dispatch, added=added)
+
+    @_converts_redis_errors
+    def checkout(self, job: str, item: str, worker_id: str) -> Checkout:
+        bound, max_batch, lease = self._top_up_args()
+        res = self._scripts["checkout"](
+            keys=keys.JobKeys(job).item_keys(), args=[item, worker_id, lease, bound, max_batch]
+        )
+        return Checkout(
+            status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
+            dispatch=list(res[3:]),
+        )
+
+    @_converts_redis_errors
+    def complete(self, job: str, item: str) -> CompleteResult:
+        res = self._scripts["complete"](
+            keys=keys.JobKeys(job).item_keys(), args=[item, *self._top_up_args()]
+        )
+        return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
+
+    @_converts_redis_errors
+    def fail(
+        self, job: str, item: str, reason: str, *, max_retries: int, retryable: bool = True,
+        count: bool = True,
+    ) -> FailResult:
+        res = self._scripts["fail"](
+            keys=keys.JobKeys(job).item_keys(),
+            args=[item, reason[:2000], int(retryable), max_retries, int(count), *self._top_up_args()],
+        )
+        return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
+
+    @_converts_redis_errors
+    def extend(self, job: str, items: Sequence[str]) -> int:
+        k = keys.JobKeys(job).item_keys()
+        return sum(
+            int(self._scripts["extend"](keys=k, args=[self.lease_seconds, *chunk]))
+            for chunk in _chunks(list(items), MAX_ADD_BATCH)
+        )
+
+    @_converts_redis_errors
+    def maintain(self, job: str, *, max_retries: int) -> MaintainResult:
+        res = self._scripts["maintain"](
+            keys=keys.JobKeys(job).item_keys(),
+            args=[*self._top_up_args(), MAX_RECLAIM_BATCH, max_retries],
+        )
+        return MaintainResult(dispatch=list(res[2:]), reclaimed=int(res[0]), died=int(res[1]))
+
+    @_converts_redis_errors
+    def stats(self, job: str) -> JobStats:
+        k = keys.JobKeys(job)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(k.stats)
+        pipe.zcard(k.dispatched)
+        pipe.zcard(k.leased)
+        counters, dispatched, leased = pipe.execute()
+        c = {name: int(counters.get(name, 0)) for name in ("seen", "queued", "done", "dead")}
+        return JobStats(
+            seen=c["seen"], frontier=c["queued"], dispatched=dispatched, leased=leased,
+            done=c["done"], dead=c["dead"],
+        )
+
+    @_converts_redis_errors
+    def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for item, reason in self.client.hscan_iter(keys.JobKeys(job).dead, count=limit):
+            out[item] = reason
+            if len(out) >= limit:
+                break
+        return out
