@@ -56,12 +56,15 @@ class Fetcher:
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
         raises :class:`FetchError` for anything else, never an exception of requests or urllib3."""
-        if urlsplit(url).scheme.lower() not in ("http", "https"):
+        try:
+            scheme = urlsplit(url).scheme.lower()
+        except ValueError as exc:
+            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
+        if scheme not in ("http", "https"):
             raise FetchError(f"not an http(s) URL: {url}", retryable=False)
         spec = self.spec
         deadline = time.monotonic() + spec.total_timeout
-        # A single socket read may never outlast the whole download's budget.
-        timeout = (spec.connect_timeout, min(spec.read_timeout, spec.total_timeout))
+        timeout = (spec.connect_timeout, _read_timeout(spec))
         try:
             with self._session().get(url, stream=True, timeout=timeout) as response:
                 _check_status(response)
@@ -74,26 +77,33 @@ class Fetcher:
                 )
         except requests.RequestException as exc:
             raise _request_error(exc, url, spec) from exc
-        except urllib3.exceptions.LocationValueError as exc:
-            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from exc
         except urllib3.exceptions.HTTPError as exc:
-            raise FetchError(f"HTTP error for {url}: {exc}", retryable=True) from exc
+            raise _urllib3_error(exc, url, spec) from exc
 
     def _read_body(self, response: requests.Response, deadline: float) -> bytes:
+        """The decoded body, read as it arrives so the deadline holds even against a slow drip
+        (``iter_content`` would block until a whole chunk had come in)."""
+        limit = self.spec.max_bytes
         body = bytearray()
-        # iter_content yields decoded bytes, so max_bytes also caps what a compressed body expands to.
-        for chunk in response.iter_content(_CHUNK_BYTES):
+        while chunk := response.raw.read1(_CHUNK_BYTES, decode_content=True):
             body += chunk
-            if len(body) > self.spec.max_bytes:
+            # Decoded bytes count, so max_bytes also caps what a compressed body expands to.
+            if len(body) > limit:
                 raise FetchError(
-                    f"body of {response.url} exceeds max_bytes={self.spec.max_bytes}", retryable=False
+                    f"body of {response.url} exceeds max_bytes={limit}", retryable=False
                 )
             if time.monotonic() > deadline:
                 raise FetchError(
-                    f"timed out after {self.spec.total_timeout:g}s (total_timeout) reading {response.url}",
+                    f"timed out after {self.spec.total_timeout:g}s (total_timeout) "
+                    f"reading {response.url}",
                     retryable=True,
                 )
         return bytes(body)
+
+
+def _read_timeout(spec: FetchSpec) -> float:
+    # No single socket read may outlast the whole download's budget.
+    return min(spec.read_timeout, spec.total_timeout)
 
 
 def _check_status(response: requests.Response) -> None:
@@ -104,25 +114,42 @@ def _check_status(response: requests.Response) -> None:
 
 
 def _request_error(exc: requests.RequestException, url: str, spec: FetchSpec) -> FetchError:
-    """Map a requests exception to a short :class:`FetchError`."""
+    """Map an exception requests raised (connecting, redirecting, reading headers)."""
     if isinstance(exc, requests.ConnectTimeout):
-        return FetchError(f"timed out after {spec.connect_timeout:g}s connecting to {url}", retryable=True)
-    # A read timeout while streaming the body arrives as a ConnectionError wrapping urllib3's.
-    if isinstance(exc, requests.ReadTimeout) or (
-        exc.args and isinstance(exc.args[0], urllib3.exceptions.ReadTimeoutError)
-    ):
-        read_timeout = min(spec.read_timeout, spec.total_timeout)
-        return FetchError(f"timed out after {read_timeout:g}s reading {url}", retryable=True)
+        return FetchError(
+            f"timed out after {spec.connect_timeout:g}s connecting to {url}", retryable=True
+        )
+    if isinstance(exc, requests.ReadTimeout):
+        return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
     if isinstance(exc, requests.TooManyRedirects):
         return FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
-    if isinstance(exc, (requests.exceptions.InvalidURL, requests.exceptions.InvalidSchema,
-                        requests.exceptions.MissingSchema, requests.exceptions.InvalidHeader)):
+    if isinstance(
+        exc,
+        (
+            requests.exceptions.InvalidURL,
+            requests.exceptions.InvalidSchema,
+            requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidHeader,
+        ),
+    ):
         return FetchError(f"invalid URL {url}: {exc}", retryable=False)
-    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
-        return FetchError(f"connection broken while reading {url}", retryable=True)
     if isinstance(exc, requests.ConnectionError):
         return FetchError(f"{_connection_reason(exc)} for {url}", retryable=True)
     return FetchError(f"request for {url} failed: {exc}", retryable=True)
+
+
+def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec) -> FetchError:
+    """Map an exception urllib3 raised: reading the body, or a URL requests let through."""
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        return FetchError(f"connection broken while reading {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.DecodeError):
+        # The server sent a body its own Content-Encoding does not describe; a retry gets the same.
+        return FetchError(f"cannot decode the body of {url}", retryable=False)
+    if isinstance(exc, urllib3.exceptions.LocationValueError):
+        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
+    return FetchError(f"HTTP error for {url}: {exc}", retryable=True)
 
 
 def _connection_reason(exc: requests.ConnectionError) -> str:

@@ -122,8 +122,9 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     for key, value in override.items():
         if value is None:
             continue
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+        if isinstance(value, dict):
+            base_value = out.get(key)
+            out[key] = merge(base_value if isinstance(base_value, dict) else {}, value)
         else:
             out[key] = value
     return out

@@ -61,7 +61,9 @@ class SimpleScraper(Scraper):
     def from_spec(cls, spec: JobSpec) -> "SimpleScraper":
         """Follow ``spec.scraper.link_regex``, stay on the seeds' hosts if ``same_host``."""
         hosts = {url_host(seed) for seed in spec.seeds} if spec.scraper.same_host else None
-        return cls(link_regex=spec.scraper.link_regex, allowed_hosts=hosts, fetcher=Fetcher(spec.fetch))
+        return cls(
+            link_regex=spec.scraper.link_regex, allowed_hosts=hosts, fetcher=Fetcher(spec.fetch)
+        )
 
     def download(self, item: str) -> Download:
         return self.fetcher.get(item)
@@ -142,10 +144,12 @@ class _LinkCollector:
 def _parse_links(body: bytes, charset: Optional[str]) -> tuple[Optional[str], list[str]]:
     """(first base href, hrefs) of an HTML body; whatever libxml2 recovers from broken input."""
     collector = _LinkCollector()
+    # huge_tree: libxml2's default limits would stop the parse at a text or attribute over
+    # 10 MB and lose every later link; the fetcher's max_bytes already bounds the input.
     try:
-        parser = lxml.html.HTMLParser(target=collector, encoding=charset)
+        parser = lxml.html.HTMLParser(target=collector, encoding=charset, huge_tree=True)
     except (LookupError, ValueError):  # a charset libxml2 does not know: let it sniff the body
-        parser = lxml.html.HTMLParser(target=collector)
+        parser = lxml.html.HTMLParser(target=collector, huge_tree=True)
     try:
         lxml.etree.fromstring(body, parser)
     except lxml.etree.LxmlError:

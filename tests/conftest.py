@@ -55,3 +55,59 @@ def tracker_factory(request):
     """Builds trackers of one kind; for Redis, all share one freshly flushed database."""
     url = request.getfixturevalue("redis_url") if request.param == "redis" else None
     return lambda **kw: make_tracker(request.param, url, **kw)
+
+
+# -- crawls with real worker processes --------------------------------------------------------
+
+from sitegen import SiteServer, generate_site  # noqa: E402
+
+from distscrape_celery.local import WorkerProcess  # noqa: E402
+from distscrape_celery.settings import Settings  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def site():
+    return generate_site(n_pages=300, seed=7, unreachable=10)
+
+
+@pytest.fixture
+def site_server(site):
+    with SiteServer(site) as server:
+        yield server
+
+
+def crawl_settings(redis_url: str, **overrides) -> Settings:
+    # An empty environ: tests must not depend on the shell's DISTSCRAPE_* variables.
+    return Settings.from_env({}, redis_url=redis_url, **overrides)
+
+
+@pytest.fixture
+def workers(tmp_path):
+    """Start real `celery worker` processes; every one is stopped (its whole group) at the end."""
+    started: list[WorkerProcess] = []
+
+    def start(settings: Settings, name: str, concurrency: int = 3) -> WorkerProcess:
+        w = WorkerProcess(settings, name=name, concurrency=concurrency, log_dir=str(tmp_path),
+                          loglevel="INFO")
+        started.append(w.start())
+        return w
+
+    yield start
+    for w in started:
+        w.stop(timeout=10)
+
+
+def saved_files(output) -> dict[str, bytes]:
+    """Every file under ``output`` (relative path -> content), temp files of the saver excluded."""
+    out = {}
+    for path in Path(output).rglob("*"):
+        if path.is_file() and not path.name.startswith(".~tmp-"):
+            out[str(path.relative_to(output))] = path.read_bytes()
+    return out
+
+
+def expected_files(server, site, output) -> dict[str, bytes]:
+    from distscrape_celery.savers import FileItemSaver
+
+    saver = FileItemSaver(output)
+    return {str(saver.name_for(server.url(p))): site.pages[p] for p in site.reachable}

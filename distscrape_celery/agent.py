@@ -1,0 +1,149 @@
+"""A worker's life in the tracker: register, heartbeat, keep its items' leases, recover others'.
+
+Each worker process runs one agent thread (in the pool's parent for prefork). Every heartbeat
+interval it (1) records that the worker lives, (2) extends the deadlines of the items the worker has
+reserved or is running, and (3) for every job, reclaims items whose deadline passed and tops the
+broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+from celery import signals
+
+from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+HeldItems = Callable[[], dict[str, list[str]]]
+
+
+def reserved_items() -> dict[str, list[str]]:
+    """Items of the tasks this worker has reserved or is running, by job (Celery's own books)."""
+    from celery.worker import state
+
+    from .celery_app import SAVE_TASK, SCRAPE_TASK
+
+    held: dict[str, list[str]] = defaultdict(list)
+    for request in list(state.reserved_requests):
+        if request.name in (SCRAPE_TASK, SAVE_TASK):
+            try:
+                job, item = request.args[0], request.args[1]
+            except (IndexError, TypeError):
+                continue
+            held[job].append(item)
+    return held
+
+
+class WorkerAgent:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        concurrency: int,
+        publish: Callable[[str, Sequence[str]], None],
+        held_items: HeldItems = reserved_items,
+        interval: Optional[float] = None,
+    ) -> None:
+        self.rt = runtime
+        self.concurrency = concurrency
+        self.publish = publish
+        self.held_items = held_items
+        self.interval = interval or runtime.settings.heartbeat_interval
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def register(self) -> str:
+        worker_id = self.rt.tracker.register_worker(socket.gethostname(), os.getpid(), self.concurrency)
+        self.rt.worker_id = worker_id
+        log.info("registered as worker %s", worker_id)
+        return worker_id
+
+    def tick(self) -> None:
+        """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch."""
+        tracker = self.rt.tracker
+        tracker.heartbeat(self.rt.worker_id)
+        for job, items in self.held_items().items():
+            tracker.extend(job, items)
+        for job in tracker.jobs():
+            res = tracker.maintain(job, max_retries=self.rt.spec(job).max_retries)
+            if res.reclaimed or res.died:
+                log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
+            if res.dispatch:
+                self.publish(job, res.dispatch)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except Exception:  # Redis down for a moment must not end the heartbeat for good
+                log.exception("worker heartbeat failed; retrying")
+
+    def start(self) -> None:
+        self.tick()
+        self._thread = threading.Thread(target=self._run, name="distscrape-agent", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 5)
+        try:
+            self.rt.tracker.deregister_worker(self.rt.worker_id)
+        except Exception:
+            log.exception("could not deregister worker %s", self.rt.worker_id)
+        self.rt.close()
+
+
+# -- Celery worker hooks (`celery -A distscrape_celery worker`) ---------------------------------
+
+_agent: Optional[WorkerAgent] = None
+
+
+def _runtime_for_worker() -> Runtime:
+    from .celery_app import current_settings
+    from .runtime import current_runtime
+
+    return current_runtime(current_settings)
+
+
+@signals.worker_init.connect
+def _on_worker_init(sender, **_):
+    """Register before the pool forks, so every pool process inherits the worker ID."""
+    global _agent
+    from .tasks import publisher
+
+    rt = _runtime_for_worker()
+    if rt.in_memory:
+        return
+    concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
+    _agent = WorkerAgent(rt, concurrency=concurrency, publish=publisher.scrape)
+    _agent.register()
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(**_):
+    if _agent is not None:
+        _agent.start()
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_):
+    if _agent is not None:
+        _agent.stop()
+
+
+@signals.worker_process_shutdown.connect
+def _on_pool_process_shutdown(**_):
+    # Pool processes own their savers; close them so buffered output is flushed.
+    from . import runtime
+
+    if runtime._runtime is not None:
+        runtime._runtime.close()

@@ -1,0 +1,219 @@
+"""The ``distscrape`` command: seed jobs, watch them, or crawl a site in one command."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from .errors import DistscrapeError
+from .jobspec import JobSpec, build_spec, load_config_file, merge
+from .settings import Settings
+from .urls import url_host
+
+EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
+
+
+def _settings(redis_url: Optional[str], lease_seconds: Optional[float] = None) -> Settings:
+    return Settings.from_env(redis_url=redis_url, lease_seconds=lease_seconds)
+
+
+def _spec(
+    seeds: tuple[str, ...], config: Optional[str], link_regex: Optional[str],
+    output: Optional[str], all_hosts: bool = False,
+) -> JobSpec:
+    data: dict[str, Any] = load_config_file(config) if config else {}
+    data = merge(
+        data,
+        {
+            "seeds": list(seeds) or None,
+            "scraper": {"link_regex": link_regex, "same_host": False if all_hosts else None},
+            "saver": {"output": output},
+        },
+    )
+    if not data.get("seeds"):
+        raise click.UsageError("give at least one SEED URL (or seeds = [...] in --config)")
+    saver = data.setdefault("saver", {})
+    if isinstance(saver, dict):
+        # Absolute, so that every worker writes to the same place whatever its directory.
+        saver["output"] = str(Path(saver.get("output") or "crawl-output").expanduser().resolve())
+    return build_spec(data)
+
+
+def _redis_runtime(settings: Settings):
+    from .celery_app import configure_app
+    from .manager import CrawlManager
+    from .tasks import publisher
+    from .tracker import RedisTracker
+
+    tracker = RedisTracker.from_url(
+        settings.redis_url, lease_seconds=settings.lease_seconds,
+        dispatch_factor=settings.dispatch_factor,
+    )
+    configure_app(settings)
+    return tracker, CrawlManager(tracker, publisher.scrape)
+
+
+redis_url_option = click.option(
+    "--redis-url", metavar="URL", help="Tracker Redis (default: $DISTSCRAPE_REDIS_URL or local)."
+)
+spec_options = [
+    click.option("--link-regex", metavar="REGEX", help="Follow only links whose URL matches."),
+    click.option("--output", metavar="DIR", help="Where pages are saved (default ./crawl-output)."),
+    click.option("--config", type=click.Path(dir_okay=False), help="TOML job file."),
+    click.option("--all-hosts", is_flag=True, help="Follow links to any host, not only the seeds'."),
+]
+
+
+def with_spec_options(fn):
+    for option in reversed(spec_options):
+        fn = option(fn)
+    return fn
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Distributed web crawler on Celery and Redis."""
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("seeds", nargs=-1)
+@with_spec_options
+@redis_url_option
+def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
+    """Create JOB (or add to it) and queue its SEED URLs for the workers."""
+    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    _, manager = _redis_runtime(_settings(redis_url))
+    res = manager.seed(job, spec)
+    verb = "created" if res.created else "already existed; seeds re-added"
+    click.echo(f"job {job} {verb}: {res.added} new item(s), {res.dispatched} sent to workers now")
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@redis_url_option
+def status(job, as_json, redis_url) -> None:
+    """Show how far JOB has got."""
+    tracker, manager = _redis_runtime(_settings(redis_url))
+    stats = manager.status(job)
+    if as_json:
+        click.echo(json.dumps({"job": job, **stats.to_dict()}))
+        return
+    _print_stats(job, stats, tracker.dead_items(job, limit=10))
+
+
+def _print_stats(job, stats, dead: dict[str, str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"job {job}", show_header=False)
+    for key, value in stats.to_dict().items():
+        table.add_row(key, str(value))
+    console = Console()
+    console.print(table)
+    for item, reason in dead.items():
+        console.print(f"[red]dead[/red] {item}: {reason}")
+
+
+@cli.command()
+@click.argument("seeds", nargs=-1)
+@click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST-TIMESTAMP).")
+@with_spec_options
+@redis_url_option
+@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
+              help="Concurrent downloads.")
+@click.option("--in-memory", is_flag=True,
+              help="No Redis at all: one process, in-memory tracker and transport.")
+@click.option("--lease-seconds", type=click.FloatRange(0.5), help="Lease length (default 60).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
+          lease_seconds, quiet) -> None:
+    """Crawl from SEED URLs on this machine, start to finish, and exit.
+
+    Without --redis-url an embedded Redis is started and stopped again; real Celery worker
+    processes do the work. Exit status: 0 all saved, 1 finished with dead items, 2 error.
+    """
+    from .crawl import run_in_memory_crawl, run_local_crawl
+
+    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    if in_memory and redis_url:
+        raise click.UsageError("--in-memory and --redis-url exclude each other")
+    settings = _settings(redis_url, lease_seconds)
+    job = job or f"crawl-{url_host(spec.seeds[0]).replace(':', '_')}-{time.strftime('%Y%m%d%H%M%S')}"
+    with _progress(quiet) as on_progress:
+        if in_memory:
+            result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
+                                         on_progress=on_progress)
+        else:
+            result = run_local_crawl(job, spec, settings, embedded_redis=redis_url is None,
+                                     concurrency=concurrency, on_progress=on_progress)
+    s = result.stats
+    click.echo(
+        f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
+        f"({result.pages_per_second:.1f} pages/s); output in {spec.saver.output}"
+    )
+    if s.dead:
+        for item, reason in list(result.dead.items())[:10]:
+            click.echo(f"  dead: {item}: {reason}", err=True)
+        sys.exit(EXIT_DEAD_ITEMS)
+
+
+class _progress:
+    """A live progress bar on a terminal; nothing when quiet or not a terminal."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.bar = None
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True)
+        if self.quiet or not console.is_terminal:
+            return None
+        self.bar = Progress(
+            TextColumn("[bold]crawling"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+        )
+        self.bar.start()
+        task = self.bar.add_task("crawl", total=None, detail="")
+
+        def update(stats) -> None:
+            self.bar.update(
+                task, total=max(stats.seen, 1), completed=stats.done + stats.dead,
+                detail=f"{stats.leased} active, {stats.queued} queued, {stats.dead} dead",
+            )
+
+        return update
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="distscrape", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("distscrape: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_ERROR)
+    except DistscrapeError as exc:
+        click.echo(f"distscrape: error: {exc}", err=True)
+        sys.exit(EXIT_ERROR)
+    except KeyboardInterrupt:
+        click.echo("distscrape: interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

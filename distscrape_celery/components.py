@@ -1,0 +1,38 @@
+"""Building the scraper and saver a job's spec names.
+
+Each kind maps to a dotted path, so adding an implementation is one line here (and, later, a user's
+own ``module:Class`` from the spec).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+from .errors import ConfigError
+from .jobspec import JobSpec
+from .savers import ItemSaver
+from .scrapers import Scraper
+
+SCRAPERS = {"simple": "distscrape_celery.scrapers:SimpleScraper"}
+SAVERS = {"files": "distscrape_celery.savers:FileItemSaver"}
+
+
+def load_class(path: str, base: type) -> type:
+    """Import ``module:Class`` and check that it subclasses ``base``."""
+    module_name, _, attr = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {path!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise ConfigError(f"{path!r} is not a {base.__name__}")
+    return cls
+
+
+def build_scraper(spec: JobSpec) -> Scraper:
+    return load_class(SCRAPERS[spec.scraper.kind], Scraper).from_spec(spec)
+
+
+def build_saver(spec: JobSpec, worker_id: Optional[str]) -> ItemSaver:
+    return load_class(SAVERS[spec.saver.kind], ItemSaver).from_spec(spec.saver, worker_id)

@@ -1,0 +1,114 @@
+"""Real Celery worker processes on this machine, for the one-command crawl and for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from .celery_app import SAVE_QUEUE, SCRAPE_QUEUE
+from .errors import EmbeddedServiceError
+from .settings import Settings
+
+
+class WorkerProcess:
+    """``celery -A distscrape_celery worker`` as a child process in its own process group, so
+    that stopping or killing it takes its pool processes too."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str = "distscrape-local",
+        concurrency: int = 2,
+        pool: str = "prefork",
+        loglevel: str = "WARNING",
+        log_dir: Optional[str] = None,
+        extra_env: Optional[dict[str, str]] = None,
+    ) -> None:
+        self.settings = settings
+        self.name = name
+        self.concurrency = concurrency
+        self.pool = pool
+        self.loglevel = loglevel
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="distscrape-worker-"), f"{name}.log")
+        self.extra_env = extra_env or {}
+        self.proc: Optional[subprocess.Popen] = None
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker",
+            "-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", "-P", self.pool, "-c", str(self.concurrency),
+            "-n", f"{self.name}@%h", "--loglevel", self.loglevel,
+            "--without-gossip", "--without-mingle",
+        ]
+
+    def start(self) -> "WorkerProcess":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+        env.update(self.settings.to_env())
+        env.update(self.extra_env)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def check(self) -> None:
+        """Raise if the worker exited on its own."""
+        if self.proc is not None and self.proc.poll() is not None:
+            raise EmbeddedServiceError(
+                f"worker {self.name} exited with code {self.proc.returncode}; "
+                f"last log lines:\n{self.log_tail()}"
+            )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the worker's whole process group (parent and pool processes)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL of the group if it takes longer than ``timeout``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill(signal.SIGKILL)  # also reaps pool processes a crashed parent left behind
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for_workers(tracker, count: int, timeout: float = 60.0, procs=()) -> None:
+    """Block until ``count`` workers are alive in the tracker."""
+    deadline = time.monotonic() + timeout
+    while sum(1 for w in tracker.workers() if w.alive) < count:
+        for p in procs:
+            p.check()
+        if time.monotonic() > deadline:
+            raise EmbeddedServiceError(f"fewer than {count} worker(s) came up within {timeout:.0f}s")
+        time.sleep(0.1)
+

@@ -1,0 +1,119 @@
+"""What one worker process holds: settings, tracker, staging, its worker ID, and per-job components.
+
+Celery tasks stay thin: they ask the runtime for collaborators and hand the work to
+:mod:`.pipeline`. The runtime is built lazily from the app's settings, or installed explicitly (the
+in-memory crawl installs one with an InMemoryTracker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Optional
+
+import redis
+
+from .components import build_saver, build_scraper
+from .jobspec import JobSpec
+from .savers import ItemSaver
+from .scrapers import Scraper
+from .settings import Settings
+from .staging import BodyStaging, InMemoryBodyStaging, RedisBodyStaging
+from .tracker import InMemoryTracker, RedisTracker, Tracker
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(
+        self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False
+    ) -> None:
+        self.settings = settings
+        self.tracker = tracker
+        self.staging = staging
+        self.in_memory = in_memory
+        # Until the worker agent registers, leases name the process.
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._lock = threading.Lock()
+        self._specs: dict[str, JobSpec] = {}
+        self._scrapers: dict[str, Scraper] = {}
+        self._savers: dict[str, ItemSaver] = {}
+
+    @classmethod
+    def for_redis(cls, settings: Settings) -> "Runtime":
+        tracker = RedisTracker.from_url(
+            settings.redis_url, lease_seconds=settings.lease_seconds,
+            dispatch_factor=settings.dispatch_factor,
+        )
+        bodies = redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=5, socket_timeout=30
+        )
+        # Long enough for any save queue backlog; an expired body only costs a re-download.
+        ttl = max(20 * settings.lease_seconds, 600.0)
+        return cls(settings, tracker, RedisBodyStaging(bodies, ttl))
+
+    @classmethod
+    def in_memory_runtime(cls, settings: Settings) -> "Runtime":
+        tracker = InMemoryTracker(
+            lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor
+        )
+        return cls(settings, tracker, InMemoryBodyStaging(), in_memory=True)
+
+    def spec(self, job: str) -> JobSpec:
+        """The job's spec, read from the tracker once per process (a job's spec never changes)."""
+        spec = self._specs.get(job)
+        if spec is None:
+            spec = JobSpec.from_json(self.tracker.load_spec(job))
+            self._specs[job] = spec
+        return spec
+
+    def scraper(self, job: str) -> Scraper:
+        scraper = self._scrapers.get(job)
+        if scraper is None:
+            with self._lock:
+                scraper = self._scrapers.get(job) or build_scraper(self.spec(job))
+                self._scrapers[job] = scraper
+        return scraper
+
+    def saver(self, job: str) -> ItemSaver:
+        saver = self._savers.get(job)
+        if saver is None:
+            with self._lock:
+                saver = self._savers.get(job)
+                if saver is None:
+                    saver = build_saver(self.spec(job), self.worker_id)
+                    saver.open()
+                    self._savers[job] = saver
+        return saver
+
+    def close(self) -> None:
+        """Close every saver opened in this process (flushes what they buffer)."""
+        with self._lock:
+            savers, self._savers = self._savers, {}
+        for job, saver in savers.items():
+            try:
+                saver.close()
+            except Exception:  # one saver failing to close must not stop the others
+                log.exception("closing the saver of job %s failed", job)
+
+
+_runtime: Optional[Runtime] = None
+_runtime_lock = threading.Lock()
+
+
+def install_runtime(runtime: Optional[Runtime]) -> None:
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime
+
+
+def current_runtime(settings_factory) -> Runtime:
+    """The process's runtime, built on first use from ``settings_factory()``."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime.for_redis(settings_factory())
+    return _runtime

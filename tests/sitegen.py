@@ -1,0 +1,354 @@
+"""Deterministic synthetic web sites and a tiny local HTTP server for them.
+
+Standard library only.  Imported by tests and benchmarks as ``from sitegen import ...``
+(with ``tests/`` on ``sys.path``), so no package-relative imports here.
+
+* :func:`generate_site` builds a :class:`Site`: a dict ``path -> HTML bytes`` plus the
+  set of paths reachable from ``"/"`` and the set of orphan pages nothing links to.
+  Reachability is computed by BFS over the generator's *own* link list (``Site.links``),
+  resolved with :func:`resolve` -- never by parsing the HTML with the code under test.
+* :class:`SiteServer` serves a :class:`Site` on ``127.0.0.1`` (port chosen by the OS),
+  HTTP/1.1 keep-alive, with an optional per-request delay and a thread-safe request log.
+
+Off-site links always point at hosts under ``.invalid`` (never resolvable).
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import posixpath
+import random
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urljoin, urlsplit
+
+__all__ = ["Site", "generate_site", "resolve", "SiteServer"]
+
+_RESOLVE_BASE = "http://site.invalid"
+_FILLER = (
+    b"Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod "
+    b"tempor incididunt ut labore et dolore magna aliqua. "
+)
+
+
+@dataclass
+class Site:
+    """A generated site.
+
+    pages:       URL path (with query, if any) -> HTML body served there.
+    reachable:   paths reachable from "/" by following the site's own links.
+    unreachable: pages that exist but that no page links to.
+    links:       path -> hrefs exactly as written in that page's HTML (the link graph).
+    """
+
+    pages: dict[str, bytes]
+    reachable: set[str]
+    unreachable: set[str]
+    links: dict[str, list[str]] = field(default_factory=dict)
+
+
+def resolve(page_path: str, href: str) -> str | None:
+    """Resolve ``href`` as found on ``page_path``; return the on-site path (+ query) or None.
+
+    The fragment is dropped; links to another host or scheme (off-site, mailto:) give None.
+    """
+    base = _RESOLVE_BASE + page_path
+    absolute = urljoin(base, href)
+    parts = urlsplit(absolute)
+    if parts.scheme not in ("http", "https") or parts.netloc != "site.invalid":
+        return None
+    path = parts.path or "/"
+    return path + ("?" + parts.query if parts.query else "")
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def _dir_of(path: str) -> str:
+    """Directory used to resolve relative links on the page at ``path``."""
+    path = path.split("?", 1)[0]
+    return path if path.endswith("/") else posixpath.dirname(path) or "/"
+
+
+def _relative(from_path: str, to_path: str) -> str:
+    """A relative reference from the page ``from_path`` to ``to_path`` (which may have a query)."""
+    to, _, query = to_path.partition("?")
+    from_dir = _dir_of(from_path)
+    if to.endswith("/"):
+        rel = posixpath.relpath(to.rstrip("/") or "/", from_dir)
+        rel = "./" if rel == "." else rel + "/"
+    else:
+        rel = posixpath.relpath(to, from_dir)
+    return rel + ("?" + query if query else "")
+
+
+def _href(rng: random.Random, from_path: str, to_path: str) -> str:
+    """Write a link from ``from_path`` to ``to_path`` in one of several equivalent forms."""
+    form = rng.random()
+    if form < 0.35:
+        href = to_path  # absolute path
+    else:
+        href = _relative(from_path, to_path)  # "4.html", "../p/3.html", "../../", "./" ...
+        if form < 0.5 and not href.startswith("."):
+            href = "./" + href  # "./4.html"
+    if rng.random() < 0.15:
+        href += rng.choice(("#top", "#main", "#section"))
+    return href
+
+
+def _allocate_paths(n_pages: int, rng: random.Random) -> list[str]:
+    """n_pages distinct on-site paths, "/" first, the rest in shuffled order."""
+    rest = n_pages - 1
+    n_sec = min(rest, max(1, rest // 20)) if rest >= 3 else 0
+    n_q = min(rest - n_sec, max(1, rest // 30)) if rest >= 2 else 0
+    n_secpage = (rest - n_sec - n_q) // 4 if n_sec else 0
+    n_p = rest - n_sec - n_q - n_secpage
+    paths = [f"/sec/{k}/" for k in range(n_sec)]
+    paths += [f"/sec/{j % n_sec}/{j}.html" for j in range(n_secpage)]
+    paths += [f"/q?id={i}" for i in range(n_q)]
+    paths += [f"/p/{i}.html" for i in range(n_p)]
+    rng.shuffle(paths)
+    return ["/"] + paths
+
+
+def _render(path: str, hrefs: list[str], page_padding: int) -> bytes:
+    title = html.escape(path)
+    items = "\n".join(
+        f'    <li><a href="{html.escape(h, quote=True)}">link {n}</a></li>' for n, h in enumerate(hrefs)
+    )
+    pad = b""
+    if page_padding > 0:
+        reps = page_padding // len(_FILLER) + 1
+        pad = (_FILLER * reps)[:page_padding]
+    head = (
+        "<!DOCTYPE html>\n<html>\n<head>\n"
+        '<meta charset="utf-8">\n'
+        f"<title>{title}</title>\n"
+        "</head>\n<body>\n"
+        f'<h1 id="top">{title}</h1>\n'
+        f'<ul id="main">\n{items}\n</ul>\n'
+        '<h2 id="section">Section</h2>\n'
+        '<p class="pad">'
+    )
+    tail = "</p>\n</body>\n</html>\n"
+    return head.encode("utf-8") + pad + tail.encode("utf-8")
+
+
+def generate_site(
+    n_pages: int = 300,
+    seed: int = 0,
+    unreachable: int = 10,
+    page_padding: int = 0,
+    link_fanout: int = 6,
+) -> Site:
+    """Generate a deterministic site.
+
+    ``n_pages`` pages (including "/") are reachable from "/"; ``unreachable`` further
+    orphan pages exist but are linked from nowhere, so ``len(site.pages) ==
+    n_pages + unreachable``.  Each page links to about ``link_fanout`` on-site pages
+    (plus a link back to "/", sometimes a "#section" self-link, off-site
+    ``*.example.invalid`` links and mailto: links).  ``page_padding`` bytes of filler
+    text are added to every page body.
+    """
+    if n_pages < 1:
+        raise ValueError("n_pages must be >= 1")
+    if unreachable < 0:
+        raise ValueError("unreachable must be >= 0")
+    rng = random.Random(seed)
+    order = _allocate_paths(n_pages, rng)
+
+    # Orphans: extra /p/ pages numbered past the reachable ones, and /orphan/ pages.
+    n_p = sum(1 for p in order if p.startswith("/p/"))
+    orphans = [f"/p/{n_p + i}.html" if i % 2 == 0 else f"/orphan/{i}.html" for i in range(unreachable)]
+
+    # Spanning tree from "/": each page's parent is an earlier page (often a recent one),
+    # so everything in ``order`` is reachable.
+    targets: dict[str, list[str]] = {p: [] for p in order}
+    for t in range(1, len(order)):
+        lo = max(0, t - 12) if rng.random() < 0.7 else 0
+        targets[order[rng.randrange(lo, t)]].append(order[t])
+
+    links: dict[str, list[str]] = {}
+    for path in order + orphans:
+        wanted = list(targets.get(path, []))
+        # Extra edges to random reachable pages (back edges make cycles).
+        while len(wanted) < link_fanout and len(order) > 1:
+            other = order[rng.randrange(len(order))]
+            if other != path:
+                wanted.append(other)
+        if path != "/":
+            wanted.append("/")  # every page links home: cycles guaranteed
+        rng.shuffle(wanted)
+        hrefs = [_href(rng, path, target) for target in wanted]
+        if rng.random() < 0.3:
+            hrefs.insert(rng.randrange(len(hrefs) + 1), "#section")
+        if rng.random() < 0.4:
+            host = rng.randrange(50)
+            hrefs.append(f"http://host-{host}.example.invalid/page/{rng.randrange(1000)}.html")
+        if rng.random() < 0.1:
+            hrefs.append(f"https://offsite-{rng.randrange(50)}.example.invalid/")
+        if rng.random() < 0.1:
+            hrefs.append(f"mailto:user{rng.randrange(100)}@example.invalid")
+        links[path] = hrefs
+
+    # Sanity: every on-site href resolves to an existing page.
+    all_pages = set(order) | set(orphans)
+    for path, hrefs in links.items():
+        for h in hrefs:
+            r = resolve(path, h)
+            if r is not None and r not in all_pages:  # pragma: no cover - generator bug
+                raise AssertionError(f"{path}: {h!r} resolves to missing page {r!r}")
+
+    # BFS over our own link graph.
+    reachable = {"/"}
+    queue = deque(["/"])
+    while queue:
+        cur = queue.popleft()
+        for h in links[cur]:
+            r = resolve(cur, h)
+            if r is not None and r not in reachable:
+                reachable.add(r)
+                queue.append(r)
+
+    linked_to = {r for p, hs in links.items() for h in hs if (r := resolve(p, h)) is not None and r != p}
+    orphan_set = {p for p in all_pages if p != "/" and p not in linked_to}
+    if reachable != set(order) or orphan_set != set(orphans):  # pragma: no cover
+        raise AssertionError("generator invariant violated")
+
+    pages = {p: _render(p, links[p], page_padding) for p in order + orphans}
+    return Site(pages=pages, reachable=reachable, unreachable=orphan_set, links=links)
+
+
+# --------------------------------------------------------------------------- server
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sitegen/1.0"
+    timeout = 60  # idle keep-alive connections do not linger forever
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.owner._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.owner._track(self.connection, False)
+
+    def log_message(self, format: str, *args) -> None:  # quiet
+        pass
+
+    def _target(self) -> str:
+        raw = self.path
+        if "://" in raw.split("?", 1)[0]:  # absolute-form request target
+            parts = urlsplit(raw)
+            raw = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        return raw.split("#", 1)[0]
+
+    def _respond(self, with_body: bool) -> None:
+        owner = self.server.owner
+        path = self._target()
+        owner._log(path)
+        if owner.delay > 0:
+            time.sleep(owner.delay)
+        body = owner.site.pages.get(path)
+        if body is None:
+            body = b"<!DOCTYPE html><html><head><title>404</title></head><body>Not Found</body></html>\n"
+            self.send_response(404)
+        else:
+            self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._respond(True)
+
+    def do_HEAD(self) -> None:
+        self._respond(False)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class SiteServer:
+    """Serve a :class:`Site` on 127.0.0.1 (OS-chosen port) from a daemon thread.
+
+    Starts on construction; use as a context manager or call :meth:`stop`.
+    """
+
+    def __init__(self, site: Site, delay: float = 0.0) -> None:
+        self.site = site
+        self.delay = delay
+        self._lock = threading.Lock()
+        self._requests: list[str] = []
+        self._conns: set[socket.socket] = set()
+        self._stopped = False
+        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd.owner = self
+        self.port: int = self._httpd.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"SiteServer:{self.port}", daemon=True
+        )
+        self._thread.start()
+
+    # -- public API
+    def url(self, path: str = "/") -> str:
+        if not path.startswith("/"):
+            path = "/" + path
+        return self.base_url + path
+
+    @property
+    def requests(self) -> list[str]:
+        """Copy of the request log: request paths (with query) in arrival order."""
+        with self._lock:
+            return list(self._requests)
+
+    def counts(self) -> collections.Counter:
+        with self._lock:
+            return collections.Counter(self._requests)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            conns = list(self._conns)
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        for conn in conns:  # wake handler threads parked on idle keep-alive connections
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join()
+
+    def __enter__(self) -> "SiteServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- internals used by the handler
+    def _log(self, path: str) -> None:
+        with self._lock:
+            self._requests.append(path)
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._conns.add(conn)
+            else:
+                self._conns.discard(conn)

@@ -1,0 +1,302 @@
+"""Fetcher against real HTTP servers on 127.0.0.1 that each test sets up for itself."""
+
+from __future__ import annotations
+
+import gzip
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from distscrape_celery.errors import FetchError
+from distscrape_celery.fetch import Download, Fetcher
+from distscrape_celery.jobspec import FetchSpec
+
+Route = Callable[[BaseHTTPRequestHandler], None]
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    # requests honours proxy variables; the test traffic must stay on loopback.
+    for name in ("http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def reply(
+    handler: BaseHTTPRequestHandler,
+    status: int = 200,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+) -> None:
+    handler.send_response(status)
+    headers = dict(headers or {})
+    headers.setdefault("Content-Length", str(len(body)))
+    for name, value in headers.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@contextmanager
+def serve(routes: dict[str, Route]) -> Iterator[tuple[str, threading.Event, list[dict]]]:
+    """Serve ``routes`` (path -> handler) on 127.0.0.1, HTTP/1.1 keep-alive.
+
+    Yields (base URL, an event set at teardown so stalled handlers give up, request log)."""
+    release = threading.Event()
+    log: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            log.append({"path": self.path, "port": self.client_address[1], "headers": self.headers})
+            route = routes.get(self.path)
+            if route is None:
+                reply(self, 404, b"not here")
+            else:
+                route(self)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except OSError:  # the client gave up (as it should, in the timeout tests)
+                pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", release, log
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def fetcher(**limits: object) -> Fetcher:
+    base = dict(connect_timeout=2, read_timeout=2, total_timeout=5, user_agent="test-agent/1.0")
+    base.update(limits)
+    return Fetcher(FetchSpec(**base))
+
+
+def fetch_error(fetch: Fetcher, url: str) -> FetchError:
+    with pytest.raises(FetchError) as info:
+        fetch.get(url)
+    return info.value
+
+
+def test_ok_download_reports_status_type_body_and_sends_user_agent() -> None:
+    page = b"<html><body>hello</body></html>"
+    headers = {"Content-Type": "text/html; charset=utf-8"}
+    routes = {"/page?q=1": lambda h: reply(h, 200, page, headers)}
+    with serve(routes) as (base, _, log):
+        got = fetcher().get(base + "/page?q=1")
+    assert got == Download(
+        url=base + "/page?q=1", status=200, content_type="text/html; charset=utf-8", body=page
+    )
+    assert log[0]["headers"]["User-Agent"] == "test-agent/1.0"
+
+
+def test_missing_content_type_is_empty_string() -> None:
+    with serve({"/raw": lambda h: reply(h, 200, b"\x00\x01")}) as (base, _, _log):
+        got = fetcher().get(base + "/raw")
+    assert (got.content_type, got.body) == ("", b"\x00\x01")
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(400, False), (403, False), (404, False), (410, False),
+     (408, True), (429, True), (500, True), (502, True), (503, True)],
+)
+def test_http_error_status_maps_to_retryable_or_not(status: int, retryable: bool) -> None:
+    with serve({"/x": lambda h: reply(h, status, b"error page")}) as (base, _, _log):
+        error = fetch_error(fetcher(), base + "/x")
+    assert error.retryable is retryable
+    assert str(error) == f"HTTP {status} for {base}/x"
+
+
+def test_body_over_max_bytes_is_not_retryable() -> None:
+    with serve({"/big": lambda h: reply(h, 200, b"x" * 5000)}) as (base, _, _log):
+        error = fetch_error(fetcher(max_bytes=1000), base + "/big")
+    assert error.retryable is False
+    assert "max_bytes=1000" in str(error)
+
+
+def test_body_exactly_max_bytes_is_kept() -> None:
+    with serve({"/fits": lambda h: reply(h, 200, b"y" * 1000)}) as (base, _, _log):
+        assert fetcher(max_bytes=1000).get(base + "/fits").body == b"y" * 1000
+
+
+def test_max_bytes_counts_decoded_bytes_of_a_compressed_body() -> None:
+    bomb = gzip.compress(b"\0" * 1_000_000)
+    assert len(bomb) < 10_000
+    routes = {"/bomb": lambda h: reply(h, 200, bomb, {"Content-Encoding": "gzip"})}
+    with serve(routes) as (base, _, _log):
+        error = fetch_error(fetcher(max_bytes=100_000), base + "/bomb")
+    assert error.retryable is False
+    assert "max_bytes=100000" in str(error)
+
+
+def test_gzip_body_is_decoded() -> None:
+    text = b"<html>" + b"compressible " * 1000 + b"</html>"
+    headers = {"Content-Encoding": "gzip", "Content-Type": "text/html"}
+    with serve({"/gz": lambda h: reply(h, 200, gzip.compress(text), headers)}) as (base, _, _log):
+        got = fetcher().get(base + "/gz")
+    assert got.body == text
+
+
+def test_body_not_matching_its_content_encoding_is_not_retryable() -> None:
+    routes = {"/lie": lambda h: reply(h, 200, b"this is not gzip", {"Content-Encoding": "gzip"})}
+    with serve(routes) as (base, _, _log):
+        error = fetch_error(fetcher(), base + "/lie")
+    assert error.retryable is False
+    assert str(error) == f"cannot decode the body of {base}/lie"
+
+
+def test_server_stalling_before_headers_is_a_retryable_timeout() -> None:
+    def stall(handler: BaseHTTPRequestHandler) -> None:
+        release.wait(10)
+
+    with serve({"/slow": stall}) as (base, release, _log):
+        started = time.monotonic()
+        error = fetch_error(fetcher(read_timeout=0.5), base + "/slow")
+        elapsed = time.monotonic() - started
+    assert error.retryable is True
+    assert str(error) == f"timed out after 0.5s reading {base}/slow"
+    assert elapsed < 2
+
+
+def test_server_stalling_mid_body_is_a_retryable_timeout() -> None:
+    def half(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        handler.wfile.write(b"x" * 10)
+        handler.wfile.flush()
+        release.wait(10)
+
+    with serve({"/half": half}) as (base, release, _log):
+        error = fetch_error(fetcher(read_timeout=0.5), base + "/half")
+    assert error.retryable is True
+    assert str(error) == f"timed out after 0.5s reading {base}/half"
+
+
+def test_slow_drip_hits_total_timeout() -> None:
+    # Every byte arrives well within read_timeout; only the total deadline can stop this.
+    def drip(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        for _ in range(100):
+            handler.wfile.write(b"x")
+            handler.wfile.flush()
+            if release.wait(0.05):
+                return
+
+    with serve({"/drip": drip}) as (base, release, _log):
+        started = time.monotonic()
+        error = fetch_error(fetcher(read_timeout=1, total_timeout=0.5), base + "/drip")
+        elapsed = time.monotonic() - started
+    assert error.retryable is True
+    assert "total_timeout" in str(error)
+    assert 0.5 <= elapsed < 1.5
+
+
+def test_truncated_body_is_retryable() -> None:
+    def truncated(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        handler.wfile.write(b"x" * 10)
+        handler.close_connection = True
+
+    with serve({"/cut": truncated}) as (base, _, _log):
+        error = fetch_error(fetcher(), base + "/cut")
+    assert error.retryable is True
+    assert str(error) == f"connection broken while reading {base}/cut"
+
+
+def test_connection_refused_is_retryable() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Nothing listens on the port now.
+    error = fetch_error(fetcher(), f"http://127.0.0.1:{port}/")
+    assert error.retryable is True
+    assert str(error) == f"connection refused for http://127.0.0.1:{port}/"
+
+
+def test_redirects_are_followed_and_final_url_reported() -> None:
+    routes = {
+        "/a": lambda h: reply(h, 301, headers={"Location": "/b"}),
+        "/b": lambda h: reply(h, 302, headers={"Location": "/final?x=1"}),
+        "/final?x=1": lambda h: reply(h, 200, b"done", {"Content-Type": "text/plain"}),
+    }
+    with serve(routes) as (base, _, log):
+        got = fetcher(max_redirects=2).get(base + "/a")
+    assert (got.url, got.status, got.body) == (base + "/final?x=1", 200, b"done")
+    assert [entry["path"] for entry in log] == ["/a", "/b", "/final?x=1"]
+
+
+def test_too_many_redirects_is_not_retryable() -> None:
+    routes = {
+        "/a": lambda h: reply(h, 302, headers={"Location": "/b"}),
+        "/b": lambda h: reply(h, 302, headers={"Location": "/c"}),
+        "/c": lambda h: reply(h, 200, b"too far"),
+    }
+    with serve(routes) as (base, _, log):
+        error = fetch_error(fetcher(max_redirects=1), base + "/a")
+    assert error.retryable is False
+    assert str(error) == f"more than 1 redirects from {base}/a"
+    assert "/c" not in [entry["path"] for entry in log]
+
+
+def test_redirect_to_another_scheme_is_not_retryable() -> None:
+    routes = {"/a": lambda h: reply(h, 302, headers={"Location": "ftp://files.invalid/x"})}
+    with serve(routes) as (base, _, _log):
+        error = fetch_error(fetcher(), base + "/a")
+    assert error.retryable is False
+    assert str(error).startswith(f"invalid URL {base}/a")
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/x", "file:///etc/passwd", "127.0.0.1/x", ""])
+def test_non_http_url_is_refused_without_traffic(url: str) -> None:
+    error = fetch_error(fetcher(), url)
+    assert error.retryable is False
+    assert str(error) == f"not an http(s) URL: {url}"
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://", "http://[::1/", "http://a b.invalid/", "http://x..invalid/",
+     "http://h.invalid:99999/"],
+)
+def test_malformed_url_is_not_retryable(url: str) -> None:
+    error = fetch_error(fetcher(), url)
+    assert error.retryable is False
+    assert str(error).startswith(f"invalid URL {url}")
+
+
+def test_one_pooled_session_per_thread() -> None:
+    routes = {"/k": lambda h: reply(h, 200, b"keep-alive")}
+    fetch = fetcher()
+    with serve(routes) as (base, _, log):
+        fetch.get(base + "/k")
+        fetch.get(base + "/k")
+        other = threading.Thread(target=fetch.get, args=(base + "/k",))
+        other.start()
+        other.join(5)
+    ports = [entry["port"] for entry in log]
+    assert len(ports) == 3
+    # The same thread reuses its connection; another thread brings its own.
+    assert ports[0] == ports[1]
+    assert ports[2] != ports[0]

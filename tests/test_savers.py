@@ -1,0 +1,299 @@
+"""FileItemSaver on real files under tmp_path: names, confinement, injectivity, atomic writes."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from distscrape_celery import savers
+from distscrape_celery.errors import ConfigError, SaveError
+from distscrape_celery.fetch import Download
+from distscrape_celery.jobspec import SaverSpec
+from distscrape_celery.savers import FileItemSaver, ItemSaver
+
+SEGMENT_RE = re.compile(r"^(?:[A-Za-z0-9._~!$&'()+,;=@-]|%[0-9A-Fa-f%])+$")
+
+
+def page(body: bytes, url: str = "http://h/") -> Download:
+    return Download(url=url, status=200, content_type="text/html", body=body)
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if not p.is_dir())
+
+
+@pytest.mark.parametrize(
+    ("item", "name"),
+    [
+        ("http://Example.COM", "example.com/index.html"),
+        ("http://example.com/", "example.com/index.html"),
+        ("http://example.com/docs/", "example.com/docs/index.html"),
+        ("http://example.com/docs", "example.com/docs/index.html"),
+        ("http://example.com/a/b/c.html", "example.com/a/b/c.html"),
+        ("http://example.com/a/b?x=1&y=%2F", "example.com/a/b/index.html%3Fx=1&y=%252F"),
+        ("http://example.com/s.php?q=a%26b", "example.com/s.php%3Fq=a%2526b"),
+        ("http://example.com/s.php?q=a&b", "example.com/s.php%3Fq=a&b"),
+        ("http://example.com/s.php?a/b", "example.com/s.php%3Fa%2Fb"),
+        ("http://example.com/a%20b.txt", "example.com/a%20b.txt"),
+        ("http://example.com/a b.txt", "example.com/a%20b.txt"),
+        ("http://example.com/caf%c3%a9.html", "example.com/caf%C3%A9.html"),
+        ("http://example.com/café.html", "example.com/caf%C3%A9.html"),
+        ("http://example.com/%41", "example.com/%2541/index.html"),
+        ("http://example.com/100%", "example.com/100%25/index.html"),
+        ("http://example.com/100%25", "example.com/100%2525/index.html"),
+        ("http://example.com:8080/x.html", "example.com%3A8080/x.html"),
+        ("http://[::1]:8080/", "%3A%3A1%3A8080/index.html"),
+        ("http://example.com/a//b.html", "example.com/a/%2F/b.html"),
+        ("not a url", "_/not%20a%20url/index.html"),
+    ],
+)
+def test_default_names(tmp_path: Path, item: str, name: str) -> None:
+    saver = FileItemSaver(tmp_path / "out")
+    assert saver.name_for(item) == Path(name)
+    assert saver.name_for(item) == Path(name)  # deterministic
+    assert not (tmp_path / "out").exists()  # and pure: naming touches no file
+
+
+@pytest.mark.parametrize(
+    ("scheme", "item", "name"),
+    [
+        ("{host}/{port}/{path}", "http://h:8080/x.html", "h%3A8080/8080/x.html"),
+        ("{host}/{port}/{path}", "http://h/x.html", "h/x.html"),  # empty {port} leaves no segment
+        ("{host}/{path}/{query}", "http://h/x.html?q=1", "h/x.html/q=1"),
+        ("{host}/{path}/{query}", "http://h/x.html", "h/x.html"),
+        ("{sha1}", "http://h/x.html", sha1("http://h/x.html")),
+        ("{host}-{sha1}.bin", "http://h/x", "h-" + sha1("http://h/x") + ".bin"),
+        ("../{host}/{{x}}/{path}", "http://h/x.html", "%2E%2E/h/%7Bx%7D/x.html"),
+    ],
+)
+def test_custom_schemes(scheme: str, item: str, name: str) -> None:
+    assert FileItemSaver("out", scheme).name_for(item) == Path(name)
+
+
+HOSTILE = [
+    "http://h/../../etc/passwd",
+    "http://h/%2e%2e/%2e%2e/x",
+    "http://h/%2E%2E/%2E%2E/x",
+    "http://h/..%2f..%2fx",
+    "http://h/..%2F..%2F..%2Fetc%2Fpasswd",
+    "http://h/..\\..\\x",
+    "http://h/%5c..%5c..%5cx",
+    "http://h/a\x00b",
+    "http://h/a%00b",
+    "http://h//etc/passwd",
+    "http://h/x.html?/../../etc/passwd",
+    "http://../x",
+    "http://./",
+    "/etc/passwd",
+    "../../etc/passwd",
+    "..",
+    ".",
+    "",
+    "C:\\Windows\\system.ini",
+    "\\\\server\\share\\x",
+    "file:///etc/passwd",
+    "http://h/\x1b[31m\x7f",
+    "http://h/" + "a" * 1000,
+    "http://h/" + "é" * 300 + "/x",
+    "http://h/" + "%2e" * 300,
+    "http://h/x?" + "../" * 300,
+]
+
+
+@pytest.mark.parametrize("item", HOSTILE)
+def test_hostile_items_stay_inside_output(tmp_path: Path, item: str) -> None:
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    name = saver.name_for(item)
+    assert not name.is_absolute()
+    for segment in name.parts:
+        assert segment not in ("", ".", "..")
+        assert len(segment.encode()) <= 200
+        assert SEGMENT_RE.match(segment), segment
+    written = Path(saver.save(item, page(b"body")))
+    assert written.read_bytes() == b"body"
+    assert os.path.commonpath([out.resolve(), written.resolve()]) == str(out.resolve())
+    assert [p.relative_to(tmp_path).parts[0] for p in files_under(tmp_path)] == ["out"]
+
+
+LONG = "b" * 300
+# One path segment each; no two are the same resource (no raw/escaped pairs of bytes a URL
+# cannot carry raw), so only the index.html rule may give two URLs one name.
+PIECES = [
+    "", ".", "..", "a", "A", "a.html", "index.html", "%2e", "%2E", "%2e%2e", "%2F", "%2f",
+    "%252F", "%", "%%", "%25", "%41", "%2541", "&", "%26", "%3F", ":", "%3A", "~", "%7E",
+    " ", "é", "%FF", "\\", "\x00", "+", "%2B",
+    # A long segment, and short ones spelling what it is cut to.
+    LONG, LONG[:150] + "~" + sha1(LONG)[:16], LONG[:150] + "%7E" + sha1(LONG)[:16], LONG + "c",
+]
+QUERIES = ["", "q", "q=a%26b", "q=a&b", "a/b", "a%2Fb", "?"]
+
+
+def same_resource_key(path: str, query: str) -> tuple[tuple[str, ...], str]:
+    """Where two URLs may legitimately share a name: "/a", "/a/" and "/a/index.html"."""
+    segments = path.split("/")[1:]
+    if segments[-1] == "":
+        segments[-1] = "index.html"
+    elif "." not in segments[-1]:
+        segments.append("index.html")
+    return tuple(segments), query
+
+
+def test_names_are_injective() -> None:
+    saver = FileItemSaver("out")
+    seen: dict[Path, tuple[str, tuple[tuple[str, ...], str]]] = {}
+    paths = ["/" + first for first in PIECES]
+    paths += ["/" + first + "/" + second for first, second in itertools.product(PIECES, PIECES)]
+    for path, query in itertools.product(paths, QUERIES):
+        item = "http://h" + path + ("?" + query if query else "")
+        name = saver.name_for(item)
+        key = same_resource_key(path, query)
+        if name in seen:
+            other, other_key = seen[name]
+            assert other_key == key, f"{item!r} and {other!r} both map to {name}"
+        else:
+            seen[name] = (item, key)
+    assert len(seen) > 1000
+
+
+def test_equivalent_urls_share_a_name() -> None:
+    saver = FileItemSaver("out")
+    assert saver.name_for("http://h/a b/é") == saver.name_for("http://h/a%20b/%c3%a9")
+    assert saver.name_for("http://h/a") == saver.name_for("http://h/a/")
+
+
+@pytest.mark.parametrize(
+    "item", ["http://h/a\tb", "http://h/a\nb", " http://h/ab", "\x01http://h/ab"]
+)
+def test_items_urlsplit_would_mangle_keep_their_own_name(item: str) -> None:
+    saver = FileItemSaver("out")
+    assert saver.name_for(item) != saver.name_for("http://h/ab")
+
+
+def test_symlink_out_of_output_is_refused(tmp_path: Path) -> None:
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    (out / "evil").symlink_to(outside)
+    (out / "h").mkdir()
+    (out / "h" / "x.html").symlink_to(outside / "target")
+    saver = FileItemSaver(out)
+    with pytest.raises(SaveError, match="outside the output directory"):
+        saver.save("http://evil/x.html", page(b"nope"))
+    with pytest.raises(SaveError, match="outside the output directory"):
+        saver.save("http://h/x.html", page(b"nope"))
+    assert list(outside.iterdir()) == []
+
+
+def test_symlink_within_output_is_followed(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "real").mkdir(parents=True)
+    (out / "alias").symlink_to(out / "real")
+    written = FileItemSaver(out).save("http://alias/x.html", page(b"ok"))
+    assert (out / "real" / "x.html").read_bytes() == b"ok"
+    assert written == str(out / "alias" / "x.html")
+
+
+def test_save_writes_atomically_and_overwrites(tmp_path: Path) -> None:
+    out = tmp_path / "a" / "b"
+    saver = FileItemSaver(out)
+    first = saver.save("http://h/p.html", page(b"one"))
+    second = saver.save("http://h/p.html", page(b"two"))
+    assert first == second == str(out / "h" / "p.html")
+    assert Path(first).read_bytes() == b"two"
+    assert files_under(tmp_path) == [out / "h" / "p.html"]
+
+
+def test_failed_write_leaves_old_file_and_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    saver.save("http://h/p.html", page(b"old"))
+
+    def no_space(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(savers.os, "replace", no_space)
+    with pytest.raises(SaveError) as caught:
+        saver.save("http://h/p.html", page(b"new"))
+    assert str(out / "h" / "p.html") in str(caught.value)
+    assert os.strerror(errno.ENOSPC) in str(caught.value)
+    assert files_under(tmp_path) == [out / "h" / "p.html"]
+    assert (out / "h" / "p.html").read_bytes() == b"old"
+
+
+def test_conflicting_names_fall_back_to_sha1(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    file_item, dir_item = "http://h/x.html", "http://h/x.html/y"
+    assert saver.save(file_item, page(b"file")) == str(out / "h" / "x.html")
+    fallback = str(out / "_conflicts" / sha1(dir_item))
+    assert saver.save(dir_item, page(b"under")) == fallback
+    assert saver.save(dir_item, page(b"again")) == fallback
+    assert (out / "h" / "x.html").read_bytes() == b"file"
+    assert Path(fallback).read_bytes() == b"again"
+    assert len(files_under(out)) == 2
+
+
+def test_target_that_is_a_directory_falls_back(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    saver.save("http://h/x.html/y", page(b"under"))
+    written = saver.save("http://h/x.html", page(b"file"))
+    assert written == str(out / "_conflicts" / sha1("http://h/x.html"))
+    assert (out / "h" / "x.html" / "y" / "index.html").read_bytes() == b"under"
+    assert Path(written).read_bytes() == b"file"
+
+
+def test_output_directory_is_created_on_open(tmp_path: Path) -> None:
+    saver = FileItemSaver(tmp_path / "a" / "b")
+    assert not (tmp_path / "a").exists()
+    saver.open()
+    assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_output_that_is_a_file_is_a_save_error(tmp_path: Path) -> None:
+    (tmp_path / "out").write_bytes(b"")
+    with pytest.raises(SaveError, match="output directory"):
+        FileItemSaver(tmp_path / "out").save("http://h/", page(b"x"))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "mention"),
+    [
+        ("{host}/{nope}", "{nope}"),
+        ("{0}/{path}", "{0}"),
+        ("{}/{path}", "positional field {}"),
+        ("{path!r}", "{path}"),
+        ("{path:>20}", "{path}"),
+        ("{host.real}/{path}", "{host.real}"),
+        ("{host", "'{host'"),
+        ("{host}/{path}}", "malformed"),
+        ("{host}/{query}", "{path} or {sha1}"),
+    ],
+)
+def test_bad_schemes_are_config_errors(scheme: str, mention: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        FileItemSaver("out", scheme)
+    assert mention in str(caught.value)
+    assert "{host} {port} {path} {query} {sha1}" in str(caught.value)
+
+
+def test_from_spec(tmp_path: Path) -> None:
+    spec = SaverSpec(output=str(tmp_path / "out"), name_scheme="{host}/{sha1}")
+    saver = FileItemSaver.from_spec(spec, worker_id="w1")
+    assert isinstance(saver, ItemSaver)
+    written = saver.save("http://h/x", page(b"x"))
+    assert written == str(tmp_path / "out" / "h" / sha1("http://h/x"))
+    assert FileItemSaver.from_spec(SaverSpec()).name_for("http://h/x.html") == Path("h/x.html")
