@@ -1,0 +1,79 @@
+"""SIGKILL whole worker process groups mid-crawl: nothing may be lost, recovery takes ~a lease."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from conftest import crawl_settings, expected_files, saved_files
+from sitegen import SiteServer
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.keys import JobKeys
+from distscrape_celery.local import wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+
+LEASE = 2.0
+KILLS = 3
+
+
+def _worker_id(tracker, proc) -> str:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for w in tracker.workers():
+            if w.pid == proc.proc.pid and w.alive:
+                return w.id
+        time.sleep(0.1)
+    raise AssertionError(f"worker {proc.name} never registered")
+
+
+def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, workers, tmp_path):
+    settings = crawl_settings(redis_url, lease_seconds=LEASE)
+    # Celery's own redelivery would take the visibility timeout; recovery must not wait for it.
+    assert settings.visibility_timeout >= 5 * LEASE
+    tracker = RedisTracker.from_url(redis_url)
+    victim = workers(settings, "crash-0")
+    survivor = workers(settings, "crash-survivor")
+    wait_for_workers(tracker, 2)
+    configure_app(settings)
+    n = len(site.reachable)
+    out = tmp_path / "out"
+    job = "crash"
+    owners = JobKeys(job).owners
+
+    with SiteServer(site, delay=0.05) as server:
+        spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
+        manager = CrawlManager(tracker, publisher.scrape)
+        started = time.monotonic()
+        manager.seed(job, spec)
+        recoveries = []
+        for kill in range(KILLS):
+            victim_id = _worker_id(tracker, victim)
+            # Kill while the victim holds leases, at a different point of the crawl each time.
+            target = n * (kill + 1) // (KILLS + 2)
+            while tracker.stats(job).done < target or victim_id not in redis_client.hvals(owners):
+                assert not tracker.stats(job).finished, "crawl finished before the kills"
+                survivor.check()
+                time.sleep(0.02)
+            victim.kill(signal.SIGKILL)
+            killed_at = time.monotonic()
+            victim.proc.wait(10)
+            victim = workers(settings, f"crash-{kill + 1}")
+            # The dead worker's leases must be handed on within about one lease.
+            while victim_id in redis_client.hvals(owners):
+                assert time.monotonic() - killed_at < LEASE + 8, "leases of a dead worker not recovered"
+                time.sleep(0.05)
+            recoveries.append(time.monotonic() - killed_at)
+
+        stats = manager.wait(job, timeout=120, check=survivor.check)
+        elapsed = time.monotonic() - started
+
+    assert (stats.done, stats.dead, stats.seen) == (n, 0, n)
+    assert saved_files(out) == expected_files(server, site, out)
+    assert sum(server.counts().values()) > n  # leased work of the killed workers was redone
+    assert max(recoveries) <= LEASE + 3, recoveries
+    print(f"\ncrash test: {KILLS} kills, recoveries {[round(r, 2) for r in recoveries]} s, "
+          f"whole crawl {elapsed:.1f} s, {sum(server.counts().values()) - n} refetches")
