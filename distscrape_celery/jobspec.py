@@ -31,7 +31,7 @@ class FetchSpec(_Strict):
     total_timeout: float = Field(60.0, gt=0, le=3600, description="Whole download, body included.")
     max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest body kept, after decoding.")
     max_redirects: int = Field(5, ge=0, le=30)
-    user_agent: str = "distscrape-celery/0.1 (+https://github.com/distscrape/distscrape-celery)"
+    user_agent: str = "distscrape-celery/0.1"
 
 
 class ScraperSpec(_Strict):

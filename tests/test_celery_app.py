@@ -1,0 +1,55 @@
+"""The Celery app's guarantees: JSON only, late ack, bounded prefetch, visibility from the lease."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import crawl_settings
+
+from distscrape_celery.celery_app import (
+    SAVE_QUEUE, SCRAPE_QUEUE, SAVE_TASK, SCRAPE_TASK, app, celery_config, configure_app,
+)
+from distscrape_celery.local import wait_for_workers
+from distscrape_celery.settings import Settings
+from distscrape_celery.tracker import RedisTracker
+
+
+@pytest.mark.parametrize("lease", [0.5, 60.0, 3600.0])
+def test_config_follows_from_settings(lease):
+    s = Settings.from_env({}, lease_seconds=lease, redis_url="redis://r:1/0")
+    conf = celery_config(s)
+    assert conf["accept_content"] == ["json"]
+    assert conf["task_serializer"] == conf["result_serializer"] == conf["event_serializer"] == "json"
+    assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert conf["broker_url"] == "redis://r:1/0"
+    visibility = conf["broker_transport_options"]["visibility_timeout"]
+    assert visibility > conf["task_time_limit"] > conf["task_soft_time_limit"] >= lease
+    assert visibility < 3600 or lease >= 360  # far below Celery's one-hour default for sane leases
+    assert conf["task_routes"][SCRAPE_TASK]["queue"] == SCRAPE_QUEUE
+    assert conf["task_routes"][SAVE_TASK]["queue"] == SAVE_QUEUE
+
+
+def test_separate_broker_url():
+    s = Settings.from_env({"DISTSCRAPE_BROKER_URL": "amqp://guest@127.0.0.1//"})
+    assert celery_config(s)["broker_url"] == "amqp://guest@127.0.0.1//"
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+
+
+def test_worker_refuses_pickle(redis_url, workers, tmp_path):
+    """A pickled message is never deserialised by a worker (it could run arbitrary code)."""
+    settings = crawl_settings(redis_url, lease_seconds=30)
+    w = workers(settings, "pickle-check")
+    wait_for_workers(RedisTracker.from_url(redis_url), 1, procs=[w])
+    configure_app(settings)
+    app.send_task(SCRAPE_TASK, args=("nojob", "http://127.0.0.1:9/"), serializer="pickle")
+    deadline = time.monotonic() + 30
+    refusal = "Refusing to deserialize untrusted content of type pickle"
+    while refusal not in w.log_tail(20000):
+        assert time.monotonic() < deadline, w.log_tail()
+        time.sleep(0.1)
+    log = w.log_tail(20000)
+    assert "Task distscrape.scrape" not in log  # it never ran
+    w.check()  # and the worker lives on

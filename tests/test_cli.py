@@ -1,0 +1,102 @@
+"""The `distscrape` command as a user runs it: clear one-line errors, seed and status on Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "distscrape_celery.cli", *args], capture_output=True, text=True,
+        env={**base, **(env or {})}, timeout=timeout,
+    )
+
+
+def assert_one_line_error(res, *fragments: str) -> None:
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def test_invalid_regex_is_named(redis_url, tmp_path):
+    res = run("seed", "j", "http://127.0.0.1/", "--link-regex", "([a-z", "--redis-url", redis_url)
+    assert_one_line_error(res, "scraper.link_regex", "invalid regular expression")
+
+
+@pytest.mark.parametrize("seed", ["htp://127.0.0.1/", "http://", "not a url", "http://127.0.0.1:99999/"])
+def test_malformed_seed_url_is_named(redis_url, seed):
+    res = run("seed", "j", seed, "--redis-url", redis_url)
+    assert_one_line_error(res, "malformed seed URL")
+
+
+def test_unreachable_redis(tmp_path):
+    url = f"redis://127.0.0.1:{closed_port()}/0"
+    res = run("seed", "j", "http://127.0.0.1/", "--redis-url", url, "--output", str(tmp_path))
+    assert_one_line_error(res, "unreachable", url)
+
+
+def test_bad_settings_from_the_environment(redis_url):
+    res = run("status", "j", env={"DISTSCRAPE_LEASE_SECONDS": "soon"})
+    assert_one_line_error(res, "DISTSCRAPE_LEASE_SECONDS")
+    res = run("status", "j", env={"DISTSCRAPE_LEASE": "5"})
+    assert_one_line_error(res, "unknown setting", "DISTSCRAPE_LEASE")
+
+
+def test_bad_config_file(tmp_path, redis_url):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("seeds = [")
+    assert_one_line_error(run("seed", "j", "--config", str(bad)), "not valid TOML")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('seeds = ["http://127.0.0.1/"]\n[scraper]\nlink_regexp = "x"\n')
+    assert_one_line_error(
+        run("seed", "j", "--config", str(unknown), "--redis-url", redis_url), "scraper.link_regexp"
+    )
+
+
+def test_bad_job_name(redis_url):
+    assert_one_line_error(
+        run("seed", "no spaces", "http://127.0.0.1/", "--redis-url", redis_url), "invalid job name"
+    )
+
+
+def test_seed_and_status(redis_url, tmp_path):
+    res = run("seed", "news", "http://127.0.0.1:9/", "--output", str(tmp_path), "--redis-url", redis_url)
+    assert res.returncode == 0, res.stderr
+    assert "job news created: 1 new item(s)" in res.stdout
+    res = run("status", "news", "--json", "--redis-url", redis_url)
+    assert res.returncode == 0, res.stderr
+    status = json.loads(res.stdout)
+    assert {k: status[k] for k in ("seen", "queued", "leased", "done", "dead", "finished")} == {
+        "seen": 1, "queued": 1, "leased": 0, "done": 0, "dead": 0, "finished": False,
+    }
+    # The same seed again is harmless; another spec under the same name is refused.
+    again = run("seed", "news", "http://127.0.0.1:9/", "--output", str(tmp_path), "--redis-url", redis_url)
+    assert again.returncode == 0 and "0 new item(s)" in again.stdout
+    other = run("seed", "news", "http://127.0.0.1:9/", "--link-regex", "x", "--output", str(tmp_path),
+                "--redis-url", redis_url)
+    assert_one_line_error(other, "already exists with a different spec")
+    assert_one_line_error(run("status", "nosuch", "--redis-url", redis_url), "no job named 'nosuch'")
+
+
+def test_crawl_of_a_dead_host_reports_dead_items(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}/"
+    res = run("crawl", "--in-memory", url, "--output", str(tmp_path))
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "0 saved, 1 dead" in res.stdout
+    assert "dead: " + url in res.stderr and "refused" in res.stderr.lower()
