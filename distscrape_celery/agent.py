@@ -73,21 +73,28 @@ class WorkerAgent:
         for job, items in self.held_items().items():
             tracker.extend(job, items)
         for job in tracker.jobs():
-            res = tracker.maintain(job, max_retries=self.rt.spec(job).max_retries)
-            if res.reclaimed or res.died:
-                log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
-            if res.dispatch:
-                self.publish(job, res.dispatch)
+            try:
+                self._maintain(job)
+            except Exception:  # one broken job must not stop recovery of the others
+                log.exception("maintenance of job %s failed", job)
+
+    def _maintain(self, job: str) -> None:
+        res = self.rt.tracker.maintain(job, max_retries=self.rt.spec(job).max_retries)
+        if res.reclaimed or res.died:
+            log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
+        if res.dispatch:
+            self.publish(job, res.dispatch)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
             try:
                 self.tick()
             except Exception:  # Redis down for a moment must not end the heartbeat for good
                 log.exception("worker heartbeat failed; retrying")
+            if self._stop.wait(self.interval):
+                return
 
     def start(self) -> None:
-        self.tick()
         self._thread = threading.Thread(target=self._run, name="distscrape-agent", daemon=True)
         self._thread.start()
 

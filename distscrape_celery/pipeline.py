@@ -51,7 +51,6 @@ class ItemPipeline:
         """Lease and download ``item``, queue what it links to, hand it to a save task.
         Returns what happened (for logs and tests)."""
         tracker = self.rt.tracker
-        spec = self.rt.spec(job)
         co = tracker.checkout(job, item, self.rt.worker_id)
         self._dispatch(job, co.dispatch)
         if co.status is not LeaseStatus.OK:
