@@ -60,7 +60,7 @@ def configure_app(settings: Settings, *, in_memory: bool = False) -> Celery:
     _settings = settings
     conf = celery_config(settings)
     if in_memory:
-        conf["broker_url"] = "memory://"
+        conf["broker_url"] = "memory://localhost/"
         # The in-memory transport polls; its default 1 s poll would idle a worker between tasks.
         conf["broker_transport_options"] = {"polling_interval": 0.005}
     app.conf.update(conf)

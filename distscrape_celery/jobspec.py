@@ -64,6 +64,12 @@ class SaverSpec(_Strict):
         description="File name under the output directory; fields {host} {port} {path} {query} "
         "{sha1}; every part is sanitised so no name leaves the output directory.",
     )
+    fsync: bool = Field(
+        True,
+        description="fsync each file and its directory before the item counts as done, so a "
+        "power cut of the worker host loses nothing; false is faster and survives only crashes "
+        "of the worker process.",
+    )
 
 
 class JobSpec(_Strict):

@@ -82,8 +82,11 @@ class FileItemSaver(ItemSaver):
     use {path} or {sha1}. Every name stays inside ``output``, whatever the item.
     """
 
-    def __init__(self, output: str | Path, name_scheme: str = DEFAULT_NAME_SCHEME) -> None:
+    def __init__(
+        self, output: str | Path, name_scheme: str = DEFAULT_NAME_SCHEME, *, fsync: bool = True
+    ) -> None:
         self.output = Path(os.path.abspath(output))
+        self.fsync = fsync
         self._parts = _parse_scheme(name_scheme)
         used = {field for _, field in self._parts}
         self._query_in_path = "path" in used and "query" not in used
@@ -93,7 +96,7 @@ class FileItemSaver(ItemSaver):
     def from_spec(cls, spec: SaverSpec, worker_id: Optional[str] = None) -> "FileItemSaver":
         """Build the saver ``spec`` describes. ``worker_id`` is unused: every item gets its own
         file, whichever worker saves it."""
-        return cls(spec.output, spec.name_scheme)
+        return cls(spec.output, spec.name_scheme, fsync=spec.fsync)
 
     def open(self) -> None:
         """Create the output directory (and its parents) if missing."""
@@ -136,11 +139,11 @@ class FileItemSaver(ItemSaver):
         real_output = self._opened_output()
         target = self.output / self.name_for(item)
         try:
-            _write_atomically(target, download.body, real_output)
+            _write_atomically(target, download.body, real_output, self.fsync)
         except _ShapeConflict as first:
             target = self.output / CONFLICTS_DIR / _sha1(item)
             try:
-                _write_atomically(target, download.body, real_output)
+                _write_atomically(target, download.body, real_output, self.fsync)
             except _ShapeConflict as second:
                 raise SaveError(f"cannot save {item!r}: {first}, and {second}") from second
         return str(target)
@@ -252,9 +255,10 @@ def _sha1(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _write_atomically(target: Path, body: bytes, real_output: str) -> None:
+def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) -> None:
     """Replace ``target`` with ``body`` so that readers see the old file or the new one, never a
-    part. Raises _ShapeConflict when the tree's shape forbids ``target``, SaveError otherwise."""
+    part; with ``fsync``, durably (the file and the rename reach the disk before we return).
+    Raises _ShapeConflict when the tree's shape forbids ``target``, SaveError otherwise."""
     # Checked before mkdir, which would follow a symlink out of the output directory.
     real_target = os.path.realpath(target)
     if os.path.commonpath([real_output, real_target]) != real_output:
@@ -270,14 +274,16 @@ def _write_atomically(target: Path, body: bytes, real_output: str) -> None:
         try:
             with os.fdopen(fd, "wb") as fh:
                 fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
+                if fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        _fsync_dir(target.parent)
+        if fsync:
+            _fsync_dir(target.parent)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if exc.errno in _SHAPE_ERRNOS:

@@ -297,3 +297,14 @@ def test_from_spec(tmp_path: Path) -> None:
     written = saver.save("http://h/x", page(b"x"))
     assert written == str(tmp_path / "out" / "h" / sha1("http://h/x"))
     assert FileItemSaver.from_spec(SaverSpec()).name_for("http://h/x.html") == Path("h/x.html")
+
+
+@pytest.mark.parametrize("fsync, expected_calls", [(True, 2), (False, 0)])
+def test_fsync_file_and_directory_only_when_asked(tmp_path, monkeypatch, fsync, expected_calls):
+    calls = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd)))
+    saver = FileItemSaver(tmp_path / "out", fsync=fsync)
+    saver.save("http://h/a.html", Download("http://h/a.html", 200, "text/html", b"x"))
+    assert len(calls) == expected_calls  # the file, then the directory holding its new name
+    assert (tmp_path / "out" / "h" / "a.html").read_bytes() == b"x"
