@@ -96,6 +96,14 @@ def group_cpu(pgids: list[int]) -> float:
     return sum(cpu_seconds(group_pids(g)) for g in pgids)
 
 
+def machine_ticks() -> tuple[int, int, int]:
+    """(busy, iowait, total) jiffies of all CPUs, from the first line of /proc/stat."""
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    total = sum(v[:8])  # user nice system idle iowait irq softirq steal (guest is in user)
+    return total - v[3] - v[4], v[4], total
+
+
 def self_cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -340,17 +348,20 @@ class Config:
     pool: str
     procs: int
     conc: int
+    fsync: bool = True
 
     @property
     def label(self) -> str:
-        return f"{self.pool}:{self.procs}x{self.conc}"
+        return f"{self.pool}:{self.procs}x{self.conc}" + ("" if self.fsync else ":nofsync")
 
     @classmethod
-    def parse(cls, text: str) -> "Config":
-        m = re.fullmatch(r"(prefork|solo|threads|gevent|eventlet):(\d+)x(\d+)", text.strip())
+    def parse(cls, text: str, fsync: bool = True) -> "Config":
+        m = re.fullmatch(r"(prefork|solo|threads|gevent|eventlet):(\d+)x(\d+)(:nofsync)?", text.strip())
         if not m:
-            raise SystemExit(f"bad config {text!r}: expected POOL:PROCxCONC, e.g. prefork:1x4")
-        return cls(m.group(1), int(m.group(2)), int(m.group(3)))
+            raise SystemExit(
+                f"bad config {text!r}: expected POOL:PROCxCONC[:nofsync], e.g. prefork:1x4"
+            )
+        return cls(m.group(1), int(m.group(2)), int(m.group(3)), fsync and not m.group(4))
 
 
 @dataclass
@@ -365,6 +376,9 @@ class Result:
     tracker: dict = field(default_factory=dict)
     broker: dict = field(default_factory=dict)
     server_cpu: Optional[float] = None
+    machine_busy: float = 0.0  # CPU seconds all processes of the machine used during the crawl
+    machine_iowait: float = 0.0
+    machine_capacity: float = 0.0
     driver_cpu: float = 0.0
     driver_tracker_cmds: int = 0
     polls: int = 0
@@ -467,11 +481,15 @@ class Bench:
                     MonitorCounter("127.0.0.1", self.tracker_redis.port, self.sha_names),
                     MonitorCounter("127.0.0.1", self.broker_redis.port),
                 ]
-            spec = build_spec({"seeds": [self.served.url("/")], "saver": {"output": str(out)}})
+            saver_spec: dict[str, Any] = {"output": str(out)}
+            if not cfg.fsync:
+                saver_spec["fsync"] = False
+            spec = build_spec({"seeds": [self.served.url("/")], "saver": saver_spec})
             manager = CrawlManager(self.tracker, publisher.scrape)
             mark = self.served.mark()
             tr0, br0 = redis_snapshot(self.tr_info), redis_snapshot(self.br_info)
             srv0, drv0, cpu0 = self.served.cpu(), self_cpu(), group_cpu(pgids)
+            m0 = machine_ticks()
             t0 = time.monotonic()
             manager.seed(job, spec)
 
@@ -485,8 +503,12 @@ class Bench:
             stats = manager.wait(job, poll=0.05, timeout=self.args.timeout, on_progress=progress,
                                  check=check)
             res.seconds = time.monotonic() - t0
+            m1 = machine_ticks()
             res.worker_cpu = group_cpu(pgids) - cpu0
             res.driver_cpu = self_cpu() - drv0
+            res.machine_busy, res.machine_iowait, res.machine_capacity = (
+                (b - a) / CLK_TCK for a, b in zip(m0, m1)
+            )
             srv1 = self.served.cpu()
             res.server_cpu = None if srv0 is None else srv1 - srv0
             res.tracker = redis_diff(tr0, redis_snapshot(self.tr_info))
@@ -599,7 +621,9 @@ def print_report(results: list[Result], monitor: Optional[Result], info: dict, a
         ("broker Redis CPU ms/page", lambda r: fmt(1000 * r.per_page(r.broker["cpu"]), 2)),
         ("site server CPU ms/page", lambda r: fmt(None if r.server_cpu is None else 1000 * r.per_page(r.server_cpu), 2)),
         ("driver CPU ms/page", lambda r: fmt(1000 * r.per_page(r.driver_cpu), 2)),
-        ("machine CPU used", lambda r: fmt(100 * total_cpu(r) / (r.seconds * info["nproc"]), 0) + "%"),
+        ("bench CPU / capacity", lambda r: fmt(100 * total_cpu(r) / r.machine_capacity, 0) + "%"),
+        ("other processes' CPU", lambda r: fmt(100 * max(0.0, r.machine_busy - total_cpu(r)) / r.machine_capacity, 0) + "%"),
+        ("iowait", lambda r: fmt(100 * r.machine_iowait / r.machine_capacity, 0) + "%"),
         ("checks", lambda r: "ok" if (r.files_ok and not r.duplicates and not r.missing_fetches and not r.extra_fetches) else "FAIL"),
     ]
     print("| " + " | ".join(c[0] for c in cols) + " |")
@@ -686,6 +710,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--seed", type=int, default=1, help="site generator seed")
     p.add_argument("--lease-seconds", type=float, default=60.0)
     p.add_argument("--timeout", type=float, default=300.0, help="give up on one crawl after this")
+    p.add_argument("--no-fsync", action="store_true",
+                   help="saver.fsync=false for every config (default: the saver's default, fsync "
+                   "on); a config may also end in ':nofsync'")
     p.add_argument("--no-monitor", action="store_true", help="skip the MONITOR round-trip run")
     p.add_argument("--server-in-process", action="store_true",
                    help="serve the site from a thread of the driver instead of a forked process")
@@ -696,7 +723,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", help="also write the raw figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the crawled files and worker logs")
     args = p.parse_args(argv)
-    configs = [Config.parse(c) for c in args.configs.split(",") if c.strip()]
+    configs = [Config.parse(c, not args.no_fsync) for c in args.configs.split(",") if c.strip()]
     if not configs:
         raise SystemExit("no configs")
 
@@ -726,7 +753,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"site {served.base_url} ({site_info['reachable']} pages, ~{site_info['mean_bytes']:.0f} B)",
               flush=True)
         for i, cfg in enumerate(configs):
-            job = f"bench-{stamp}-{i}-{cfg.pool}-{cfg.procs}x{cfg.conc}"
+            job = f"bench-{stamp}-{i}-{cfg.label.replace(':', '-')}"
             r = bench.run(cfg, job)
             results.append(r)
             print(f"  {cfg.label}: {r.saved} saved, {r.dead} dead in {r.seconds:.2f}s = "
@@ -734,7 +761,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   flush=True)
         if not args.no_monitor:
             cfg = configs[0]
-            monitor_result = bench.run(cfg, f"bench-{stamp}-monitor-{cfg.pool}-{cfg.procs}x{cfg.conc}",
+            monitor_result = bench.run(cfg, f"bench-{stamp}-monitor-{cfg.label.replace(':', '-')}",
                                        monitor=True)
             print(f"  MONITOR run {cfg.label}: {monitor_result.saved} saved in "
                   f"{monitor_result.seconds:.2f}s", flush=True)

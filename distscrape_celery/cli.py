@@ -50,10 +50,7 @@ def _redis_runtime(settings: Settings):
     from .tasks import publisher
     from .tracker import RedisTracker
 
-    tracker = RedisTracker.from_url(
-        settings.redis_url, lease_seconds=settings.lease_seconds,
-        dispatch_factor=settings.dispatch_factor,
-    )
+    tracker = RedisTracker.from_settings(settings)
     configure_app(settings)
     return tracker, CrawlManager(tracker, publisher.scrape)
 

@@ -56,10 +56,7 @@ def run_local_crawl(
     from .tasks import publisher
 
     with redis_for_crawl(settings, embedded_redis) as settings:
-        tracker = RedisTracker.from_url(
-            settings.redis_url, lease_seconds=settings.lease_seconds,
-            dispatch_factor=settings.dispatch_factor,
-        )
+        tracker = RedisTracker.from_settings(settings)
         configure_app(settings)
         workers = [
             WorkerProcess(settings, name=f"distscrape-{job}-{i}", concurrency=concurrency)

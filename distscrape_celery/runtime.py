@@ -43,10 +43,7 @@ class Runtime:
 
     @classmethod
     def for_redis(cls, settings: Settings) -> "Runtime":
-        tracker = RedisTracker.from_url(
-            settings.redis_url, lease_seconds=settings.lease_seconds,
-            dispatch_factor=settings.dispatch_factor,
-        )
+        tracker = RedisTracker.from_settings(settings)
         bodies = redis.Redis.from_url(
             settings.redis_url, socket_connect_timeout=5, socket_timeout=30
         )

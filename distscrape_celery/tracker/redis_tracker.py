@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
-from typing import Any, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -29,6 +29,9 @@ from .base import (
     Tracker,
     WorkerInfo,
 )
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -110,6 +113,13 @@ class RedisTracker(Tracker):
         tracker.url = redact(url)
         tracker.ping()
         return tracker
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "RedisTracker":
+        return cls.from_url(
+            settings.redis_url, lease_seconds=settings.lease_seconds,
+            dispatch_factor=settings.dispatch_factor,
+        )
 
     @_converts_redis_errors
     def ping(self) -> None:
