@@ -13,8 +13,8 @@ One run does everything, so the configurations are compared under the same machi
 2. starts two throwaway Redis servers (EmbeddedRedis): one holds the tracker (``redis_url``, which
    also holds the staged page bodies), the other is the Celery broker (``broker_url``), so the
    work of each can be counted apart;
-3. for every ``POOL:PROCxCONC`` config starts PROC real ``celery worker`` processes
-   (WorkerProcess, pool POOL, concurrency CONC), waits until they registered in the tracker and
+3. for every ``POOL:PROCxCONC`` config (with ``:nofsync`` appended: saver.fsync=false) starts
+   PROC real ``celery worker`` processes (WorkerProcess, pool POOL, concurrency CONC), waits until they registered in the tracker and
    answer a Celery ping, seeds a fresh job, waits until it is finished and records pages saved,
    dead, wall seconds from seed to finished, pages/s, worker CPU per page (user+sys of every
    process in the workers' process groups, read from /proc), Redis commands per page (``INFO``
@@ -90,6 +90,12 @@ def cpu_seconds(pids: list[int]) -> float:
         if st is not None:
             ticks += sum(int(x) for x in st[11:15])  # utime stime cutime cstime (fields 14-17)
     return ticks / CLK_TCK
+
+
+def own_cpu(pid: int) -> float:
+    """user+sys of ``pid`` alone (not its children)."""
+    st = _proc_stat(pid)
+    return 0.0 if st is None else (int(st[11]) + int(st[12])) / CLK_TCK
 
 
 def group_cpu(pgids: list[int]) -> float:
@@ -330,13 +336,16 @@ def own_redis_addresses(port: int) -> set[str]:
 
 def script_names() -> dict[str, str]:
     """SHA1 -> name of the tracker's Lua scripts, to label EVALSHA calls."""
-    from distscrape_celery.tracker import redis_tracker as rt
+    out: dict[str, str] = {}
+    try:  # private helpers of RedisTracker: without them EVALSHA calls show a SHA prefix
+        from distscrape_celery.tracker import redis_tracker as rt
 
-    lib = rt._read_lua("_lib")
-    out = {}
-    for name in rt._ITEM_SCRIPTS:
-        out[hashlib.sha1((lib + "\n" + rt._read_lua(name)).encode()).hexdigest()] = name
-    out[hashlib.sha1(rt._read_lua("heartbeat").encode()).hexdigest()] = "heartbeat"
+        lib = rt._read_lua("_lib")
+        for name in rt._ITEM_SCRIPTS:
+            out[hashlib.sha1((lib + "\n" + rt._read_lua(name)).encode()).hexdigest()] = name
+        out[hashlib.sha1(rt._read_lua("heartbeat").encode()).hexdigest()] = "heartbeat"
+    except Exception:
+        pass
     return out
 
 
@@ -373,6 +382,7 @@ class Result:
     seen: int = 0
     seconds: float = 0.0
     worker_cpu: float = 0.0
+    worker_main_cpu: float = 0.0  # of which the `celery worker` main processes (prefork: consumer)
     tracker: dict = field(default_factory=dict)
     broker: dict = field(default_factory=dict)
     server_cpu: Optional[float] = None
@@ -489,6 +499,7 @@ class Bench:
             mark = self.served.mark()
             tr0, br0 = redis_snapshot(self.tr_info), redis_snapshot(self.br_info)
             srv0, drv0, cpu0 = self.served.cpu(), self_cpu(), group_cpu(pgids)
+            main0 = sum(own_cpu(g) for g in pgids)
             m0 = machine_ticks()
             t0 = time.monotonic()
             manager.seed(job, spec)
@@ -505,6 +516,7 @@ class Bench:
             res.seconds = time.monotonic() - t0
             m1 = machine_ticks()
             res.worker_cpu = group_cpu(pgids) - cpu0
+            res.worker_main_cpu = sum(own_cpu(g) for g in pgids) - main0
             res.driver_cpu = self_cpu() - drv0
             res.machine_busy, res.machine_iowait, res.machine_capacity = (
                 (b - a) / CLK_TCK for a, b in zip(m0, m1)
@@ -578,6 +590,10 @@ def machine_info() -> dict[str, Any]:
 
     rv = subprocess.run([find_redis_server(), "--version"], capture_output=True, text=True).stdout
     m = re.search(r"v=(\S+)", rv)
+    git = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "distscrape_celery"],
+                           capture_output=True, text=True).stdout.strip()
     return {
         "nproc": len(os.sched_getaffinity(0)),
         "cpu_count": os.cpu_count(),
@@ -589,6 +605,7 @@ def machine_info() -> dict[str, Any]:
         "kombu": kombu.__version__,
         "redis_py": redis.__version__,
         "redis_server": m.group(1) if m else rv.strip(),
+        "commit": (git or "?") + (" + uncommitted changes in distscrape_celery/" if dirty else ""),
     }
 
 
@@ -602,7 +619,7 @@ def print_report(results: list[Result], monitor: Optional[Result], info: dict, a
     print()
     print(f"machine: nproc={info['nproc']} ({info['cpu_model']}), Python {info['python']}, "
           f"Redis {info['redis_server']}, celery {info['celery']}, kombu {info['kombu']}, "
-          f"redis-py {info['redis_py']}; load average at start {', '.join(f'{x:.2f}' for x in info['loadavg_at_start'])}")
+          f"redis-py {info['redis_py']}; code at {info['commit']}; load average at start {', '.join(f'{x:.2f}' for x in info['loadavg_at_start'])}")
     print(f"site: {site_info['reachable']} reachable pages (+{site_info['unreachable']} orphans), "
           f"mean page {site_info['mean_bytes']:.0f} bytes, server delay {args.delay}s, "
           f"server {'in a thread of the driver' if args.server_in_process else 'in its own forked process'}, "
@@ -615,6 +632,7 @@ def print_report(results: list[Result], monitor: Optional[Result], info: dict, a
         ("wall s", lambda r: fmt(r.seconds, 2)),
         ("pages/s", lambda r: fmt(r.pages_per_s)),
         ("worker CPU ms/page", lambda r: fmt(1000 * r.per_page(r.worker_cpu), 2)),
+        ("of which main process", lambda r: fmt(1000 * r.per_page(r.worker_main_cpu), 2)),
         ("tracker cmds/page", lambda r: fmt(r.per_page(r.tracker["commands"] - r.driver_tracker_cmds))),
         ("broker cmds/page", lambda r: fmt(r.per_page(r.broker["commands"]))),
         ("tracker Redis CPU ms/page", lambda r: fmt(1000 * r.per_page(r.tracker["cpu"]), 2)),
@@ -716,10 +734,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--no-monitor", action="store_true", help="skip the MONITOR round-trip run")
     p.add_argument("--server-in-process", action="store_true",
                    help="serve the site from a thread of the driver instead of a forked process")
-    p.add_argument("--server-nagle", action="store_true",
-                   help="keep Nagle's algorithm on the test server's sockets, as tests/sitegen.py "
-                   "does: every keep-alive response then stalls ~40 ms (headers and body are two "
-                   "writes; Nagle waits for the client's delayed ACK). Off by default here")
     p.add_argument("--json", help="also write the raw figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the crawled files and worker logs")
     args = p.parse_args(argv)
@@ -736,15 +750,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         "reachable": len(site.reachable), "unreachable": len(site.unreachable),
         "mean_bytes": sum(len(site.pages[p]) for p in site.reachable) / len(site.reachable),
     }
-    # sitegen's handler writes headers and body separately; with Nagle on, each keep-alive
-    # response waits for the client's delayed ACK (~40 ms). TCP_NODELAY for the bench only.
-    sitegen._Handler.disable_nagle_algorithm = not args.server_nagle
     # Fork the server before this process has threads or connections.
     served = ServedSite(site, args.delay, args.server_in_process)
     info = machine_info()
     work = Path(tempfile.mkdtemp(prefix="distscrape-bench-"))
     bench = None
     results: list[Result] = []
+    failed: list[str] = []
     monitor_result = None
     stamp = datetime.datetime.now().strftime("%H%M%S")
     try:
@@ -754,16 +766,29 @@ def main(argv: Optional[list[str]] = None) -> int:
               flush=True)
         for i, cfg in enumerate(configs):
             job = f"bench-{stamp}-{i}-{cfg.label.replace(':', '-')}"
-            r = bench.run(cfg, job)
+            try:
+                r = bench.run(cfg, job)
+            except Exception as exc:  # report, clean up, go on with the next config
+                print(f"  {cfg.label}: FAILED: {exc!r} (worker logs: {work / 'logs'})", flush=True)
+                failed.append(cfg.label)
+                bench.tr_info.flushall()
+                bench.br_info.flushall()
+                continue
             results.append(r)
             print(f"  {cfg.label}: {r.saved} saved, {r.dead} dead in {r.seconds:.2f}s = "
                   f"{r.pages_per_s:.0f} pages/s, worker CPU {1000 * r.per_page(r.worker_cpu):.2f} ms/page",
                   flush=True)
         if not args.no_monitor:
             cfg = configs[0]
-            monitor_result = bench.run(cfg, f"bench-{stamp}-monitor-{cfg.label.replace(':', '-')}",
-                                       monitor=True)
-            print(f"  MONITOR run {cfg.label}: {monitor_result.saved} saved in "
+            try:
+                monitor_result = bench.run(
+                    cfg, f"bench-{stamp}-monitor-{cfg.label.replace(':', '-')}", monitor=True
+                )
+            except Exception as exc:
+                print(f"  MONITOR run FAILED: {exc!r}", flush=True)
+                failed.append("MONITOR run")
+            if monitor_result is not None:
+                print(f"  MONITOR run {cfg.label}: {monitor_result.saved} saved in "
                   f"{monitor_result.seconds:.2f}s", flush=True)
     finally:
         if bench is not None:
@@ -774,7 +799,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         else:
             print(f"kept {work}")
 
+    if not results:
+        print("no config finished")
+        return 1
     print_report(results, monitor_result, info, args, site_info)
+    if failed:
+        print(f"\nFAILED configs: {', '.join(failed)}")
     print(f"\ntotal bench time {time.monotonic() - started:.0f}s")
     if args.json:
         Path(args.json).write_text(json.dumps({
@@ -784,7 +814,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         }, indent=1, default=str))
     ok = all(r.files_ok and not r.duplicates and not r.missing_fetches and not r.extra_fetches
              for r in results + ([monitor_result] if monitor_result else []))
-    return 0 if ok else 1
+    return 0 if ok and not failed else 1
 
 
 if __name__ == "__main__":

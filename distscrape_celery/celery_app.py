@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from .settings import Settings
 
@@ -36,7 +36,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_queues": [Queue(SCRAPE_QUEUE), Queue(SAVE_QUEUE)],
+        # Each queue gets its own exchange and routing key. Left to Celery's defaults, both would
+        # be bound to the default queue's key, and every message would be delivered to both.
+        "task_queues": [
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (SCRAPE_QUEUE, SAVE_QUEUE)
+        ],
         "task_default_queue": SCRAPE_QUEUE,
         "task_routes": {SCRAPE_TASK: {"queue": SCRAPE_QUEUE}, SAVE_TASK: {"queue": SAVE_QUEUE}},
         "task_soft_time_limit": settings.task_soft_time_limit,

@@ -36,6 +36,13 @@ class Settings(BaseModel):
         description="How long a worker may hold an item without a heartbeat before it is handed "
         "to another worker. Sets how fast work of a dead worker is recovered.",
     )
+    task_time_limit: float = Field(
+        300.0,
+        ge=5,
+        le=86400,
+        description="Hard limit on one task's run time (prefork pool). A long task keeps its "
+        "lease through heartbeats, so this, not the lease, bounds how long one item may take.",
+    )
     dispatch_factor: int = Field(
         2,
         ge=1,
@@ -62,20 +69,17 @@ class Settings(BaseModel):
 
     @property
     def task_soft_time_limit(self) -> float:
-        return 4 * self.lease_seconds
-
-    @property
-    def task_time_limit(self) -> float:
-        return 5 * self.lease_seconds
+        """When a task is asked to stop (it then fails its item, which is retried)."""
+        return 0.9 * self.task_time_limit
 
     @property
     def visibility_timeout(self) -> float:
-        """Celery's redelivery delay on the Redis broker: well above any task's time limit.
+        """Celery's redelivery delay on the Redis broker: the task time limit plus two leases.
 
         The tracker recovers lost work within a lease on its own; the broker's redelivery is only a
         backstop, so it may be late but must never fire while a task can still be running.
         """
-        return 2 * self.task_time_limit
+        return self.task_time_limit + 2 * self.lease_seconds
 
     @classmethod
     def from_env(

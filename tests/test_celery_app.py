@@ -16,9 +16,9 @@ from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 
 
-@pytest.mark.parametrize("lease", [0.5, 60.0, 3600.0])
-def test_config_follows_from_settings(lease):
-    s = Settings.from_env({}, lease_seconds=lease, redis_url="redis://r:1/0")
+@pytest.mark.parametrize("lease, limit", [(0.5, 5.0), (60.0, 300.0), (3600.0, 60.0)])
+def test_config_follows_from_settings(lease, limit):
+    s = Settings.from_env({}, lease_seconds=lease, task_time_limit=limit, redis_url="redis://r:1/0")
     conf = celery_config(s)
     assert conf["accept_content"] == ["json"]
     assert conf["task_serializer"] == conf["result_serializer"] == conf["event_serializer"] == "json"
@@ -26,10 +26,16 @@ def test_config_follows_from_settings(lease):
     assert conf["worker_prefetch_multiplier"] == 1
     assert conf["broker_url"] == "redis://r:1/0"
     visibility = conf["broker_transport_options"]["visibility_timeout"]
-    assert visibility > conf["task_time_limit"] > conf["task_soft_time_limit"] >= lease
-    assert visibility < 3600 or lease >= 360  # far below Celery's one-hour default for sane leases
+    assert conf["task_time_limit"] == limit > conf["task_soft_time_limit"]
+    # Redelivery never hits a task that may still run, and comes two leases after the limit.
+    assert visibility == limit + 2 * lease
     assert conf["task_routes"][SCRAPE_TASK]["queue"] == SCRAPE_QUEUE
     assert conf["task_routes"][SAVE_TASK]["queue"] == SAVE_QUEUE
+
+
+def test_default_visibility_is_far_below_celerys_hour():
+    conf = celery_config(Settings.from_env({}))
+    assert conf["broker_transport_options"]["visibility_timeout"] == 300 + 2 * 60
 
 
 def test_separate_broker_url():
