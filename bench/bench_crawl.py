@@ -54,7 +54,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # for `import sitegen`
 sys.path.insert(0, str(ROOT))
 
-import sitegen  # noqa: E402
 from sitegen import Site, SiteServer, generate_site  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -622,8 +621,7 @@ def print_report(results: list[Result], monitor: Optional[Result], info: dict, a
           f"redis-py {info['redis_py']}; code at {info['commit']}; load average at start {', '.join(f'{x:.2f}' for x in info['loadavg_at_start'])}")
     print(f"site: {site_info['reachable']} reachable pages (+{site_info['unreachable']} orphans), "
           f"mean page {site_info['mean_bytes']:.0f} bytes, server delay {args.delay}s, "
-          f"server {'in a thread of the driver' if args.server_in_process else 'in its own forked process'}, "
-          f"TCP_NODELAY {'off (stock sitegen)' if args.server_nagle else 'on (patched in by the bench)'}")
+          f"server {'in a thread of the driver' if args.server_in_process else 'in its own forked process'}")
     print()
     cols = [
         ("config", lambda r: r.config),

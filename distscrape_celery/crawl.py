@@ -10,7 +10,7 @@ from typing import Optional
 
 from .embedded import EmbeddedRedis
 from .jobspec import JobSpec
-from .local import WorkerProcess, wait_for_workers
+from .local import WorkerProcess
 from .manager import CrawlManager
 from .settings import Settings
 from .tracker import JobStats, RedisTracker
