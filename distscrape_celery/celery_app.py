@@ -63,6 +63,7 @@ def configure_app(settings: Settings, *, in_memory: bool = False) -> Celery:
     in-process transport: no broker at all."""
     global _settings
     _settings = settings
+    _drop_connections()
     conf = celery_config(settings)
     if in_memory:
         conf["broker_url"] = "memory://localhost/"
@@ -70,6 +71,16 @@ def configure_app(settings: Settings, *, in_memory: bool = False) -> Celery:
         conf["broker_transport_options"] = {"polling_interval": 0.005}
     app.conf.update(conf)
     return app
+
+
+def _drop_connections() -> None:
+    """Forget connection and producer pools built for an earlier broker URL (tests and the
+    in-memory crawl reconfigure the one app); Celery does the same after a fork."""
+    # Not closed: kombu's global pool registry may hand the same pool out again for that URL.
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
 
 
 def current_settings() -> Settings:

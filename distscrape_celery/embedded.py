@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -43,13 +44,15 @@ def _free_port() -> int:
 class EmbeddedRedis:
     """A private ``redis-server`` on 127.0.0.1 that lives as long as this object is open.
 
-    It keeps nothing on disk: it exists for one crawl or one test session.
+    It keeps nothing on disk: it exists for one crawl or one test session. It has a random
+    password, so other users of this machine cannot reach into the crawl.
     """
 
     def __init__(self, binary: Optional[str] = None, startup_timeout: float = 15.0) -> None:
         self.binary = binary or find_redis_server()
         self.startup_timeout = startup_timeout
         self.port: Optional[int] = None
+        self.password = secrets.token_hex(16)
         self._proc: Optional[subprocess.Popen] = None
         self._dir: Optional[str] = None
 
@@ -57,7 +60,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         if self.port is None:
             raise EmbeddedServiceError("embedded Redis is not running")
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self) -> "EmbeddedRedis":
         self._dir = tempfile.mkdtemp(prefix="distscrape-redis-")
@@ -67,7 +70,7 @@ class EmbeddedRedis:
             log = Path(self._dir, "redis.log")
             self._proc = subprocess.Popen(
                 [
-                    self.binary, "--port", str(port), "--bind", "127.0.0.1",
+                    self.binary, self._write_config(), "--port", str(port), "--bind", "127.0.0.1",
                     "--save", "", "--appendonly", "no", "--dir", self._dir,
                     "--logfile", str(log), "--daemonize", "no", "--protected-mode", "yes",
                 ],
@@ -81,8 +84,18 @@ class EmbeddedRedis:
         self.stop()
         raise EmbeddedServiceError(f"embedded Redis ({self.binary}) did not start: {last_error}")
 
+    def _write_config(self) -> str:
+        """A config file holding the password, readable by us only (a command line is not)."""
+        path = Path(self._dir, "redis.conf")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"requirepass {self.password}\n")
+        return str(path)
+
     def _wait_ready(self, port: int) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            host="127.0.0.1", port=port, password=self.password, socket_connect_timeout=0.5
+        )
         deadline = time.monotonic() + self.startup_timeout
         try:
             while time.monotonic() < deadline:

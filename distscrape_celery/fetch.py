@@ -48,6 +48,9 @@ class Fetcher:
         session = getattr(self._local, "session", None)
         if session is None:
             session = requests.Session()
+            # No proxies, .netrc credentials or CA bundles from the environment: a crawl must not
+            # send a user's credentials to the sites it visits.
+            session.trust_env = False
             session.max_redirects = self.spec.max_redirects
             session.headers["User-Agent"] = self.spec.user_agent
             self._local.session = session
