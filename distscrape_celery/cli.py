@@ -85,10 +85,12 @@ def cli() -> None:
 def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
     """Create JOB (or add to it) and queue its SEED URLs for the workers."""
     spec = _spec(seeds, config, link_regex, output, all_hosts)
-    _, manager = _redis_runtime(_settings(redis_url))
+    tracker, manager = _redis_runtime(_settings(redis_url))
     res = manager.seed(job, spec)
     verb = "created" if res.created else "already existed; seeds re-added"
     click.echo(f"job {job} {verb}: {res.added} new item(s), {res.dispatched} sent to workers now")
+    if not any(w.alive for w in tracker.workers()):
+        click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
 
 
 @cli.command()

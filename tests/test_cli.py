@@ -78,7 +78,8 @@ def test_bad_job_name(redis_url):
 def test_seed_and_status(redis_url, tmp_path):
     res = run("seed", "news", "http://127.0.0.1:9/", "--output", str(tmp_path), "--redis-url", redis_url)
     assert res.returncode == 0, res.stderr
-    assert "job news created: 1 new item(s)" in res.stdout
+    assert "job news created: 1 new item(s), 0 sent to workers now" in res.stdout
+    assert "no worker is alive yet" in res.stderr
     res = run("status", "news", "--json", "--redis-url", redis_url)
     assert res.returncode == 0, res.stderr
     status = json.loads(res.stdout)
