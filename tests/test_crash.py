@@ -77,3 +77,39 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
     assert max(recoveries) <= LEASE + 3, recoveries
     print(f"\ncrash test: {KILLS} kills, recoveries {[round(r, 2) for r in recoveries]} s, "
           f"whole crawl {elapsed:.1f} s, {sum(server.counts().values()) - n} refetches")
+
+
+def test_frozen_worker_is_routed_around_and_its_late_work_is_harmless(
+    redis_url, redis_client, site, workers, tmp_path
+):
+    """SIGSTOP a worker group (a hung host) for two leases, then let it go on: its items are done
+    by others meanwhile, and what it finishes late changes nothing."""
+    settings = crawl_settings(redis_url, lease_seconds=LEASE)
+    tracker = RedisTracker.from_url(redis_url)
+    frozen = workers(settings, "frozen")
+    survivor = workers(settings, "thawed-survivor")
+    wait_for_workers(tracker, 2)
+    configure_app(settings)
+    n = len(site.reachable)
+    out = tmp_path / "out"
+    owners = JobKeys("freeze").owners
+
+    with SiteServer(site, delay=0.05) as server:
+        spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed("freeze", spec)
+        frozen_id = _worker_id(tracker, frozen)
+        while tracker.stats("freeze").done < n // 4 or frozen_id not in redis_client.hvals(owners):
+            time.sleep(0.02)
+        frozen.kill(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        while frozen_id in redis_client.hvals(owners):
+            assert time.monotonic() - stopped_at < LEASE + 8, "a frozen worker kept its leases"
+            time.sleep(0.05)
+        time.sleep(LEASE)
+        frozen.kill(signal.SIGCONT)
+        stats = manager.wait("freeze", timeout=120, check=survivor.check)
+        frozen.check()  # it woke up and lives on
+
+    assert (stats.done, stats.dead, stats.seen) == (n, 0, n)
+    assert saved_files(out) == expected_files(server, site, out)
