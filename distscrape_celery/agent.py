@@ -43,6 +43,8 @@ def reserved_items() -> dict[str, list[str]]:
 
 
 class WorkerAgent:
+    """Keeps one worker registered and alive in the tracker, from a background thread."""
+
     def __init__(
         self,
         runtime: Runtime,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from abc import ABC, abstractmethod
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 from urllib.parse import urljoin
 
 import lxml.etree
