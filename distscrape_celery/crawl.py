@@ -47,38 +47,28 @@ def run_local_crawl(
     *,
     embedded_redis: bool,
     concurrency: int = 4,
-    processes: int = 1,
     on_progress: Optional[Progress] = None,
     timeout: Optional[float] = None,
 ) -> CrawlResult:
-    """Crawl ``spec`` with real worker processes on this machine and wait until it is finished."""
+    """Crawl ``spec`` with a real worker process (prefork, ``concurrency`` pool processes) on this
+    machine and wait until it is finished."""
     from .celery_app import configure_app
     from .tasks import publisher
 
     with redis_for_crawl(settings, embedded_redis) as settings:
         tracker = RedisTracker.from_settings(settings)
         configure_app(settings)
-        workers = [
-            WorkerProcess(settings, name=f"distscrape-{job}-{i}", concurrency=concurrency)
-            for i in range(processes)
-        ]
+        worker = WorkerProcess(settings, name=f"distscrape-{job}", concurrency=concurrency)
         try:
-            for w in workers:
-                w.start()
+            worker.start()
             manager = CrawlManager(tracker, publisher.scrape)
             started = time.monotonic()
             manager.seed(job, spec)
-
-            def check() -> None:
-                for w in workers:
-                    w.check()
-
-            stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
+            stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=worker.check)
             seconds = time.monotonic() - started
             return CrawlResult(job, stats, seconds, tracker.dead_items(job))
         finally:
-            for w in workers:
-                w.stop()
+            worker.stop()
 
 
 def run_in_memory_crawl(

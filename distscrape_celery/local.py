@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,8 @@ class WorkerProcess:
         self.concurrency = concurrency
         self.pool = pool
         self.loglevel = loglevel
+        # A log directory we made is ours to remove; one we were given is the caller's.
+        self._own_log_dir = log_dir is None
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="distscrape-worker-"), f"{name}.log")
         self.extra_env = extra_env or {}
         self.proc: Optional[subprocess.Popen] = None
@@ -100,6 +103,8 @@ class WorkerProcess:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
             pass
+        if self._own_log_dir:
+            shutil.rmtree(self.log_path.parent, ignore_errors=True)
 
 
 def wait_for_workers(tracker, count: int, timeout: float = 60.0, procs=()) -> None:
