@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,39 @@ def expected_files(server, site, output) -> dict[str, bytes]:
 
     saver = FileItemSaver(output)
     return {str(saver.name_for(server.url(p))): site.pages[p] for p in site.reachable}
+
+
+class RouteServer:
+    """Fixed responses on 127.0.0.1: ``routes`` maps a path to (status, body) or
+    (status, body, seconds to wait first); anything else is a 404. ``hits`` logs request paths."""
+
+    def __init__(self, routes: dict) -> None:
+        self.hits: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.hits.append(self.path)
+                status, body, *delay = routes.get(self.path, (404, b""))
+                if delay:
+                    time.sleep(delay[0])
+                self.send_response(status)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def __enter__(self) -> "RouteServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-import threading
-
 import pytest
 
-from conftest import crawl_settings
+from conftest import RouteServer, crawl_settings
 
 from distscrape_celery.jobspec import build_spec
 from distscrape_celery.pipeline import ItemPipeline
@@ -28,37 +25,19 @@ class Recorder:
         self.saves.append((job, item, ref, meta))
 
 
-class Handler(BaseHTTPRequestHandler):
-    hits: list[str] = []
-    routes = {
-        "/ok": (200, b'<a href="/ok2">x</a><a href="http://elsewhere.invalid/">off</a>'),
-        "/ok2": (200, b"leaf"),
-        "/hostile": (200, b"<html>" + b"<div>" * 3000 + b"\x00\xff\xfe<a href='/ok2'>" + b"\x80" * 5000),
-        "/gone": (404, b"not here"),
-        "/flaky": (503, b"try later"),
-    }
-
-    def do_GET(self):
-        Handler.hits.append(self.path)
-        status, body = self.routes.get(self.path, (404, b""))
-        self.send_response(status)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+ROUTES = {
+    "/ok": (200, b'<a href="/ok2">x</a><a href="http://elsewhere.invalid/">off</a>'),
+    "/ok2": (200, b"leaf"),
+    "/hostile": (200, b"<html>" + b"<div>" * 3000 + b"\x00\xff\xfe<a href='/ok2'>" + b"\x80" * 5000),
+    "/gone": (404, b"not here"),
+    "/flaky": (503, b"try later"),
+}
 
 
 @pytest.fixture
 def server():
-    Handler.hits = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with RouteServer(ROUTES) as server:
+        yield server
 
 
 @pytest.fixture
@@ -66,7 +45,7 @@ def env(redis_url, server, tmp_path):
     rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
     rt.tracker.register_worker("test", 1, 4)
     spec = build_spec(
-        {"seeds": [server + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
+        {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
     )
     rt.tracker.create_job("p", spec.to_json())
     rec = Recorder()
@@ -75,62 +54,62 @@ def env(redis_url, server, tmp_path):
 
 def test_scrape_then_save_completes_and_queues_links(env, tmp_path):
     rt, pipe, rec, server = env
-    rt.tracker.add("p", [server + "/ok"])
-    assert pipe.scrape("p", server + "/ok") == "scraped"
+    rt.tracker.add("p", [server.base + "/ok"])
+    assert pipe.scrape("p", server.base + "/ok") == "scraped"
     assert rt.tracker.stats("p").done == 0  # not done before it is saved
-    assert rec.scrapes == [server + "/ok2"]  # dispatched at once; the off-site link dropped
+    assert rec.scrapes == [server.base + "/ok2"]  # dispatched at once; the off-site link dropped
     (job, item, ref, meta) = rec.saves[0]
     assert pipe.save(job, item, ref, meta) == "saved"
     assert rt.tracker.stats("p").done == 1
     saved = list((tmp_path / "out").rglob("*.html"))
-    assert [p.read_bytes() for p in saved] == [Handler.routes["/ok"][1]]
+    assert [p.read_bytes() for p in saved] == [ROUTES["/ok"][1]]
 
 
 def test_redelivered_duplicate_of_a_done_item_does_nothing(env):
     rt, pipe, rec, server = env
-    url = server + "/ok2"
+    url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     pipe.scrape("p", url)
     pipe.save(*rec.saves[0])
-    hits = len(Handler.hits)
+    hits = len(server.hits)
     assert pipe.scrape("p", url) == "done"
-    assert len(Handler.hits) == hits  # no second download
+    assert len(server.hits) == hits  # no second download
     assert len(rec.saves) == 1
 
 
 def test_item_leased_elsewhere_is_not_fetched(env):
     rt, pipe, rec, server = env
-    url = server + "/ok2"
+    url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     rt.tracker.checkout("p", url, "another-worker")
     assert pipe.scrape("p", url) == "busy"
-    assert Handler.hits == []
+    assert server.hits == []
 
 
 def test_http_404_is_dead_at_once_and_503_after_retries(env):
     rt, pipe, rec, server = env
-    rt.tracker.add("p", [server + "/gone", server + "/flaky"])
-    assert pipe.scrape("p", server + "/gone") == "dead"
-    assert pipe.scrape("p", server + "/flaky") == "retry"
-    assert pipe.scrape("p", server + "/flaky") == "dead"  # max_retries=1
+    rt.tracker.add("p", [server.base + "/gone", server.base + "/flaky"])
+    assert pipe.scrape("p", server.base + "/gone") == "dead"
+    assert pipe.scrape("p", server.base + "/flaky") == "retry"
+    assert pipe.scrape("p", server.base + "/flaky") == "dead"  # max_retries=1
     dead = rt.tracker.dead_items("p")
-    assert "404" in dead[server + "/gone"] and "503" in dead[server + "/flaky"]
+    assert "404" in dead[server.base + "/gone"] and "503" in dead[server.base + "/flaky"]
     s = rt.tracker.stats("p")
     assert (s.done, s.dead, s.finished) == (0, 2, True)
 
 
 def test_hostile_page_is_saved_and_worker_carries_on(env):
     rt, pipe, rec, server = env
-    url = server + "/hostile"
+    url = server.base + "/hostile"
     rt.tracker.add("p", [url])
     assert pipe.scrape("p", url) == "scraped"
-    assert server + "/ok2" in rec.scrapes
+    assert server.base + "/ok2" in rec.scrapes
     assert pipe.save(*rec.saves[0]) == "saved"
 
 
 def test_expired_staged_body_requeues_without_counting_a_failure(env):
     rt, pipe, rec, server = env
-    url = server + "/ok2"
+    url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     pipe.scrape("p", url)
     job, item, ref, meta = rec.saves[0]
@@ -142,7 +121,7 @@ def test_expired_staged_body_requeues_without_counting_a_failure(env):
 
 def test_failing_saver_never_marks_done(env, tmp_path):
     rt, pipe, rec, server = env
-    url = server + "/ok2"
+    url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     (tmp_path / "out").write_text("a file where the output directory should be")
     for expected in ("retry", "dead"):
@@ -155,7 +134,7 @@ def test_failing_saver_never_marks_done(env, tmp_path):
 
 def test_scraper_bug_fails_the_item_not_the_worker(env, monkeypatch):
     rt, pipe, rec, server = env
-    url = server + "/ok"
+    url = server.base + "/ok"
     rt.tracker.add("p", [url])
 
     def broken(item, download):
