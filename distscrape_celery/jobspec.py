@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import ConfigError
 from .settings import format_validation_error
-from .urls import check_seed_url
+from .urls import normalize_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,9 +87,9 @@ class JobSpec(_Strict):
         out: list[str] = []
         for seed in seeds:
             try:
-                url = check_seed_url(seed)
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
+                url = normalize_url(seed)
+            except ValueError as exc:
+                raise ValueError(f"malformed seed URL {seed!r}: {exc}") from None
             if url not in out:
                 out.append(url)
         return out

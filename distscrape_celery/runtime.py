@@ -67,23 +67,25 @@ class Runtime:
         return spec
 
     def scraper(self, job: str) -> Scraper:
-        scraper = self._scrapers.get(job)
-        if scraper is None:
-            with self._lock:
-                scraper = self._scrapers.get(job) or build_scraper(self.spec(job))
-                self._scrapers[job] = scraper
-        return scraper
+        return self._per_job(self._scrapers, job, build_scraper)
 
     def saver(self, job: str) -> ItemSaver:
-        saver = self._savers.get(job)
-        if saver is None:
+        def open_saver(spec: JobSpec) -> ItemSaver:
+            saver = build_saver(spec, self.worker_id)
+            saver.open()
+            return saver
+
+        return self._per_job(self._savers, job, open_saver)
+
+    def _per_job(self, cache: dict, job: str, build):
+        """``cache[job]``, built once per process from the job's spec (threads may race here)."""
+        component = cache.get(job)
+        if component is None:
             with self._lock:
-                saver = self._savers.get(job)
-                if saver is None:
-                    saver = build_saver(self.spec(job), self.worker_id)
-                    saver.open()
-                    self._savers[job] = saver
-        return saver
+                component = cache.get(job)
+                if component is None:
+                    component = cache[job] = build(self.spec(job))
+        return component
 
     def close(self) -> None:
         """Close every saver opened in this process (flushes what they buffer)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from urllib.parse import urldefrag, urlsplit, urlunsplit
 
-from .errors import ConfigError
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -28,14 +27,6 @@ def normalize_url(url: str) -> str:
     if parts.username or parts.password:
         raise ValueError(f"URL carries credentials, refusing it: {url!r}")
     return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
-
-
-def check_seed_url(url: str) -> str:
-    """Normalise a seed URL, or raise :class:`ConfigError` saying what is wrong with it."""
-    try:
-        return normalize_url(url)
-    except ValueError as exc:
-        raise ConfigError(f"malformed seed URL {url!r}: {exc}") from None
 
 
 def url_host(url: str) -> str:

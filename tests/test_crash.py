@@ -30,15 +30,20 @@ def _worker_id(tracker, proc) -> str:
     raise AssertionError(f"worker {proc.name} never registered")
 
 
-def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, workers, tmp_path):
+def _two_workers(redis_url, workers, first: str, second: str):
+    """Settings with a short lease, a tracker, and two registered workers; the app configured."""
     settings = crawl_settings(redis_url, lease_seconds=LEASE)
-    # Celery's own redelivery would take the visibility timeout; recovery must not wait for it.
-    assert settings.visibility_timeout >= 5 * LEASE
     tracker = RedisTracker.from_url(redis_url)
-    victim = workers(settings, "crash-0")
-    survivor = workers(settings, "crash-survivor")
+    procs = workers(settings, first), workers(settings, second)
     wait_for_workers(tracker, 2)
     configure_app(settings)
+    return settings, tracker, procs
+
+
+def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, workers, tmp_path):
+    settings, tracker, (victim, survivor) = _two_workers(redis_url, workers, "crash-0", "crash-survivor")
+    # Celery's own redelivery would take the visibility timeout; recovery must not wait for it.
+    assert settings.visibility_timeout >= 5 * LEASE
     n = len(site.reachable)
     out = tmp_path / "out"
     job = "crash"
@@ -84,12 +89,7 @@ def test_frozen_worker_is_routed_around_and_its_late_work_is_harmless(
 ):
     """SIGSTOP a worker group (a hung host) for two leases, then let it go on: its items are done
     by others meanwhile, and what it finishes late changes nothing."""
-    settings = crawl_settings(redis_url, lease_seconds=LEASE)
-    tracker = RedisTracker.from_url(redis_url)
-    frozen = workers(settings, "frozen")
-    survivor = workers(settings, "thawed-survivor")
-    wait_for_workers(tracker, 2)
-    configure_app(settings)
+    _, tracker, (frozen, survivor) = _two_workers(redis_url, workers, "frozen", "thawed-survivor")
     n = len(site.reachable)
     out = tmp_path / "out"
     owners = JobKeys("freeze").owners
