@@ -22,23 +22,35 @@ from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-HeldItems = Callable[[], dict[str, list[str]]]
+class Held:
+    """What one worker holds of one job, from Celery's own books."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []  # scrape messages reserved, and every task running
+        self.saves: list[tuple[str, int]] = []  # (item, token) of save messages reserved
 
 
-def reserved_items() -> dict[str, list[str]]:
-    """Items of the tasks this worker has reserved or is running, by job (Celery's own books)."""
+HeldItems = Callable[[], dict[str, Held]]
+
+
+def reserved_items() -> dict[str, Held]:
+    """What this worker has reserved or is running, by job."""
     from celery.worker import state
 
     from .celery_app import SAVE_TASK, SCRAPE_TASK
 
-    held: dict[str, list[str]] = defaultdict(list)
+    held: dict[str, Held] = defaultdict(Held)
     for request in list(state.reserved_requests):
-        if request.name in (SCRAPE_TASK, SAVE_TASK):
-            try:
+        try:
+            if request.name == SCRAPE_TASK:
                 job, item = request.args[0], request.args[1]
-            except (IndexError, TypeError):
-                continue
-            held[job].append(item)
+                held[job].items.append(item)
+            elif request.name == SAVE_TASK:
+                job, item, token = request.args[0], request.args[1], int(request.args[2])
+                held[job].items.append(item)
+                held[job].saves.append((item, token))
+        except (IndexError, TypeError, ValueError):
+            continue
     return held
 
 
@@ -72,8 +84,8 @@ class WorkerAgent:
         """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch."""
         tracker = self.rt.tracker
         tracker.heartbeat(self.rt.worker_id)
-        for job, items in self.held_items().items():
-            tracker.extend(job, items)
+        for job, held in self.held_items().items():
+            tracker.extend(job, held.items, self.rt.worker_id, held.saves)
         for job in tracker.jobs():
             try:
                 self._maintain(job)
@@ -81,7 +93,7 @@ class WorkerAgent:
                 log.exception("maintenance of job %s failed", job)
 
     def _maintain(self, job: str) -> None:
-        res = self.rt.tracker.maintain(job, max_retries=self.rt.spec(job).max_retries)
+        res = self.rt.tracker.maintain(job, max_lost=self.rt.spec(job).max_lost)
         if res.reclaimed or res.died:
             log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
         if res.dispatch:
@@ -105,6 +117,12 @@ class WorkerAgent:
         if self._thread is not None:
             self._thread.join(self.interval + 5)
         try:
+            # Whatever this worker still holds (its tasks were cut short) goes back at once,
+            # rather than a lease from now.
+            for job in self.rt.tracker.jobs():
+                released = self.rt.tracker.release(job, self.rt.worker_id)
+                if released:
+                    log.warning("job %s: gave back %d unfinished item(s)", job, released)
             self.rt.tracker.deregister_worker(self.rt.worker_id)
         except Exception:
             log.exception("could not deregister worker %s", self.rt.worker_id)

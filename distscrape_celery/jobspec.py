@@ -79,7 +79,18 @@ class JobSpec(_Strict):
     scraper: ScraperSpec = ScraperSpec()
     saver: SaverSpec = SaverSpec()
     fetch: FetchSpec = FetchSpec()
-    max_retries: int = Field(3, ge=0, le=100, description="Failed attempts before an item is dead.")
+    max_retries: int = Field(
+        3, ge=0, le=100,
+        description="Failed attempts that were the item's fault (its download or save raised) "
+        "before it is dead.",
+    )
+    max_lost: int = Field(
+        10, ge=0, le=1000,
+        description="Times the worker holding an item may vanish (killed, hung, cut off; or its "
+        "save message or staged body lost) before the item is dead. Larger than max_retries: "
+        "such losses are rarely the item's fault, but a page that kills every worker that takes "
+        "it must still end.",
+    )
 
     @field_validator("seeds")
     @classmethod

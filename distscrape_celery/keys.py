@@ -7,16 +7,19 @@ Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live
 key                               type    holds
 ================================  ======  ===================================================
 ``P items``                       hash    item -> state letter + depth (``q``ueued, ``d``ispatched,
-                                          ``l``eased, ``D``one, ``X`` dead); doubles as the dedup set
+                                          ``l``eased, ``s``ave pending, ``S``aving, ``D``one,
+                                          ``X`` dead); doubles as the dedup set
 ``P frontier``                    list    items waiting to be dispatched (stale entries skipped)
-``P dispatched``                  zset    item -> deadline; a Celery message for it exists
-``P leased``                      zset    item -> deadline; a worker is working on it
-``P owners``                      hash    leased item -> worker ID
-``P fails``                       hash    item -> number of failed attempts
+``P dispatched``                  zset    item -> deadline; a scrape message for it exists
+``P leased``                      zset    item -> deadline; a worker scrapes or saves it
+``P pending``                     zset    item -> deadline; its save message waits in the broker
+``P owners``                      hash    in-flight item -> "<worker ID> <fencing token>"
+``P fails``                       hash    item -> failed attempts that were the item's fault
+``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on
-``P stats``                       hash    counters: seen, queued, done, dead
+``P stats``                       hash    counters: seen, queued, done, dead, tokens
 ``P spec``                        string  the job spec as JSON
-``P body:<ref>``                  string  a downloaded body staged for the save task (has a TTL)
+``P body:<token>``                string  a downloaded body staged for the save task (has a TTL)
 ``ds:jobs``                       set     names of every seeded job
 ``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
 ``ds:{workers}:concurrency``      hash    worker ID -> concurrency
@@ -91,6 +94,14 @@ class JobKeys:
         return self.prefix + "fails"
 
     @property
+    def pending(self) -> str:
+        return self.prefix + "pending"
+
+    @property
+    def lost(self) -> str:
+        return self.prefix + "lost"
+
+    @property
     def dead(self) -> str:
         return self.prefix + "dead"
 
@@ -105,9 +116,10 @@ class JobKeys:
     def item_keys(self) -> tuple[str, ...]:
         """The KEYS every item script takes, in the order the scripts name them."""
         return (
-            self.items, self.frontier, self.dispatched, self.leased,
-            self.owners, self.stats, self.fails, self.dead,
+            self.items, self.frontier, self.dispatched, self.leased, self.owners, self.stats,
+            self.fails, self.dead, self.pending, self.lost, self.spec,
         )
 
-    def body(self, ref: str) -> str:
-        return f"{self.prefix}body:{ref}"
+    def body(self, token: int) -> str:
+        """Where the body downloaded under lease ``token`` waits for its save."""
+        return f"{self.prefix}body:{token}"

@@ -1,22 +1,29 @@
 """What happens to one item: lease, download, find new items, stage, save, complete.
 
-Celery-free so it can be tested and reasoned about alone; :mod:`.tasks` wraps it. The rule that
-keeps data safe: an item is completed only after its saver returned, and every failure path
-either hands the item back to the tracker or leaves it leased so that its lease expires.
+Celery-free so it can be tested and reasoned about alone; :mod:`.tasks` wraps it. The rules that
+keep data safe: an item is completed only after its saver returned; the items found in a page are
+queued before its save can complete it; every failure path either hands the item back to the
+tracker under its fencing token or leaves it in flight so that its deadline expires; and every
+attempt counts, against ``max_retries`` when the item's download or save raised, against
+``max_lost`` when the process holding it vanished.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Optional, Protocol
 
 from .errors import FetchError
 from .fetch import Download
 from .runtime import Runtime
-from .tracker import LeaseStatus
+from .tracker import Fault, LeaseStatus, SaveStart
 
 log = logging.getLogger(__name__)
+
+# A saver failing with one of these cannot store anything right now; the item is not to blame.
+_OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class Publisher(Protocol):
@@ -25,8 +32,20 @@ class Publisher(Protocol):
     def scrape(self, job: str, items: Sequence[str]) -> None:
         """Publish one scrape task per item."""
 
-    def save(self, job: str, item: str, ref: str, meta: dict) -> None:
-        """Publish the save task of a scraped item."""
+    def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
+        """Publish the save task of an item scraped under lease ``token``, to run after ``delay``."""
+
+
+def output_full(exc: BaseException) -> Optional[OSError]:
+    """The disk-full error behind ``exc`` (itself or a cause), if there is one."""
+    seen: set[int] = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError) and cur.errno in _OUTPUT_FULL:
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 class ItemPipeline:
@@ -38,10 +57,13 @@ class ItemPipeline:
         if items:
             self.publisher.scrape(job, items)
 
-    def _fail(self, job: str, item: str, reason: str, *, retryable: bool, count: bool = True) -> str:
+    def _fail(
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True
+    ) -> str:
         spec = self.rt.spec(job)
         res = self.rt.tracker.fail(
-            job, item, reason, max_retries=spec.max_retries, retryable=retryable, count=count
+            job, item, token, reason, fault=fault, max_retries=spec.max_retries,
+            max_lost=spec.max_lost, retryable=retryable,
         )
         self._dispatch(job, res.dispatch)
         log.warning("%s %s: %s (%s)", job, item, reason, res.outcome.value)
@@ -51,45 +73,92 @@ class ItemPipeline:
         """Lease and download ``item``, queue what it links to, hand it to a save task.
         Returns what happened (for logs and tests)."""
         tracker = self.rt.tracker
-        co = tracker.checkout(job, item, self.rt.worker_id)
+        spec = self.rt.spec(job)
+        co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
         self._dispatch(job, co.dispatch)
         if co.status is not LeaseStatus.OK:
             return co.status.value  # done, dead, busy elsewhere, or unknown: nothing to do
+        token = co.token
         scraper = self.rt.scraper(job)
         try:
             download = scraper.download(item)
         except FetchError as exc:
-            return self._fail(job, item, str(exc), retryable=exc.retryable)
+            return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable)
         except Exception as exc:  # a scraper bug must cost one item, never the worker
             log.exception("%s %s: scraper download raised", job, item)
-            return self._fail(job, item, f"download error: {exc!r}", retryable=True)
+            return self._fail(job, item, token, f"download error: {exc!r}", fault=Fault.ITEM)
         try:
             found = scraper.find_items(item, download)
         except Exception as exc:
             log.exception("%s %s: scraper find_items raised", job, item)
-            return self._fail(job, item, f"scraper error: {exc!r}", retryable=True)
-        if found:
-            self._dispatch(job, tracker.add(job, found, co.depth + 1).dispatch)
+            return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
+        # Staged before the item turns save-pending, so a pending save always has a body to take.
+        self.rt.staging.stage(job, token, download.body)
+        res = tracker.scraped(job, item, token, found, co.depth + 1)
+        self._dispatch(job, res.dispatch)
+        if not res.held:
+            # Our lease ran out meanwhile and the item went on without us: leave it alone.
+            self.rt.staging.discard(job, token)
+            return "stale"
         try:
-            ref = self.rt.staging.stage(job, download.body)
-            self.publisher.save(job, item, ref, download.meta())
+            self.publisher.save(job, item, token, download.meta())
         except Exception as exc:
-            # Hand the item back now rather than wait for its lease to expire.
-            return self._fail(job, item, f"could not queue the save: {exc}", retryable=True, count=False)
+            # Hand the item back now rather than after its save timeout.
+            self.rt.staging.discard(job, token)
+            return self._fail(job, item, token, f"could not queue the save: {exc}", fault=Fault.FREE)
         return "scraped"
 
-    def save(self, job: str, item: str, ref: str, meta: dict) -> str:
+    def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""
-        body = self.rt.staging.take(job, ref)
+        tracker, staging = self.rt.tracker, self.rt.staging
+        spec = self.rt.spec(job)
+        begin = tracker.begin_save(job, item, token, self.rt.worker_id, max_lost=spec.max_lost)
+        self._dispatch(job, begin.dispatch)
+        if begin.status in (SaveStart.DONE, SaveStart.DEAD, SaveStart.UNKNOWN):
+            staging.discard(job, token)
+            if begin.status is SaveStart.DEAD:
+                log.warning("%s %s: given up on before its save (lost %d times)", job, item, begin.lost)
+            return f"save-skipped-{begin.status.value}"
+        stale = begin.status is SaveStart.STALE
+        if begin.lost and not stale:
+            log.warning(
+                "%s %s: saving again; the worker holding it vanished %d time(s) so far",
+                job, item, begin.lost,
+            )
+        body = staging.get(job, token)
         if body is None:
+            if stale:
+                return "stale"
             return self._fail(
-                job, item, "staged body expired before it was saved", retryable=True, count=False
+                job, item, token,
+                "its staged body was gone when the save ran (it waited longer than the body's "
+                "TTL, or Redis lost it); it will be downloaded again",
+                fault=Fault.LOST,
             )
         try:
             self.rt.saver(job).save(item, Download.from_meta(meta, body))
         except Exception as exc:
+            if stale:  # the live holder saves it; a late failure changes nothing
+                return "stale"
+            full = output_full(exc)
+            if full is not None:
+                return self._defer(job, item, token, meta, full)
             log.exception("%s %s: save failed", job, item)
-            return self._fail(job, item, f"save failed: {exc}", retryable=True)
-        res = self.rt.tracker.complete(job, item)
+            return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
+        res = tracker.complete(job, item)
         self._dispatch(job, res.dispatch)
+        staging.discard(job, token)
         return "saved" if res.changed else "saved-again"
+
+    def _defer(self, job: str, item: str, token: int, meta: dict, error: OSError) -> str:
+        """The output is full: keep the item and its body, and try the save again later."""
+        if not self.rt.tracker.defer_save(job, item, token):
+            return "stale"
+        self.rt.staging.keep(job, token)
+        delay = self.rt.settings.save_retry_delay
+        log.error(
+            "%s %s: cannot save, the output is full (%s); the item is kept and its save retried "
+            "in %.0f s", job, item, error, delay,
+        )
+        self.publisher.save(job, item, token, meta, delay=delay)
+        return "deferred"

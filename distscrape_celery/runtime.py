@@ -47,14 +47,13 @@ class Runtime:
         bodies = redis.Redis.from_url(
             settings.redis_url, socket_connect_timeout=5, socket_timeout=30
         )
-        # Long enough for any save queue backlog; an expired body only costs a re-download.
-        ttl = max(20 * settings.lease_seconds, 600.0)
-        return cls(settings, tracker, RedisBodyStaging(bodies, ttl))
+        return cls(settings, tracker, RedisBodyStaging(bodies, settings.body_ttl))
 
     @classmethod
     def in_memory_runtime(cls, settings: Settings) -> "Runtime":
         tracker = InMemoryTracker(
-            lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor
+            lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor,
+            save_timeout=settings.save_timeout,
         )
         return cls(settings, tracker, InMemoryBodyStaging(), in_memory=True)
 

@@ -81,6 +81,23 @@ class Settings(BaseModel):
         """
         return self.task_time_limit + 2 * self.lease_seconds
 
+    @property
+    def save_timeout(self) -> float:
+        """How long a scraped item waits for its save message before it is presumed lost and
+        scraped again: beyond the broker's own redelivery of a save whose worker died."""
+        return self.visibility_timeout + self.lease_seconds
+
+    @property
+    def save_retry_delay(self) -> float:
+        """Seconds before a save that found the output full is tried again (well under the
+        visibility timeout, so the delayed message is never redelivered meanwhile)."""
+        return min(max(self.lease_seconds, 1.0), 30.0)
+
+    @property
+    def body_ttl(self) -> float:
+        """How long a staged body is kept: past the save timeout, so it outlives its item's wait."""
+        return self.save_timeout + self.visibility_timeout
+
     @classmethod
     def from_env(
         cls, environ: Optional[Mapping[str, str]] = None, **overrides: object

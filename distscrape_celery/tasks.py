@@ -17,8 +17,8 @@ class CeleryPublisher:
             for item in items:
                 scrape.apply_async((job, item), producer=producer)
 
-    def save(self, job: str, item: str, ref: str, meta: dict) -> None:
-        save.apply_async((job, item, ref, meta))
+    def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
+        save.apply_async((job, item, token, meta), countdown=delay or None)
 
 
 publisher = CeleryPublisher()
@@ -35,6 +35,7 @@ def scrape(job: str, item: str) -> str:
 
 
 @app.task(name=SAVE_TASK, ignore_result=True)
-def save(job: str, item: str, ref: str, meta: dict) -> str:
-    """Store one downloaded item through the job's saver, then mark it done."""
-    return pipeline().save(job, item, ref, meta)
+def save(job: str, item: str, token: int, meta: dict) -> str:
+    """Store one downloaded item (scraped under lease ``token``) through the job's saver, then
+    mark it done."""
+    return pipeline().save(job, item, token, meta)

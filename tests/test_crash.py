@@ -30,6 +30,11 @@ def _worker_id(tracker, proc) -> str:
     raise AssertionError(f"worker {proc.name} never registered")
 
 
+def holders(redis_client, job: str) -> set[str]:
+    """IDs of the workers holding in-flight items of ``job`` (owners are "<worker> <token>")."""
+    return {v.split()[0] for v in redis_client.hvals(JobKeys(job).owners)}
+
+
 def _two_workers(redis_url, workers, first: str, second: str):
     """Settings with a short lease, a tracker, and two registered workers; the app configured."""
     settings = crawl_settings(redis_url, lease_seconds=LEASE)
@@ -47,7 +52,6 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
     n = len(site.reachable)
     out = tmp_path / "out"
     job = "crash"
-    owners = JobKeys(job).owners
 
     with SiteServer(site, delay=0.05) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
@@ -59,7 +63,7 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
             victim_id = _worker_id(tracker, victim)
             # Kill while the victim holds leases, at a different point of the crawl each time.
             target = n * (kill + 1) // (KILLS + 2)
-            while tracker.stats(job).done < target or victim_id not in redis_client.hvals(owners):
+            while tracker.stats(job).done < target or victim_id not in holders(redis_client, job):
                 assert not tracker.stats(job).finished, "crawl finished before the kills"
                 survivor.check()
                 time.sleep(0.02)
@@ -68,7 +72,7 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
             victim.proc.wait(10)
             victim = workers(settings, f"crash-{kill + 1}")
             # The dead worker's leases must be handed on within about one lease.
-            while victim_id in redis_client.hvals(owners):
+            while victim_id in holders(redis_client, job):
                 assert time.monotonic() - killed_at < LEASE + 8, "leases of a dead worker not recovered"
                 time.sleep(0.05)
             recoveries.append(time.monotonic() - killed_at)
@@ -92,18 +96,17 @@ def test_frozen_worker_is_routed_around_and_its_late_work_is_harmless(
     _, tracker, (frozen, survivor) = _two_workers(redis_url, workers, "frozen", "thawed-survivor")
     n = len(site.reachable)
     out = tmp_path / "out"
-    owners = JobKeys("freeze").owners
 
     with SiteServer(site, delay=0.05) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed("freeze", spec)
         frozen_id = _worker_id(tracker, frozen)
-        while tracker.stats("freeze").done < n // 4 or frozen_id not in redis_client.hvals(owners):
+        while tracker.stats("freeze").done < n // 4 or frozen_id not in holders(redis_client, "freeze"):
             time.sleep(0.02)
         frozen.kill(signal.SIGSTOP)
         stopped_at = time.monotonic()
-        while frozen_id in redis_client.hvals(owners):
+        while frozen_id in holders(redis_client, "freeze"):
             assert time.monotonic() - stopped_at < LEASE + 8, "a frozen worker kept its leases"
             time.sleep(0.05)
         time.sleep(LEASE)

@@ -17,12 +17,14 @@ class Recorder:
     def __init__(self) -> None:
         self.scrapes: list[str] = []
         self.saves: list[tuple] = []
+        self.delays: list[float] = []
 
     def scrape(self, job, items):
         self.scrapes.extend(items)
 
-    def save(self, job, item, ref, meta):
-        self.saves.append((job, item, ref, meta))
+    def save(self, job, item, token, meta, delay=0):
+        self.saves.append((job, item, token, meta))
+        self.delays.append(delay)
 
 
 ROUTES = {
@@ -58,8 +60,10 @@ def test_scrape_then_save_completes_and_queues_links(env, tmp_path):
     assert pipe.scrape("p", server.base + "/ok") == "scraped"
     assert rt.tracker.stats("p").done == 0  # not done before it is saved
     assert rec.scrapes == [server.base + "/ok2"]  # dispatched at once; the off-site link dropped
-    (job, item, ref, meta) = rec.saves[0]
-    assert pipe.save(job, item, ref, meta) == "saved"
+    (job, item, token, meta) = rec.saves[0]
+    assert rt.staging.get(job, token) == ROUTES["/ok"][1]
+    assert pipe.save(job, item, token, meta) == "saved"
+    assert rt.staging.get(job, token) is None  # dropped once the item is done
     assert rt.tracker.stats("p").done == 1
     saved = list((tmp_path / "out").rglob("*.html"))
     assert [p.read_bytes() for p in saved] == [ROUTES["/ok"][1]]
@@ -81,7 +85,7 @@ def test_item_leased_elsewhere_is_not_fetched(env):
     rt, pipe, rec, server = env
     url = server.base + "/ok2"
     rt.tracker.add("p", [url])
-    rt.tracker.checkout("p", url, "another-worker")
+    rt.tracker.checkout("p", url, "another-worker", max_lost=1)
     assert pipe.scrape("p", url) == "busy"
     assert server.hits == []
 
@@ -107,16 +111,111 @@ def test_hostile_page_is_saved_and_worker_carries_on(env):
     assert pipe.save(*rec.saves[0]) == "saved"
 
 
-def test_expired_staged_body_requeues_without_counting_a_failure(env):
+def test_missing_staged_body_counts_as_lost_not_as_the_items_fault(env):
     rt, pipe, rec, server = env
     url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     pipe.scrape("p", url)
-    job, item, ref, meta = rec.saves[0]
-    rt.staging.take(job, ref)  # as if its TTL ran out
-    assert pipe.save(job, item, ref, meta) == "retry"
-    co = rt.tracker.checkout("p", url, "w")
+    job, item, token, meta = rec.saves[0]
+    rt.staging.discard(job, token)  # as if its TTL ran out
+    assert pipe.save(job, item, token, meta) == "retry"
+    co = rt.tracker.checkout("p", url, "w", max_lost=1)
     assert co.status.value == "ok" and co.failed_attempts == 0
+    assert rt.tracker.checkout("p", url, "w", max_lost=1).status.value == "busy"
+
+
+def test_redelivered_save_after_its_process_died_counts_and_ends_dead(env, tmp_path):
+    """Hole: the save task took (GETDEL) the body, its process was SIGKILLed, the redelivered
+    save found no body and re-queued the item without counting: a page whose save always
+    crashes was fetched forever. Now the body stays until the item is done, and every
+    interrupted save run counts against max_lost."""
+    rt, pipe, rec, server = env
+    url = server.base + "/ok2"
+    rt.tracker.add("p", [url])
+    assert pipe.scrape("p", url) == "scraped"
+    job, item, token, meta = rec.saves[0]
+    max_lost = rt.spec("p").max_lost
+
+    class Killed(BaseException):
+        """Stands for SIGKILL: nothing after it runs, not even except-Exception handlers."""
+
+    def crash(*args):
+        raise Killed
+
+    saver = rt.saver("p")
+    real_save = saver.save
+    saver.save = crash
+    for _ in range(max_lost + 1):  # each redelivery of the same message
+        with pytest.raises(Killed):
+            pipe.save(job, item, token, meta)
+    assert pipe.save(job, item, token, meta) == "save-skipped-dead"
+    assert "interrupted" in rt.tracker.dead_items("p")[url]
+    assert len(server.hits) == 1  # downloaded once; never looped back to a fetch
+    s = rt.tracker.stats("p")
+    assert (s.done, s.dead, s.finished) == (0, 1, True)
+    saver.save = real_save
+
+
+def test_redelivered_save_after_one_crash_still_saves(env, tmp_path):
+    rt, pipe, rec, server = env
+    url = server.base + "/ok2"
+    rt.tracker.add("p", [url])
+    pipe.scrape("p", url)
+    job, item, token, meta = rec.saves[0]
+    rt.tracker.begin_save(job, item, token, rt.worker_id, max_lost=5)  # ... then the process died
+    assert pipe.save(job, item, token, meta) == "saved"
+    assert len(server.hits) == 1
+    assert rt.tracker.stats("p").done == 1
+
+
+def test_full_output_defers_the_save_without_counting(env, tmp_path, monkeypatch):
+    import errno
+
+    from distscrape_celery.errors import SaveError
+
+    rt, pipe, rec, server = env
+    url = server.base + "/ok2"
+    rt.tracker.add("p", [url])
+    pipe.scrape("p", url)
+    saver = rt.saver("p")
+    real_save = saver.save
+
+    def full(item, download):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise SaveError(f"cannot write {item!r}: No space left on device") from exc
+
+    monkeypatch.setattr(saver, "save", full)
+    for n in range(1, 6):  # far more than max_retries=1
+        assert pipe.save(*rec.saves[-1]) == "deferred"
+        assert len(rec.saves) == n + 1 and rec.delays[-1] > 0  # the save is sent again, later
+    s = rt.tracker.stats("p")
+    assert (s.done, s.dead, s.saving) == (0, 0, 1)
+    monkeypatch.setattr(saver, "save", real_save)  # space came back
+    assert pipe.save(*rec.saves[-1]) == "saved"
+    assert len(server.hits) == 1  # the body was kept: no second download
+    assert rt.tracker.stats("p").done == 1
+
+
+def test_stale_scrape_leaves_the_item_to_its_new_holder(env):
+    rt, pipe, rec, server = env
+    url = server.base + "/ok"
+    rt.tracker.add("p", [url])
+    real_checkout = rt.tracker.checkout
+
+    def checkout_then_lose_it(job, item, worker, **kw):
+        co = real_checkout(job, item, worker, **kw)
+        rt.tracker.release(job, worker)  # our lease is gone before the download ends ...
+        real_checkout(job, item, "other-worker", **kw)  # ... and someone else holds it now
+        return co
+
+    rt.tracker.checkout = checkout_then_lose_it
+    assert pipe.scrape("p", url) == "stale"
+    assert rec.saves == []  # no save from a stale holder
+    assert server.base + "/ok2" in rec.scrapes  # but what it found is queued
+    s = rt.tracker.stats("p")
+    assert (s.leased, s.dead) == (1, 0)
 
 
 def test_failing_saver_never_marks_done(env, tmp_path):

@@ -8,9 +8,30 @@ import time
 import pytest
 
 from distscrape_celery.errors import JobConflict, JobNotFound
-from distscrape_celery.tracker import MAX_ADD_BATCH, FailOutcome, LeaseStatus, RedisTracker
+from distscrape_celery.tracker import (
+    MAX_ADD_BATCH,
+    FailOutcome,
+    Fault,
+    LeaseStatus,
+    RedisTracker,
+    SaveStart,
+)
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
+LOST = 10  # max_lost where a test does not care
+
+
+def lease(t, item, worker, job="j", max_lost=LOST):
+    """Check ``item`` out and return its token (the checkout must succeed)."""
+    co = t.checkout(job, item, worker, max_lost=max_lost)
+    assert co.status is LeaseStatus.OK, co
+    return co.token
+
+
+def fail(t, item, token, reason="boom", job="j", fault=Fault.ITEM, max_retries=3, max_lost=LOST,
+         **kw):
+    return t.fail(job, item, token, reason, fault=fault, max_retries=max_retries,
+                  max_lost=max_lost, **kw)
 
 
 def new_job(tracker, job="j", concurrency=2):
@@ -57,7 +78,7 @@ def test_dispatch_is_bounded_by_live_concurrency(tracker_factory):
     # Nothing more while the broker is full.
     assert t.add("j", ["i10"]).dispatch == []
     # A checkout frees a slot and refills it from the head of the frontier.
-    co = t.checkout("j", "i0", wid)
+    co = t.checkout("j", "i0", wid, max_lost=LOST)
     assert co.status is LeaseStatus.OK and co.dispatch == ["i4"]
     s = t.stats("j")
     assert (s.frontier, s.dispatched, s.leased) == (6, 4, 1)
@@ -68,13 +89,13 @@ def test_checkout_is_exclusive_and_done_is_final(tracker_factory):
     w1 = new_job(t)
     w2 = t.register_worker("other", 2, 1)
     t.add("j", ["x"], depth=3)
-    co = t.checkout("j", "x", w1)
+    co = t.checkout("j", "x", w1, max_lost=LOST)
     assert (co.status, co.depth) == (LeaseStatus.OK, 3)
-    assert t.checkout("j", "x", w2).status is LeaseStatus.BUSY
+    assert t.checkout("j", "x", w2, max_lost=LOST).status is LeaseStatus.BUSY
     assert t.complete("j", "x").changed is True
     assert t.complete("j", "x").changed is False  # idempotent
-    assert t.checkout("j", "x", w2).status is LeaseStatus.DONE
-    assert t.checkout("j", "nope", w2).status is LeaseStatus.UNKNOWN
+    assert t.checkout("j", "x", w2, max_lost=LOST).status is LeaseStatus.DONE
+    assert t.checkout("j", "nope", w2, max_lost=LOST).status is LeaseStatus.UNKNOWN
     s = t.stats("j")
     assert (s.done, s.leased, s.queued) == (1, 0, 0)
     assert s.finished
@@ -85,31 +106,31 @@ def test_fail_retries_then_dead_never_done(tracker_factory):
     w = new_job(t)
     t.add("j", ["x"])
     for attempt in (1, 2):
-        assert t.checkout("j", "x", w).status is LeaseStatus.OK
-        res = t.fail("j", "x", f"boom {attempt}", max_retries=2)
-        assert res.outcome is FailOutcome.RETRY
+        token = lease(t, "x", w)
+        assert fail(t, "x", token, f"boom {attempt}", max_retries=2).outcome is FailOutcome.RETRY
         assert t.stats("j").queued == 1
-    co = t.checkout("j", "x", w)
+    co = t.checkout("j", "x", w, max_lost=LOST)
     assert co.failed_attempts == 2
-    assert t.fail("j", "x", "boom 3", max_retries=2).outcome is FailOutcome.DEAD
-    assert t.checkout("j", "x", w).status is LeaseStatus.DEAD
+    assert fail(t, "x", co.token, "boom 3", max_retries=2).outcome is FailOutcome.DEAD
+    assert t.checkout("j", "x", w, max_lost=LOST).status is LeaseStatus.DEAD
     assert t.complete("j", "x").changed is False  # a dead item never becomes done
-    assert t.fail("j", "x", "again", max_retries=2).outcome is FailOutcome.IGNORED
+    assert fail(t, "x", co.token, "again", max_retries=2).outcome is FailOutcome.IGNORED
     s = t.stats("j")
     assert (s.done, s.dead, s.queued, s.leased, s.finished) == (0, 1, 0, 0, True)
     assert t.dead_items("j") == {"x": "boom 3"}
 
 
-def test_non_retryable_and_uncounted_failures(tracker_factory):
+def test_non_retryable_and_free_failures(tracker_factory):
     t = tracker_factory()
     w = new_job(t)
     t.add("j", ["a", "b"])
-    t.checkout("j", "a", w)
-    assert t.fail("j", "a", "HTTP 404", max_retries=5, retryable=False).outcome is FailOutcome.DEAD
-    t.checkout("j", "b", w)
-    for _ in range(3):  # requeues that do not count never exhaust the retries
-        assert t.fail("j", "b", "body expired", max_retries=0, count=False).outcome is FailOutcome.RETRY
-        assert t.checkout("j", "b", w).failed_attempts == 0
+    token = lease(t, "a", w)
+    assert fail(t, "a", token, "HTTP 404", max_retries=5, retryable=False).outcome is FailOutcome.DEAD
+    for _ in range(3):  # hand-backs that count nothing never exhaust anything
+        token = lease(t, "b", w)
+        assert fail(t, "b", token, "broker refused", fault=Fault.FREE, max_retries=0,
+                    max_lost=0).outcome is FailOutcome.RETRY
+    assert t.checkout("j", "b", w, max_lost=0).failed_attempts == 0
     assert t.dead_items("j") == {"a": "HTTP 404"}
 
 
@@ -117,33 +138,247 @@ def test_extend_keeps_lease_and_maintain_reclaims_expired(tracker_factory):
     t = tracker_factory(lease_seconds=0.5)
     w = new_job(t)
     t.add("j", ["held", "lost"])
-    t.checkout("j", "held", w)
-    t.checkout("j", "lost", w)
+    lease(t, "held", w)
+    lease(t, "lost", w)
     for _ in range(3):
         time.sleep(0.25)
         t.heartbeat(w)
-        assert t.extend("j", ["held"]) == 1
-    res = t.maintain("j", max_retries=3)
+        assert t.extend("j", ["held"], w) == 1
+    res = t.maintain("j", max_lost=3)
     assert res.reclaimed == 1
     assert "lost" in res.dispatch  # handed straight back out
-    assert t.checkout("j", "held", "w-other").status is LeaseStatus.BUSY
-    co = t.checkout("j", "lost", "w-other")
-    assert co.status is LeaseStatus.OK and co.failed_attempts == 1
-    assert t.maintain("j", max_retries=3).reclaimed == 0
+    assert t.checkout("j", "held", "w-other", max_lost=LOST).status is LeaseStatus.BUSY
+    co = t.checkout("j", "lost", "w-other", max_lost=LOST)
+    # A vanished holder is not the item's fault: it does not count against max_retries.
+    assert co.status is LeaseStatus.OK and co.failed_attempts == 0
+    assert t.maintain("j", max_lost=3).reclaimed == 0
 
 
-def test_expired_leases_count_and_poison_item_dies(tracker_factory):
+def test_extend_only_for_the_holder(tracker_factory):
+    """A stale duplicate message on a live worker must not keep a vanished worker's lease."""
     t = tracker_factory(lease_seconds=0.5)
     w = new_job(t)
-    t.add("j", ["poison"])
-    for _ in range(2):
-        assert t.checkout("j", "poison", w).status is LeaseStatus.OK
-        time.sleep(0.6)
+    other = t.register_worker("h2", 2, 1)
+    t.add("j", ["x"])
+    lease(t, "x", w)
+    for _ in range(3):
+        time.sleep(0.25)
+        assert t.extend("j", ["x"], other) == 0
+    assert t.maintain("j", max_lost=3).reclaimed == 1
+
+
+def test_vanished_holders_count_against_max_lost_not_retries(tracker_factory):
+    """Three worker kills must not kill a healthy page (max_retries=1), but a page that kills
+    every worker still ends dead once max_lost is used up."""
+    t = tracker_factory(lease_seconds=0.3)
+    w = new_job(t)
+    t.add("j", ["healthy", "poison"])
+    for _ in range(3):
+        lease(t, "healthy", w)
+        time.sleep(0.35)
         t.heartbeat(w)
-        res = t.maintain("j", max_retries=1)
-    assert (res.reclaimed, res.died) == (0, 1)
-    assert "lease expired" in t.dead_items("j")["poison"]
+        assert t.maintain("j", max_lost=5).died == 0
+    token = lease(t, "healthy", w)
+    assert t.scraped("j", "healthy", token).held
+    assert t.begin_save("j", "healthy", token, w, max_lost=5).status is SaveStart.OK
+    assert t.complete("j", "healthy").changed
+
+    died = 0
+    for _ in range(3):
+        co = t.checkout("j", "poison", w, max_lost=2)
+        if co.status is LeaseStatus.DEAD:
+            break
+        time.sleep(0.35)
+        t.heartbeat(w)
+        died += t.maintain("j", max_lost=2).died
+    assert died == 1
+    assert "vanished" in t.dead_items("j")["poison"]
+    s = t.stats("j")
+    assert (s.done, s.dead, s.finished) == (1, 1, True)
+
+
+def test_takeover_of_an_expired_lease_counts_as_lost(tracker_factory):
+    t = tracker_factory(lease_seconds=0.3)
+    w = new_job(t)
+    t.add("j", ["x"])
+    lease(t, "x", w, max_lost=0)
+    time.sleep(0.35)
+    # Nobody ran maintenance; the new checkout finds the expired lease itself.
+    assert t.checkout("j", "x", "w-other", max_lost=0).status is LeaseStatus.DEAD
+    assert "vanished" in t.dead_items("j")["x"]
+
+
+def test_stale_holder_changes_nothing_but_a_late_save_completes(tracker_factory):
+    t = tracker_factory(lease_seconds=0.3)
+    w1 = new_job(t)
+    w2 = t.register_worker("h2", 2, 1)
+    t.add("j", ["x", "y"])
+    old = lease(t, "x", w1)
+    time.sleep(0.35)
+    t.heartbeat(w1)
+    t.maintain("j", max_lost=LOST)
+    new = lease(t, "x", w2)
+    assert new != old
+    # The stale holder cannot fail the live lease, make it dead, or make it save-pending.
+    assert fail(t, "x", old, max_retries=0, retryable=False).outcome is FailOutcome.IGNORED
+    assert t.scraped("j", "x", old, ["found-by-stale"], 1).held is False
+    assert t.defer_save("j", "x", old) is False
+    assert t.checkout("j", "x", "w3", max_lost=LOST).status is LeaseStatus.BUSY
+    assert t.stats("j").dead == 0
+    # Its finds are real and are queued all the same.
+    assert t.stats("j").seen == 3
+    # A save under the stale token that succeeds still completes the item.
+    assert t.begin_save("j", "x", old, w1, max_lost=LOST).status is SaveStart.STALE
+    assert t.complete("j", "x").changed
+    # The live holder's later reports change nothing.
+    assert t.scraped("j", "x", new).held is False
+    assert fail(t, "x", new, retryable=False).outcome is FailOutcome.IGNORED
+    assert t.begin_save("j", "x", new, w2, max_lost=LOST).status is SaveStart.DONE
+    s = t.stats("j")
+    assert (s.done, s.dead, s.leased) == (1, 0, 0)
+
+
+def test_pending_save_outlives_leases(tracker_factory):
+    """A save message that waits in the broker for many leases keeps its item: it is not
+    reclaimed, scraped again or counted as a failure."""
+    t = tracker_factory(lease_seconds=0.2, save_timeout=30)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    assert t.scraped("j", "x", token).held
+    for _ in range(5):  # ~5 leases; no heartbeat holds it, nobody extends it
+        time.sleep(0.2)
+        assert t.maintain("j", max_lost=0).reclaimed == 0
+    assert t.checkout("j", "x", "w2", max_lost=0).status is LeaseStatus.BUSY
+    s = t.stats("j")
+    assert (s.saving, s.leased, s.queued, s.finished) == (1, 0, 0, False)
+    assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
+    assert t.complete("j", "x").changed
     assert t.stats("j").finished
+
+
+def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):
+    """A save message a worker has prefetched is out of the broker: if that worker vanishes, its
+    item is reclaimed within a lease, not after the long save timeout. If it stops cleanly, the
+    message goes back to the broker and the item waits for it again."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=60)
+    w = new_job(t)
+    saver = t.register_worker("h2", 2, 1)
+    t.add("j", ["x", "y"])
+    tx, ty = lease(t, "x", w), lease(t, "y", w)
+    t.scraped("j", "x", tx)
+    t.scraped("j", "y", ty)
+    assert t.extend("j", ["x", "y"], saver, [("x", tx), ("y", ty + 1000)]) == 1  # y: stale token
+    time.sleep(0.2)
+    assert t.extend("j", ["x"], saver, [("x", tx)]) == 1
+    time.sleep(0.2)
+    assert t.maintain("j", max_lost=5).reclaimed == 0  # its holder's heartbeat keeps it
+    time.sleep(0.35)
+    t.heartbeat(w)
+    res = t.maintain("j", max_lost=5)
+    assert res.reclaimed == 1 and "x" in res.dispatch
+    assert t.stats("j").saving == 1  # y still waits for its message
+    # A clean stop hands a reserved save back to the broker's wait.
+    t.extend("j", ["y"], saver, [("y", ty)])
+    assert t.release("j", saver) == 0
+    time.sleep(0.35)
+    t.maintain("j", max_lost=5)
+    assert t.stats("j").saving == 1
+
+
+def test_pending_save_times_out_as_lost(tracker_factory):
+    t = tracker_factory(lease_seconds=0.2, save_timeout=0.3)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    t.scraped("j", "x", token)
+    time.sleep(0.35)
+    t.heartbeat(w)
+    res = t.maintain("j", max_lost=LOST)
+    assert res.reclaimed == 1 and res.dispatch == ["x"]
+    # The late save message still completes it.
+    assert t.begin_save("j", "x", token, w, max_lost=LOST).status is SaveStart.STALE
+    assert t.complete("j", "x").changed
+
+
+def test_interrupted_saves_count_and_end_dead(tracker_factory):
+    """A save whose process dies is delivered again: each interrupted run counts, so a save that
+    always kills its worker ends dead with a reason instead of looping."""
+    t = tracker_factory()
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    t.scraped("j", "x", token)
+    results = [t.begin_save("j", "x", token, w, max_lost=2) for _ in range(4)]
+    assert [r.status for r in results] == [SaveStart.OK] * 3 + [SaveStart.DEAD]
+    assert [r.lost for r in results] == [0, 1, 2, 3]
+    assert "interrupted 3 times" in t.dead_items("j")["x"]
+    s = t.stats("j")
+    assert (s.dead, s.leased, s.saving, s.finished) == (1, 0, 0, True)
+
+
+def test_defer_save_keeps_the_item_and_counts_nothing(tracker_factory):
+    t = tracker_factory(lease_seconds=0.2, save_timeout=30)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    t.scraped("j", "x", token)
+    for _ in range(3):
+        assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
+        assert t.defer_save("j", "x", token)
+        time.sleep(0.25)
+        assert t.maintain("j", max_lost=0).reclaimed == 0
+    assert t.begin_save("j", "x", token, w, max_lost=0).lost == 0
+    assert t.complete("j", "x").changed
+
+
+def test_pending_saves_count_against_the_dispatch_bound(tracker_factory):
+    t = tracker_factory(dispatch_factor=1)
+    w = new_job(t, concurrency=2)  # bound 2
+    assert t.add("j", ["a", "b", "c", "d"]).dispatch == ["a", "b"]
+    co = t.checkout("j", "a", w, max_lost=LOST)
+    assert co.dispatch == ["c"]  # "a" left the broker
+    assert t.scraped("j", "a", co.token).dispatch == []
+    # "b" leaves the broker too, but the save message of "a" holds the slot.
+    assert t.checkout("j", "b", w, max_lost=LOST).dispatch == []
+    assert t.begin_save("j", "a", co.token, w, max_lost=LOST).dispatch == ["d"]
+
+
+def test_release_gives_back_at_once_without_counting(tracker_factory):
+    t = tracker_factory(dispatch_factor=1)
+    w1 = new_job(t, concurrency=3)
+    w2 = t.register_worker("h2", 2, 1)
+    t.add("j", ["a", "b", "c", "d", "e"])
+    ta = lease(t, "a", w1)
+    lease(t, "b", w2)
+    tc = lease(t, "c", w1)
+    t.scraped("j", "c", tc)  # save pending: its message is in the broker, not on w1
+    assert t.release("j", w1) == 1
+    assert t.checkout("j", "a", w2, max_lost=0).failed_attempts == 0
+    assert fail(t, "a", ta).outcome is FailOutcome.IGNORED  # w1's token is stale now
+    assert t.release("j") == 5  # a, b (leased), c (save pending), d, e (dispatched)
+    s = t.stats("j")
+    assert (s.leased, s.saving, s.dispatched, s.dead) == (0, 0, 0, 0)
+    assert s.queued == 5
+
+
+def test_item_operations_on_an_unknown_job_are_errors(tracker_factory):
+    t = tracker_factory()
+    w = new_job(t, job="known")
+    for call in (
+        lambda: t.add("ghost", ["a"]),
+        lambda: t.checkout("ghost", "a", w, max_lost=1),
+        lambda: t.scraped("ghost", "a", 1),
+        lambda: t.begin_save("ghost", "a", 1, w, max_lost=1),
+        lambda: t.complete("ghost", "a"),
+        lambda: fail(t, "a", 1, job="ghost"),
+        lambda: t.extend("ghost", ["a"], w),
+        lambda: t.maintain("ghost", max_lost=1),
+        lambda: t.release("ghost"),
+        lambda: t.stats("ghost"),
+    ):
+        with pytest.raises(JobNotFound, match="ghost"):
+            call()
 
 
 def test_expired_dispatch_is_reclaimed_without_counting(tracker_factory):
@@ -152,9 +387,9 @@ def test_expired_dispatch_is_reclaimed_without_counting(tracker_factory):
     assert t.add("j", ["m"]).dispatch == ["m"]  # its message is lost
     time.sleep(0.6)
     t.heartbeat(w)
-    res = t.maintain("j", max_retries=0)
+    res = t.maintain("j", max_lost=0)
     assert (res.reclaimed, res.died, res.dispatch) == (1, 0, ["m"])
-    assert t.checkout("j", "m", w).failed_attempts == 0
+    assert t.checkout("j", "m", w, max_lost=0).failed_attempts == 0
 
 
 def test_late_duplicate_message_after_reclaim(tracker_factory):
@@ -164,13 +399,13 @@ def test_late_duplicate_message_after_reclaim(tracker_factory):
     t.add("j", ["a", "b"])
     time.sleep(0.6)
     t.heartbeat(w)
-    t.maintain("j", max_retries=3)
-    assert t.checkout("j", "b", w).status is LeaseStatus.OK  # b was queued, not dispatched
+    t.maintain("j", max_lost=3)
+    lease(t, "b", w)  # b was queued, not dispatched
     t.complete("j", "b")
     s = t.stats("j")
     assert (s.done, s.queued, s.leased) == (1, 1, 0)
     # The stale frontier entry for b is skipped; only a is handed out.
-    t.checkout("j", "a", w)
+    lease(t, "a", w)
     t.complete("j", "a")
     assert t.stats("j").finished
 
@@ -214,7 +449,7 @@ def _race(url, barrier, results, worker_no):
     barrier.wait()
     # Same order in every process: the most contention per item.
     statuses = {
-        item: tracker.checkout("race", item, f"w{worker_no}").status.value
+        item: tracker.checkout("race", item, f"w{worker_no}", max_lost=1).status.value
         for item in [f"item{i}" for i in range(100)]
     }
     results.put((worker_no, statuses))

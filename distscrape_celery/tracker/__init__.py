@@ -7,9 +7,13 @@ from .base import (
     CompleteResult,
     FailOutcome,
     FailResult,
+    Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    SaveBegin,
+    SaveStart,
+    ScrapedResult,
     Tracker,
     WorkerInfo,
 )
@@ -17,7 +21,8 @@ from .memory_tracker import InMemoryTracker
 from .redis_tracker import RedisTracker
 
 __all__ = [
-    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "FailOutcome", "FailResult",
-    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "Tracker",
+    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "FailOutcome", "FailResult", "Fault",
+    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "SaveBegin", "SaveStart",
+    "ScrapedResult", "Tracker",
     "WorkerInfo",
 ]

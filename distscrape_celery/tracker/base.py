@@ -2,12 +2,23 @@
 
 Item life cycle (every seen item is in exactly one state, so none can be lost)::
 
-    add -> queued -(dispatch)-> dispatched -(checkout)-> leased -(complete)-> done
-                ^                    |                     |  \\-(fail, retries left)-> queued
-                \\--(reclaim: deadline passed)-------------/   \\-(fail, no retries)----> dead
+    add -> queued -(dispatch)-> dispatched -(checkout)-> leased -(scraped)-> save pending
+              ^                                                                  |
+              |                                                            (begin_save)
+              |                                                                  v
+              +---- fail with retries left, or reclaim (deadline passed) ---- saving -(complete)-> done
+                    fail past max_retries, or lost past max_lost ------------------------------> dead
 
-Dispatched and leased items carry a deadline; a live worker's heartbeat extends the deadlines of
-the items it holds, and any worker's maintenance reclaims items whose deadline passed.
+Every in-flight item carries a deadline on the tracker's clock. A live worker's heartbeat extends
+the deadlines of the items it holds; any worker's maintenance reclaims items whose deadline passed.
+A save-pending item waits for its save message for up to ``save_timeout``, so a backlog of save
+messages never gets it scraped again.
+
+Each checkout hands out a new fencing token, carried by the save message. Only the current holder
+(same token) can fail, defer or advance an item; a late holder changes nothing, except that a save
+that succeeded late still completes the item (savers are idempotent). Failures are counted by
+whose fault they were: the item's (its download or save raised) against ``max_retries``, a
+vanished holder (killed, hung or cut-off worker, lost save message) against the larger ``max_lost``.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ MAX_ADD_BATCH = 500
 MAX_DISPATCH_BATCH = 200
 # Most items reclaimed from one in-flight set by one maintenance call.
 MAX_RECLAIM_BATCH = 1000
+# Reasons kept for dead items are cut to this many characters.
+MAX_REASON = 500
 
 
 class LeaseStatus(str, enum.Enum):
@@ -39,7 +52,25 @@ class LeaseStatus(str, enum.Enum):
 class FailOutcome(str, enum.Enum):
     RETRY = "retry"
     DEAD = "dead"
-    IGNORED = "ignored"
+    IGNORED = "ignored"  # the caller does not hold the item (stale token), or it is done or dead
+
+
+class Fault(str, enum.Enum):
+    """Whose fault a failed attempt was, which decides what it counts against."""
+
+    ITEM = "item"  # its download or save raised: counts against max_retries
+    LOST = "lost"  # the worker holding it vanished, or its body was lost: counts against max_lost
+    FREE = "free"  # neither (e.g. the broker refused the save message): counts nothing
+
+
+class SaveStart(str, enum.Enum):
+    """Result of :meth:`Tracker.begin_save`."""
+
+    OK = "ok"  # the caller saves under the current token
+    STALE = "stale"  # the item was handed on since; a save may still complete it
+    DONE = "done"  # already saved: nothing to do
+    DEAD = "dead"  # given up on (perhaps just now: its saves kept killing their worker)
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -47,6 +78,7 @@ class Checkout:
     status: LeaseStatus
     depth: int
     failed_attempts: int
+    token: int = 0  # the lease's fencing token (0 unless status is OK)
     dispatch: list[str] = field(default_factory=list)
 
 
@@ -60,6 +92,18 @@ class Dispatchable:
 @dataclass(frozen=True)
 class AddResult(Dispatchable):
     added: int = 0
+
+
+@dataclass(frozen=True)
+class ScrapedResult(Dispatchable):
+    added: int = 0
+    held: bool = False  # False: the caller's lease was stale, the item was left alone
+
+
+@dataclass(frozen=True)
+class SaveBegin(Dispatchable):
+    status: SaveStart = SaveStart.UNKNOWN
+    lost: int = 0  # times the item's holder vanished so far
 
 
 @dataclass(frozen=True)
@@ -80,7 +124,8 @@ class MaintainResult(Dispatchable):
 
 @dataclass(frozen=True)
 class JobStats:
-    """Counts of a job's items by state. ``queued`` includes dispatched items."""
+    """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
+    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save."""
 
     seen: int
     frontier: int
@@ -88,6 +133,7 @@ class JobStats:
     leased: int
     done: int
     dead: int
+    saving: int = 0
 
     @property
     def queued(self) -> int:
@@ -99,7 +145,7 @@ class JobStats:
 
     @property
     def finished(self) -> bool:
-        return self.started and self.queued == 0 and self.leased == 0
+        return self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +154,7 @@ class JobStats:
             "frontier": self.frontier,
             "dispatched": self.dispatched,
             "leased": self.leased,
+            "saving": self.saving,
             "done": self.done,
             "dead": self.dead,
             "finished": self.finished,
@@ -132,9 +179,14 @@ class Tracker(ABC):
     most ``dispatch_factor`` x the live workers' concurrency messages per job.
     """
 
-    def __init__(self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2) -> None:
+    def __init__(
+        self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
+        save_timeout: Optional[float] = None,
+    ) -> None:
         self.lease_seconds = float(lease_seconds)
         self.dispatch_factor = int(dispatch_factor)
+        # How long a save message may wait in the broker before its item is presumed lost.
+        self.save_timeout = float(save_timeout) if save_timeout is not None else 8 * self.lease_seconds
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -177,30 +229,63 @@ class Tracker(ABC):
 
     @abstractmethod
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
-        """Deduplicate ``items`` against everything the job has seen and queue the new ones."""
+        """Deduplicate ``items`` against everything the job has seen and queue the new ones.
+        Raises :class:`~distscrape_celery.errors.JobNotFound` for a job never created (as does
+        every item method)."""
 
     @abstractmethod
-    def checkout(self, job: str, item: str, worker_id: str) -> Checkout:
-        """Lease ``item`` to ``worker_id`` until ``lease_seconds`` from now."""
+    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
+        """Lease ``item`` to ``worker_id`` for scraping, for ``lease_seconds``, under a new token.
+        Taking over an expired lease counts a vanished holder (dead past ``max_lost``)."""
+
+    @abstractmethod
+    def scraped(
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+    ) -> ScrapedResult:
+        """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
+        pending for up to ``save_timeout``."""
+
+    @abstractmethod
+    def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
+        """Start saving ``item`` under a lease. A save of the same token that was already running
+        vanished with its process: that counts against ``max_lost``."""
+
+    @abstractmethod
+    def defer_save(self, job: str, item: str, token: int) -> bool:
+        """The saver cannot store anything now (e.g. disk full): keep ``item`` save pending for
+        another ``save_timeout``, counting nothing. False if ``token`` is stale."""
 
     @abstractmethod
     def complete(self, job: str, item: str) -> CompleteResult:
-        """Mark ``item`` done. Idempotent; a done item is never leased again."""
+        """Mark ``item`` done after it was saved, whoever holds it now. Idempotent; a done item
+        is never leased again, and a dead one stays dead."""
 
     @abstractmethod
     def fail(
-        self, job: str, item: str, reason: str, *, max_retries: int, retryable: bool = True,
-        count: bool = True,
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
+        max_lost: int, retryable: bool = True,
     ) -> FailResult:
-        """Record a failed attempt: queue ``item`` again, or make it dead with ``reason``."""
+        """The holder of ``token`` reports a failed attempt: queue ``item`` again or make it dead
+        with ``reason``. Ignored unless ``token`` is the item's current one."""
 
     @abstractmethod
-    def extend(self, job: str, items: Sequence[str]) -> int:
-        """Move the deadlines of in-flight ``items`` to ``lease_seconds`` from now."""
+    def extend(
+        self, job: str, items: Sequence[str], worker_id: str,
+        saves: Sequence[tuple[str, int]] = (),
+    ) -> int:
+        """Heartbeat of the items ``worker_id`` holds: ``items`` it scrapes, saves, or has a
+        scrape message of; ``saves``, (item, token) of save messages it has reserved, whose items
+        then depend on this worker's heartbeat instead of the save timeout."""
 
     @abstractmethod
-    def maintain(self, job: str, *, max_retries: int) -> MaintainResult:
+    def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
         """Reclaim items whose deadline passed and top up dispatch."""
+
+    @abstractmethod
+    def release(self, job: str, worker_id: Optional[str] = None) -> int:
+        """Put the items ``worker_id`` is working on back in the frontier at once, counting
+        nothing (a worker stopping). With None, every in-flight item of the job: only safe when
+        no worker runs it (a stopped one-machine crawl resuming)."""
 
     @abstractmethod
     def stats(self, job: str) -> JobStats:

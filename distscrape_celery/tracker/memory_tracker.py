@@ -8,24 +8,31 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Optional
+
 from ..errors import JobConflict, JobNotFound
 from ..keys import check_job_name
 from .base import (
     MAX_DISPATCH_BATCH,
+    MAX_REASON,
     MAX_RECLAIM_BATCH,
     AddResult,
     Checkout,
     CompleteResult,
     FailOutcome,
     FailResult,
+    Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    SaveBegin,
+    SaveStart,
+    ScrapedResult,
     Tracker,
     WorkerInfo,
 )
 
-QUEUED, DISPATCHED, LEASED, DONE, DEAD = "q", "d", "l", "D", "X"
+QUEUED, DISPATCHED, LEASED, SAVE_PENDING, SAVING, DONE, DEAD = "q", "d", "l", "s", "S", "D", "X"
 
 
 @dataclass
@@ -35,11 +42,13 @@ class _Job:
     depth: dict[str, int] = field(default_factory=dict)
     frontier: deque = field(default_factory=deque)  # may hold stale entries, as in Redis
     dispatched: dict[str, float] = field(default_factory=dict)  # item -> deadline
-    leased: dict[str, float] = field(default_factory=dict)
-    owners: dict[str, str] = field(default_factory=dict)
+    leased: dict[str, float] = field(default_factory=dict)  # scraping or saving
+    pending: dict[str, float] = field(default_factory=dict)  # save message waiting
+    owners: dict[str, tuple[str, int]] = field(default_factory=dict)  # -> (worker, token)
     fails: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, int] = field(default_factory=dict)
     dead: dict[str, str] = field(default_factory=dict)
-    queued: int = 0
+    queued: int = 0  # frontier entries that are still queued
     done: int = 0
 
 
@@ -47,15 +56,19 @@ class InMemoryTracker(Tracker):
     """Tracker state in Python dicts behind one lock. Not shared between processes."""
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2, clock=time.monotonic
+        self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
+        save_timeout: Optional[float] = None, clock=time.monotonic,
     ) -> None:
-        super().__init__(lease_seconds=lease_seconds, dispatch_factor=dispatch_factor)
+        super().__init__(
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout
+        )
         self._lock = threading.Lock()
         self._clock = clock
         self._jobs: dict[str, _Job] = {}
         self._workers: dict[str, tuple[str, int, int]] = {}
         self._beats: dict[str, float] = {}
         self._seq = 0
+        self._tokens = 0
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -131,7 +144,7 @@ class InMemoryTracker(Tracker):
     # -- items -----------------------------------------------------------------------------
 
     def _take_for_dispatch(self, j: _Job, now: float) -> list[str]:
-        room = min(self._bound_locked() - len(j.dispatched), MAX_DISPATCH_BATCH)
+        room = min(self._bound_locked() - len(j.dispatched) - len(j.pending), MAX_DISPATCH_BATCH)
         out: list[str] = []
         while room > 0 and j.frontier:
             item = j.frontier.popleft()
@@ -143,25 +156,68 @@ class InMemoryTracker(Tracker):
                 room -= 1
         return out
 
-    def _clear_inflight(self, j: _Job, item: str) -> None:
+    @staticmethod
+    def _clear_inflight(j: _Job, item: str) -> None:
         j.dispatched.pop(item, None)
         j.leased.pop(item, None)
+        j.pending.pop(item, None)
         j.owners.pop(item, None)
+
+    def _requeue(self, j: _Job, item: str, front: bool) -> None:
+        if j.state[item] == QUEUED:
+            return
+        self._clear_inflight(j, item)
+        j.state[item] = QUEUED
+        if front:
+            j.frontier.appendleft(item)
+        else:
+            j.frontier.append(item)
+        j.queued += 1
+
+    def _give_up(self, j: _Job, item: str, reason: str) -> None:
+        if j.state[item] == QUEUED:
+            j.queued -= 1
+        self._clear_inflight(j, item)
+        j.state[item] = DEAD
+        j.dead[item] = reason[:MAX_REASON]
+
+    def _retry_or_dead(
+        self, j: _Job, item: str, fault: Fault, *, retryable: bool, max_retries: int,
+        max_lost: int, reason: str, front: bool,
+    ) -> FailOutcome:
+        """The one retry-or-dead rule (as ``retry_or_dead`` in _lib.lua)."""
+        over = False
+        if fault is Fault.ITEM:
+            j.fails[item] = j.fails.get(item, 0) + 1
+            over = j.fails[item] > max_retries
+        elif fault is Fault.LOST:
+            j.lost[item] = j.lost.get(item, 0) + 1
+            over = j.lost[item] > max_lost
+        if retryable and not over:
+            self._requeue(j, item, front)
+            return FailOutcome.RETRY
+        self._give_up(j, item, reason)
+        return FailOutcome.DEAD
 
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
         with self._lock:
             j = self._job(job)
-            added = 0
-            for item in items:
-                if item not in j.state:
-                    j.state[item] = QUEUED
-                    j.depth[item] = depth
-                    j.frontier.append(item)
-                    added += 1
-            j.queued += added
+            added = self._add_locked(j, items, depth)
             return AddResult(dispatch=self._take_for_dispatch(j, self._clock()), added=added)
 
-    def checkout(self, job: str, item: str, worker_id: str) -> Checkout:
+    @staticmethod
+    def _add_locked(j: _Job, items: Sequence[str], depth: int) -> int:
+        added = 0
+        for item in items:
+            if item not in j.state:
+                j.state[item] = QUEUED
+                j.depth[item] = depth
+                j.frontier.append(item)
+                added += 1
+        j.queued += added
+        return added
+
+    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         with self._lock:
             j = self._job(job)
             state = j.state.get(item)
@@ -172,111 +228,188 @@ class InMemoryTracker(Tracker):
                 return Checkout(LeaseStatus.DONE, depth, fails)
             if state == DEAD:
                 return Checkout(LeaseStatus.DEAD, depth, fails)
-            now = self._clock()
-            if state == LEASED and j.leased[item] > now:
+            if state == SAVE_PENDING:
                 return Checkout(LeaseStatus.BUSY, depth, fails)
+            now = self._clock()
+            if state in (LEASED, SAVING):
+                if j.leased[item] > now:
+                    return Checkout(LeaseStatus.BUSY, depth, fails)
+                was = j.owners.get(item, ("?", 0))[0]
+                outcome = self._retry_or_dead(
+                    j, item, Fault.LOST, retryable=True, max_retries=0, max_lost=max_lost,
+                    reason=f"its worker vanished too often (last holder {was})", front=True,
+                )
+                if outcome is FailOutcome.DEAD:
+                    return Checkout(LeaseStatus.DEAD, depth, fails)
+                state = QUEUED
             if state == QUEUED:
                 j.queued -= 1
+            self._tokens += 1
             j.dispatched.pop(item, None)
             j.leased[item] = now + self.lease_seconds
-            j.owners[item] = worker_id
+            j.owners[item] = (worker_id, self._tokens)
             j.state[item] = LEASED
-            return Checkout(LeaseStatus.OK, depth, fails, self._take_for_dispatch(j, now))
+            return Checkout(
+                LeaseStatus.OK, depth, fails, self._tokens, self._take_for_dispatch(j, now)
+            )
+
+    def _holds(self, j: _Job, item: str, token: int) -> bool:
+        return item in j.owners and j.owners[item][1] == int(token)
+
+    def scraped(
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+    ) -> ScrapedResult:
+        with self._lock:
+            j = self._job(job)
+            added = self._add_locked(j, found, depth)
+            now = self._clock()
+            held = j.state.get(item) == LEASED and self._holds(j, item, token)
+            if held:
+                j.leased.pop(item, None)
+                j.pending[item] = now + self.save_timeout
+                j.state[item] = SAVE_PENDING
+            return ScrapedResult(dispatch=self._take_for_dispatch(j, now), added=added, held=held)
+
+    def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
+        with self._lock:
+            j = self._job(job)
+            state = j.state.get(item)
+            lost = j.lost.get(item, 0)
+            if state is None:
+                return SaveBegin(status=SaveStart.UNKNOWN)
+            if state == DONE:
+                return SaveBegin(status=SaveStart.DONE, lost=lost)
+            if state == DEAD:
+                return SaveBegin(status=SaveStart.DEAD, lost=lost)
+            if not self._holds(j, item, token) or state not in (SAVE_PENDING, SAVING, LEASED):
+                return SaveBegin(status=SaveStart.STALE, lost=lost)
+            if state == SAVING:
+                lost = j.lost[item] = lost + 1
+                if lost > max_lost:
+                    self._give_up(
+                        j, item, f"its save was interrupted {lost} times: the worker process died "
+                        "while saving it (out of memory, or a crashing saver?)",
+                    )
+                    return SaveBegin(status=SaveStart.DEAD, lost=lost)
+            now = self._clock()
+            j.pending.pop(item, None)
+            j.leased[item] = now + self.lease_seconds
+            j.owners[item] = (worker_id, int(token))
+            j.state[item] = SAVING
+            return SaveBegin(
+                dispatch=self._take_for_dispatch(j, now), status=SaveStart.OK, lost=lost
+            )
+
+    def defer_save(self, job: str, item: str, token: int) -> bool:
+        with self._lock:
+            j = self._job(job)
+            if j.state.get(item) != SAVING or not self._holds(j, item, token):
+                return False
+            j.leased.pop(item, None)
+            j.pending[item] = self._clock() + self.save_timeout
+            j.state[item] = SAVE_PENDING
+            return True
 
     def complete(self, job: str, item: str) -> CompleteResult:
         with self._lock:
             j = self._job(job)
             state = j.state.get(item)
-            changed = state in (QUEUED, DISPATCHED, LEASED)
+            changed = state is not None and state not in (DONE, DEAD)
             if changed:
                 if state == QUEUED:
                     j.queued -= 1
                 self._clear_inflight(j, item)
                 j.state[item] = DONE
                 j.fails.pop(item, None)
+                j.lost.pop(item, None)
                 j.done += 1
             return CompleteResult(dispatch=self._take_for_dispatch(j, self._clock()), changed=changed)
 
     def fail(
-        self, job: str, item: str, reason: str, *, max_retries: int, retryable: bool = True,
-        count: bool = True,
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
+        max_lost: int, retryable: bool = True,
     ) -> FailResult:
         with self._lock:
             j = self._job(job)
-            state = j.state.get(item)
             outcome = FailOutcome.IGNORED
-            if state in (QUEUED, DISPATCHED, LEASED):
-                if count:
-                    j.fails[item] = j.fails.get(item, 0) + 1
-                if state == QUEUED:
-                    j.queued -= 1
-                self._clear_inflight(j, item)
-                if retryable and j.fails.get(item, 0) <= max_retries:
-                    j.state[item] = QUEUED
-                    j.frontier.append(item)
-                    j.queued += 1
-                    outcome = FailOutcome.RETRY
-                else:
-                    self._make_dead(j, item, reason[:2000])
-                    outcome = FailOutcome.DEAD
+            if j.state.get(item) in (LEASED, SAVE_PENDING, SAVING) and self._holds(j, item, token):
+                outcome = self._retry_or_dead(
+                    j, item, Fault(fault), retryable=retryable, max_retries=max_retries,
+                    max_lost=max_lost, reason=reason, front=False,
+                )
             return FailResult(dispatch=self._take_for_dispatch(j, self._clock()), outcome=outcome)
 
-    @staticmethod
-    def _make_dead(j: _Job, item: str, reason: str) -> None:
-        j.state[item] = DEAD
-        j.dead[item] = reason
-
-    def extend(self, job: str, items: Sequence[str]) -> int:
+    def extend(
+        self, job: str, items: Sequence[str], worker_id: str,
+        saves: Sequence[tuple[str, int]] = (),
+    ) -> int:
         with self._lock:
             j = self._job(job)
             deadline = self._clock() + self.lease_seconds
             n = 0
             for item in items:
-                for inflight in (j.leased, j.dispatched):
-                    if item in inflight:
-                        inflight[item] = deadline
-                        n += 1
+                if item in j.dispatched and j.dispatched[item] < deadline:
+                    j.dispatched[item] = deadline
+                    n += 1
+                owner = j.owners.get(item)
+                if item in j.leased and owner and owner[0] == worker_id and j.leased[item] < deadline:
+                    j.leased[item] = deadline
+                    n += 1
+            for item, token in saves:
+                if j.state.get(item) == SAVE_PENDING and self._holds(j, item, token):
+                    j.pending[item] = deadline
+                    j.owners[item] = (worker_id, int(token))
+                    n += 1
             return n
 
-    def maintain(self, job: str, *, max_retries: int) -> MaintainResult:
+    def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
         with self._lock:
             j = self._job(job)
             now = self._clock()
             reclaimed = died = 0
-            expired = sorted((d, i) for i, d in j.leased.items() if d <= now)[:MAX_RECLAIM_BATCH]
-            for _, item in expired:
-                owner = j.owners.get(item, "?")
-                self._clear_inflight(j, item)
-                j.fails[item] = j.fails.get(item, 0) + 1
-                if j.fails[item] <= max_retries:
-                    self._requeue_front(j, item)
-                    reclaimed += 1
-                else:
-                    self._make_dead(
-                        j, item, f"lease expired too often (last holder {owner} died or hung)"
+            for inflight, fault, why in (
+                (j.leased, Fault.LOST, "its worker vanished"),
+                (j.pending, Fault.LOST, "its save message was lost"),
+                (j.dispatched, Fault.FREE, ""),
+            ):
+                expired = sorted((d, i) for i, d in inflight.items() if d <= now)[:MAX_RECLAIM_BATCH]
+                for _, item in expired:
+                    was = j.owners.get(item, ("?", 0))[0]
+                    outcome = self._retry_or_dead(
+                        j, item, fault, retryable=True, max_retries=0, max_lost=max_lost,
+                        reason=f"{why} too often (last holder {was})", front=True,
                     )
-                    died += 1
-            expired = sorted((d, i) for i, d in j.dispatched.items() if d <= now)[:MAX_RECLAIM_BATCH]
-            for _, item in expired:
-                self._clear_inflight(j, item)
-                self._requeue_front(j, item)
-                reclaimed += 1
+                    if outcome is FailOutcome.RETRY:
+                        reclaimed += 1
+                    else:
+                        died += 1
             return MaintainResult(
                 dispatch=self._take_for_dispatch(j, now), reclaimed=reclaimed, died=died
             )
 
-    @staticmethod
-    def _requeue_front(j: _Job, item: str) -> None:
-        j.state[item] = QUEUED
-        j.frontier.appendleft(item)
-        j.queued += 1
+    def release(self, job: str, worker_id: Optional[str] = None) -> int:
+        with self._lock:
+            j = self._job(job)
+            if worker_id:
+                later = self._clock() + self.save_timeout
+                for item in j.pending:
+                    if j.owners.get(item, ("", 0))[0] == worker_id:
+                        j.pending[item] = later
+            sets = (j.leased,) if worker_id else (j.leased, j.pending, j.dispatched)
+            n = 0
+            for inflight in sets:
+                for item in list(inflight):
+                    if worker_id is None or j.owners.get(item, ("", 0))[0] == worker_id:
+                        self._requeue(j, item, front=True)
+                        n += 1
+            return n
 
     def stats(self, job: str) -> JobStats:
         with self._lock:
             j = self._job(job)
             return JobStats(
                 seen=len(j.state), frontier=j.queued, dispatched=len(j.dispatched),
-                leased=len(j.leased), done=j.done, dead=len(j.dead),
+                leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
             )
 
     def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:

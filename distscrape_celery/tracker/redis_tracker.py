@@ -16,6 +16,7 @@ from .. import keys
 from ..errors import JobConflict, JobNotFound, TrackerUnavailable
 from .base import (
     MAX_ADD_BATCH,
+    MAX_REASON,
     MAX_DISPATCH_BATCH,
     MAX_RECLAIM_BATCH,
     AddResult,
@@ -23,9 +24,13 @@ from .base import (
     CompleteResult,
     FailOutcome,
     FailResult,
+    Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    SaveBegin,
+    SaveStart,
+    ScrapedResult,
     Tracker,
     WorkerInfo,
 )
@@ -35,7 +40,10 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_ITEM_SCRIPTS = ("add", "checkout", "complete", "fail", "extend", "maintain")
+_ITEM_SCRIPTS = (
+    "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
+    "maintain", "release",
+)
 
 
 def redact(url: str) -> str:
@@ -62,6 +70,8 @@ def _converts_redis_errors(method: F) -> F:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
         except redis.ResponseError as exc:
+            if str(exc).startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+                raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
@@ -81,9 +91,12 @@ class RedisTracker(Tracker):
         *,
         lease_seconds: float = 60.0,
         dispatch_factor: int = 2,
+        save_timeout: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
     ) -> None:
-        super().__init__(lease_seconds=lease_seconds, dispatch_factor=dispatch_factor)
+        super().__init__(
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout
+        )
         if not client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("RedisTracker needs a client created with decode_responses=True")
         self.client = client
@@ -94,6 +107,7 @@ class RedisTracker(Tracker):
             name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
         }
         self._heartbeat_script = client.register_script(_read_lua("heartbeat"))
+        self._create_job_script = client.register_script(_read_lua("create_job"))
         self._bound_refresh = (
             bound_refresh_seconds
             if bound_refresh_seconds is not None
@@ -118,7 +132,7 @@ class RedisTracker(Tracker):
     def from_settings(cls, settings: "Settings") -> "RedisTracker":
         return cls.from_url(
             settings.redis_url, lease_seconds=settings.lease_seconds,
-            dispatch_factor=settings.dispatch_factor,
+            dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
         )
 
     @_converts_redis_errors
@@ -187,15 +201,12 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def create_job(self, job: str, spec_json: str) -> bool:
         k = keys.JobKeys(job)
-        created = bool(self.client.set(k.spec, spec_json, nx=True))
-        if not created:
-            existing = self.client.get(k.spec)
-            if existing is not None and json.loads(existing) != json.loads(spec_json):
-                raise JobConflict(
-                    f"job {job!r} already exists with a different spec; pick another job name"
-                )
-        self.client.sadd(keys.JOBS, job)
-        return created
+        created, existing = self._create_job_script(keys=[k.spec, keys.JOBS], args=[job, spec_json])
+        if not created and json.loads(existing) != json.loads(spec_json):
+            raise JobConflict(
+                f"job {job!r} already exists with a different spec; pick another job name"
+            )
+        return bool(created)
 
     @_converts_redis_errors
     def load_spec(self, job: str) -> str:
@@ -223,50 +234,85 @@ class RedisTracker(Tracker):
             dispatch.extend(res[1:])
         return AddResult(dispatch=dispatch, added=added)
 
+    def _run(self, name: str, job: str, args: Sequence[Any]) -> Any:
+        return self._scripts[name](keys=keys.JobKeys(job).item_keys(), args=list(args))
+
     @_converts_redis_errors
-    def checkout(self, job: str, item: str, worker_id: str) -> Checkout:
+    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         bound, max_batch, lease = self._top_up_args()
-        res = self._scripts["checkout"](
-            keys=keys.JobKeys(job).item_keys(), args=[item, worker_id, lease, bound, max_batch]
-        )
+        res = self._run("checkout", job, [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
-            dispatch=list(res[3:]),
+            token=int(res[3]), dispatch=list(res[4:]),
         )
 
     @_converts_redis_errors
-    def complete(self, job: str, item: str) -> CompleteResult:
-        res = self._scripts["complete"](
-            keys=keys.JobKeys(job).item_keys(), args=[item, *self._top_up_args()]
+    def scraped(
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+    ) -> ScrapedResult:
+        found = list(found)
+        added, dispatch = 0, []
+        # Finds beyond one batch go first, through add; the last batch rides with the state change.
+        while len(found) > MAX_ADD_BATCH:
+            res = self.add(job, found[:MAX_ADD_BATCH], depth)
+            added += res.added
+            dispatch.extend(res.dispatch)
+            found = found[MAX_ADD_BATCH:]
+        res = self._run(
+            "scraped", job, [item, token, self.save_timeout, depth, *self._top_up_args(), *found]
         )
+        return ScrapedResult(
+            dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
+        )
+
+    @_converts_redis_errors
+    def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
+        bound, max_batch, lease = self._top_up_args()
+        res = self._run("begin_save", job, [item, token, worker_id, lease, max_lost, bound, max_batch])
+        return SaveBegin(dispatch=list(res[2:]), status=SaveStart(res[0]), lost=int(res[1]))
+
+    @_converts_redis_errors
+    def defer_save(self, job: str, item: str, token: int) -> bool:
+        return bool(self._run("defer_save", job, [item, token, self.save_timeout]))
+
+    @_converts_redis_errors
+    def complete(self, job: str, item: str) -> CompleteResult:
+        res = self._run("complete", job, [item, *self._top_up_args()])
         return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
 
     @_converts_redis_errors
     def fail(
-        self, job: str, item: str, reason: str, *, max_retries: int, retryable: bool = True,
-        count: bool = True,
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
+        max_lost: int, retryable: bool = True,
     ) -> FailResult:
-        res = self._scripts["fail"](
-            keys=keys.JobKeys(job).item_keys(),
-            args=[item, reason[:2000], int(retryable), max_retries, int(count), *self._top_up_args()],
+        res = self._run(
+            "fail", job,
+            [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
+             max_lost, *self._top_up_args()],
         )
         return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
 
     @_converts_redis_errors
-    def extend(self, job: str, items: Sequence[str]) -> int:
-        k = keys.JobKeys(job).item_keys()
-        return sum(
-            int(self._scripts["extend"](keys=k, args=[self.lease_seconds, *chunk]))
-            for chunk in _chunks(list(items), MAX_ADD_BATCH)
-        )
+    def extend(
+        self, job: str, items: Sequence[str], worker_id: str,
+        saves: Sequence[tuple[str, int]] = (),
+    ) -> int:
+        n = 0
+        for chunk in _chunks(list(items), MAX_ADD_BATCH):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk]))
+        for chunk in _chunks(list(saves), MAX_ADD_BATCH // 2):
+            pairs = [x for item, token in chunk for x in (item, token)]
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, *pairs]))
+        return n
 
     @_converts_redis_errors
-    def maintain(self, job: str, *, max_retries: int) -> MaintainResult:
-        res = self._scripts["maintain"](
-            keys=keys.JobKeys(job).item_keys(),
-            args=[*self._top_up_args(), MAX_RECLAIM_BATCH, max_retries],
-        )
+    def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
+        res = self._run("maintain", job, [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost])
         return MaintainResult(dispatch=list(res[2:]), reclaimed=int(res[0]), died=int(res[1]))
+
+    @_converts_redis_errors
+    def release(self, job: str, worker_id: Optional[str] = None) -> int:
+        return int(self._run("release", job, [worker_id or "", self.save_timeout]))
 
     @_converts_redis_errors
     def stats(self, job: str) -> JobStats:
@@ -275,11 +321,15 @@ class RedisTracker(Tracker):
         pipe.hgetall(k.stats)
         pipe.zcard(k.dispatched)
         pipe.zcard(k.leased)
-        counters, dispatched, leased = pipe.execute()
+        pipe.zcard(k.pending)
+        pipe.exists(k.spec)
+        counters, dispatched, leased, pending, exists = pipe.execute()
+        if not exists:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
         c = {name: int(counters.get(name, 0)) for name in ("seen", "queued", "done", "dead")}
         return JobStats(
             seen=c["seen"], frontier=c["queued"], dispatched=dispatched, leased=leased,
-            done=c["done"], dead=c["dead"],
+            done=c["done"], dead=c["dead"], saving=pending,
         )
 
     @_converts_redis_errors

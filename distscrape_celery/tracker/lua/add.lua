@@ -4,7 +4,7 @@
 -- ARGV[2] bound       most messages of this job the broker may hold
 -- ARGV[3] max_batch   most items to hand out for dispatch in this call
 -- ARGV[4] lease       seconds before an undelivered dispatch is reclaimed
--- ARGV[5..] items     the batch (the caller keeps it small: unpack-free, but one call is one block)
+-- ARGV[5..] items     the batch (the caller keeps it small: one call is one block of Redis)
 -- Returns {added, dispatch_item...}
 local depth = ARGV[1]
 local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -1,4 +1,6 @@
--- complete: mark an item done (after its result was saved). Idempotent.
+-- complete: mark an item done after its body was saved. Idempotent, and open to any token: a save
+-- that succeeded late, after the item was handed to another worker, still completes it (the
+-- savers are idempotent, so the other worker's save leaves one copy).
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
@@ -14,6 +16,7 @@ if v then
     clear_inflight(item)
     redis.call('HSET', K_ITEMS, item, 'D' .. depth)
     redis.call('HDEL', K_FAILS, item)
+    redis.call('HDEL', K_LOST, item)
     redis.call('HINCRBY', K_STATS, 'done', 1)
     changed = 1
   end

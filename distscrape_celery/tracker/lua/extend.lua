@@ -1,13 +1,35 @@
--- extend: push back the deadline of in-flight items a live worker holds (heartbeat, long work).
--- Items that are not in flight any more (done, reclaimed) are left alone.
+-- extend: a live worker's heartbeat for the items it holds. Deadlines of items it scrapes or saves
+-- move to a lease from now, but only for the worker that holds them, so a stale duplicate message
+-- on another worker cannot keep a vanished worker's item from being reclaimed; deadlines of
+-- dispatched items whose scrape message it has reserved move later. A save message it has
+-- reserved takes its item out of the broker's hands into the worker's: the item's deadline
+-- becomes a lease from now (kept by this heartbeat), so if this worker vanishes the item is
+-- reclaimed in a lease rather than a save timeout. Items not in flight any more are left alone.
 -- KEYS: the item keys (see _lib.lua)
--- ARGV[1] lease     new deadline = now + lease
--- ARGV[2..] items
+-- ARGV[1] lease    seconds
+-- ARGV[2] worker   the calling worker
+-- ARGV[3] n        how many plain items follow (scrape messages reserved, tasks running)
+-- ARGV[4..3+n]     those items
+-- ARGV[4+n..]      pairs item, token: save messages reserved
 -- Returns the number of items extended
-local deadline = redis_now() + tonumber(ARGV[1])
-local n = 0
-for i = 2, #ARGV do
-  n = n + redis.call('ZADD', K_LEASED, 'XX', 'CH', deadline, ARGV[i])
-  n = n + redis.call('ZADD', K_DISPATCHED, 'XX', 'CH', deadline, ARGV[i])
+local now = redis_now()
+local deadline, worker, n = now + tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local extended = 0
+for i = 4, 3 + n do
+  local item = ARGV[i]
+  extended = extended + redis.call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, item)
+  if holder(item) == worker then
+    extended = extended + redis.call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, item)
+  end
 end
-return n
+for i = 4 + n, #ARGV - 1, 2 do
+  local item, token = ARGV[i], ARGV[i + 1]
+  local v = redis.call('HGET', K_ITEMS, item)
+  local _, held = holder(item)
+  if v and string.sub(v, 1, 1) == 's' and held == token then
+    redis.call('ZADD', K_PENDING, deadline, item)
+    redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+    extended = extended + 1
+  end
+end
+return extended

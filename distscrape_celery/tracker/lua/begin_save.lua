@@ -1,0 +1,40 @@
+-- begin_save: a worker starts the save task of an item. With the current token the item becomes
+-- 'saving' under a lease. Finding it 'saving' already under the same token means the previous run
+-- of this save task vanished with its process (killed by the OOM killer, a crashing saver): that
+-- counts against max_lost, so a save that always kills its worker ends dead instead of looping.
+-- A stale token changes nothing: the caller may still save (a late save completes the item).
+-- KEYS: the item keys (see _lib.lua)
+-- ARGV[1] item
+-- ARGV[2] token      the fencing token the save message carries
+-- ARGV[3] worker     id of the saving worker
+-- ARGV[4] lease      lease length in seconds
+-- ARGV[5] max_lost   as in retry_or_dead
+-- ARGV[6] bound, ARGV[7] max_batch   dispatch top-up, as in add.lua (a pending save left the broker)
+-- Returns {status, lost, dispatch_item...}; status is ok|stale|done|dead|unknown; lost is the
+-- item's count of vanished holders
+local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
+local lease, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
+local v = redis.call('HGET', K_ITEMS, item)
+if not v then return {'unknown', 0} end
+local state, depth = split_state(v)
+local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')
+if state == 'D' then return {'done', lost} end
+if state == 'X' then return {'dead', lost} end
+local _, held = holder(item)
+if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then return {'stale', lost} end
+local now = redis_now()
+if state == 'S' then
+  lost = redis.call('HINCRBY', K_LOST, item, 1)
+  if lost > max_lost then
+    give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..
+      'process died while saving it (out of memory, or a crashing saver?)')
+    return {'dead', lost}
+  end
+end
+redis.call('ZREM', K_PENDING, item)
+redis.call('ZADD', K_LEASED, now + lease, item)
+redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+redis.call('HSET', K_ITEMS, item, 'S' .. depth)
+local out = {'ok', lost}
+return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -1,0 +1,16 @@
+-- defer_save: the saver cannot store anything right now (disk full, output unreachable), which
+-- is not the item's fault: keep it save-pending, body and all, for another save_timeout, counting
+-- nothing. The caller publishes the save again later.
+-- KEYS: the item keys (see _lib.lua)
+-- ARGV[1] item, ARGV[2] token, ARGV[3] save_timeout
+-- Returns 1 if deferred, 0 if the caller is not the holder (stale) or the item moved on
+local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local v = redis.call('HGET', K_ITEMS, item)
+if not v then return 0 end
+local state, depth = split_state(v)
+local _, held = holder(item)
+if held ~= token or state ~= 'S' then return 0 end
+redis.call('ZREM', K_LEASED, item)
+redis.call('ZADD', K_PENDING, redis_now() + save_timeout, item)
+redis.call('HSET', K_ITEMS, item, 's' .. depth)
+return 1

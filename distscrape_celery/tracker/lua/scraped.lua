@@ -1,0 +1,41 @@
+-- scraped: a worker downloaded its leased item and staged the body. Queue the items found in it
+-- (deduplicated) and, if the caller still holds the lease, make the item save-pending: it then
+-- waits for its save message for up to save_timeout, and no other worker scrapes it meanwhile.
+-- A stale holder's finds are still queued (they are real), but the item is left alone.
+-- KEYS: the item keys (see _lib.lua)
+-- ARGV[1] item
+-- ARGV[2] token         the caller's fencing token
+-- ARGV[3] save_timeout  seconds the save message may take to start
+-- ARGV[4] depth         depth of the found items
+-- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
+-- ARGV[8..] found items (the caller sends at most one batch; more go through add.lua first)
+-- Returns {status, added, dispatch_item...}; status is ok|stale
+local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local depth = ARGV[4]
+local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local added = 0
+for i = 8, #ARGV do
+  if redis.call('HSETNX', K_ITEMS, ARGV[i], 'q' .. depth) == 1 then
+    redis.call('RPUSH', K_FRONTIER, ARGV[i])
+    added = added + 1
+  end
+end
+if added > 0 then
+  redis.call('HINCRBY', K_STATS, 'seen', added)
+  redis.call('HINCRBY', K_STATS, 'queued', added)
+end
+local now = redis_now()
+local status = 'stale'
+local v = redis.call('HGET', K_ITEMS, item)
+if v then
+  local state, item_depth = split_state(v)
+  local _, held = holder(item)
+  if state == 'l' and held == token then
+    redis.call('ZREM', K_LEASED, item)
+    redis.call('ZADD', K_PENDING, now + save_timeout, item)
+    redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
+    status = 'ok'
+  end
+end
+local out = {status, added}
+return take_for_dispatch(bound, max_batch, now + lease, out)
