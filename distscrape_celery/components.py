@@ -31,8 +31,10 @@ def load_class(path: str, base: type) -> type:
 
 
 def build_scraper(spec: JobSpec) -> Scraper:
-    return load_class(SCRAPERS[spec.scraper.kind], Scraper).from_spec(spec)
+    kind = spec.scraper.kind
+    return load_class(SCRAPERS.get(kind, kind), Scraper).from_spec(spec)
 
 
 def build_saver(spec: JobSpec, worker_id: Optional[str]) -> ItemSaver:
-    return load_class(SAVERS[spec.saver.kind], ItemSaver).from_spec(spec.saver, worker_id)
+    kind = spec.saver.kind
+    return load_class(SAVERS.get(kind, kind), ItemSaver).from_spec(spec.saver, worker_id)

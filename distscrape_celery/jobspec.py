@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -34,14 +34,32 @@ class FetchSpec(_Strict):
     user_agent: str = "distscrape-celery/0.1"
 
 
+_DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _check_kind(value: str, builtin: tuple[str, ...]) -> str:
+    if value in builtin or _DOTTED.match(value):
+        return value
+    raise ValueError(
+        f"unknown kind {value!r}: use one of {', '.join(builtin)} or a class as 'package.module:Class'"
+    )
+
+
 class ScraperSpec(_Strict):
     """Which scraper finds new items, and its options."""
 
-    kind: Literal["simple"] = "simple"
+    kind: str = Field(
+        "simple", description='"simple", or a custom Scraper class as "package.module:Class".'
+    )
     link_regex: Optional[str] = Field(
         None, description="Follow only links whose absolute URL matches (re.search); None: all."
     )
     same_host: bool = Field(True, description="Follow only links to the seeds' hosts.")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        return _check_kind(value, ("simple",))
 
     @field_validator("link_regex")
     @classmethod
@@ -57,7 +75,9 @@ class ScraperSpec(_Strict):
 class SaverSpec(_Strict):
     """Which saver stores downloaded items, and its options."""
 
-    kind: Literal["files"] = "files"
+    kind: str = Field(
+        "files", description='"files", or a custom ItemSaver class as "package.module:Class".'
+    )
     output: str = Field("crawl-output", description="Output directory (absolute once seeded).")
     name_scheme: str = Field(
         "{host}/{path}",
@@ -70,6 +90,11 @@ class SaverSpec(_Strict):
         "power cut of the worker host loses nothing; false is faster and survives only crashes "
         "of the worker process.",
     )
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        return _check_kind(value, ("files",))
 
 
 class JobSpec(_Strict):
