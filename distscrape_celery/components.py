@@ -14,7 +14,10 @@ from .jobspec import JobSpec
 from .savers import ItemSaver
 from .scrapers import Scraper
 
-SCRAPERS = {"simple": "distscrape_celery.scrapers:SimpleScraper"}
+SCRAPERS = {
+    "simple": "distscrape_celery.scrapers:SimpleScraper",
+    "ids": "distscrape_celery.scrapers:IDScraper",
+}
 SAVERS = {"files": "distscrape_celery.savers:FileItemSaver"}
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .settings import format_validation_error
@@ -55,13 +55,23 @@ class ScraperSpec(_Strict):
         None, description="Follow only links whose absolute URL matches (re.search); None: all."
     )
     same_host: bool = Field(True, description="Follow only links to the seeds' hosts.")
+    id_regex: Optional[str] = Field(
+        None,
+        description="ids scraper: IDs are the matches of this regex (its first group, if it "
+        "has one) in every downloaded body.",
+    )
+    download_url_fmt: Optional[str] = Field(
+        None,
+        description="ids scraper: the URL an ID is downloaded from, with {} or {id} for the ID "
+        "(percent-escaped).",
+    )
 
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        return _check_kind(value, ("simple",))
+        return _check_kind(value, ("simple", "ids"))
 
-    @field_validator("link_regex")
+    @field_validator("link_regex", "id_regex")
     @classmethod
     def _compiles(cls, value: Optional[str]) -> Optional[str]:
         if value is not None:
@@ -70,6 +80,33 @@ class ScraperSpec(_Strict):
             except re.error as exc:
                 raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
         return value
+
+
+    @field_validator("download_url_fmt")
+    @classmethod
+    def _formats(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        try:
+            probe = value.format("ID", id="ID")
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ValueError(
+                f"{value!r} is not a URL template with {{}} or {{id}} for the ID: {exc}"
+            ) from None
+        if probe == value:
+            raise ValueError(f"{value!r} has no {{}} or {{id}} where the ID goes")
+        try:
+            normalize_url(probe)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} does not make a URL: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _ids_needs_both(self) -> "ScraperSpec":
+        if self.kind == "ids" and (self.id_regex is None or self.download_url_fmt is None):
+            missing = [n for n in ("id_regex", "download_url_fmt") if getattr(self, n) is None]
+            raise ValueError(f"the ids scraper needs {' and '.join(missing)}")
+        return self
 
 
 class SaverSpec(_Strict):
@@ -117,18 +154,30 @@ class JobSpec(_Strict):
         "it must still end.",
     )
 
-    @field_validator("seeds")
+    @model_validator(mode="before")
     @classmethod
-    def _seed_urls(cls, seeds: list[str]) -> list[str]:
+    def _seed_items(cls, data: Any) -> Any:
+        """Seeds are URLs, normalised; with the ids scraper they may also be IDs, kept as given."""
+        if not isinstance(data, dict) or not isinstance(data.get("seeds"), list):
+            return data
+        scraper = data.get("scraper")
+        kind = scraper.get("kind") if isinstance(scraper, dict) else getattr(scraper, "kind", None)
         out: list[str] = []
-        for seed in seeds:
-            try:
-                url = normalize_url(seed)
-            except ValueError as exc:
-                raise ValueError(f"malformed seed URL {seed!r}: {exc}") from None
-            if url not in out:
-                out.append(url)
-        return out
+        for seed in data["seeds"]:
+            if not isinstance(seed, str):
+                raise ValueError(f"seed {seed!r} is not a string")
+            if kind == "ids" and "://" not in seed:
+                item = seed.strip()
+                if not item or not item.isprintable() or len(item) > 256:
+                    raise ValueError(f"malformed seed ID {seed!r}")
+            else:
+                try:
+                    item = normalize_url(seed)
+                except ValueError as exc:
+                    raise ValueError(f"malformed seed URL {seed!r}: {exc}") from None
+            if item not in out:
+                out.append(item)
+        return {**data, "seeds": out}
 
     def to_json(self) -> str:
         return self.model_dump_json()

@@ -1,9 +1,8 @@
-"""Scrapers: download an item and find more items in what came back."""
+"""SimpleScraper: items are URLs, new items are the links of HTML pages."""
 
 from __future__ import annotations
 
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Optional
 from urllib.parse import urljoin
@@ -11,32 +10,16 @@ from urllib.parse import urljoin
 import lxml.etree
 import lxml.html
 
-from .fetch import Download, Fetcher
-from .jobspec import FetchSpec, JobSpec
-from .urls import normalize_url, url_host
+from ..fetch import Download, Fetcher
+from ..jobspec import FetchSpec, JobSpec
+from ..urls import normalize_url, url_host
+from .base import Scraper
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _HTML_STARTS = (b"<!doctype html", b"<html")
 # Found items travel through the broker and the tracker; a URL this long is an attack or junk.
 _MAX_URL_CHARS = 8192
 _HTML_WHITESPACE = " \t\n\f\r"
-
-
-class Scraper(ABC):
-    """Downloads one item and finds new items in it. Items are strings; they need not be URLs."""
-
-    @classmethod
-    @abstractmethod
-    def from_spec(cls, spec: JobSpec) -> "Scraper":
-        """Build the scraper a job's spec describes."""
-
-    @abstractmethod
-    def download(self, item: str) -> Download:
-        """Fetch ``item``. Raises :class:`~distscrape_celery.errors.FetchError` on failure."""
-
-    @abstractmethod
-    def find_items(self, item: str, download: Download) -> list[str]:
-        """New items found in ``download`` (duplicates allowed; the tracker deduplicates)."""
 
 
 class SimpleScraper(Scraper):

@@ -1,0 +1,78 @@
+"""IDScraper: items are IDs; each is downloaded from a URL made from it, and more IDs are found in
+what came back."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+from urllib.parse import quote
+
+from ..fetch import Download, Fetcher
+from ..jobspec import FetchSpec, JobSpec
+from .base import Scraper
+from .simple import _charset
+
+# IDs travel through the broker and the tracker; one this long is junk or an attack.
+MAX_ID_CHARS = 256
+_URL_PREFIXES = ("http://", "https://")
+
+
+def is_url(item: str) -> bool:
+    """True when ``item`` is a URL (a listing page) rather than an ID."""
+    return item[:8].lower().startswith(_URL_PREFIXES)
+
+
+def id_url(download_url_fmt: str, item_id: str) -> str:
+    """``download_url_fmt`` with the ID filled in for ``{}`` or ``{id}``, percent-escaped so an ID
+    can only ever be one path segment or query value (an ID of ``../admin`` stays one segment)."""
+    safe = quote(item_id, safe="")
+    return download_url_fmt.format(safe, id=safe)
+
+
+class IDScraper(Scraper):
+    """Items are IDs (or listing URLs, e.g. seeds). An ID is downloaded from
+    ``download_url_fmt.format(id)``; new IDs are the matches of ``id_regex`` (its first capture
+    group when it has one) in what was downloaded, decoded as text."""
+
+    def __init__(
+        self, id_regex: str, download_url_fmt: str, fetcher: Optional[Fetcher] = None
+    ) -> None:
+        self.id_pattern = re.compile(id_regex)
+        self.download_url_fmt = download_url_fmt
+        self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> "IDScraper":
+        s = spec.scraper
+        if s.id_regex is None or s.download_url_fmt is None:  # the spec validator requires both
+            raise ValueError("IDScraper needs scraper.id_regex and scraper.download_url_fmt")
+        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher(spec.fetch))
+
+    def url_for(self, item: str) -> str:
+        return item if is_url(item) else id_url(self.download_url_fmt, item)
+
+    def download(self, item: str) -> Download:
+        return self.fetcher.get(self.url_for(item))
+
+    def find_items(self, item: str, download: Download) -> list[str]:
+        """IDs matched in ``download``, each once, in order of appearance. Never raises because
+        of what the body contains."""
+        text = download.body.decode(_text_encoding(download.content_type), errors="replace")
+        found: dict[str, None] = {}
+        group = 1 if self.id_pattern.groups else 0
+        for match in self.id_pattern.finditer(text):
+            found_id = match.group(group)
+            if found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable():
+                found[found_id] = None
+        return list(found)
+
+
+def _text_encoding(content_type: str) -> str:
+    charset = _charset(content_type)
+    if charset:
+        try:
+            "".encode(charset)
+            return charset
+        except LookupError:
+            pass
+    return "utf-8"

@@ -1,0 +1,71 @@
+"""IDScraper: IDs found by a regex, each downloaded from a URL made from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from distscrape_celery.components import build_scraper
+from distscrape_celery.errors import ConfigError
+from distscrape_celery.fetch import Download
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.scrapers import IDScraper
+
+FMT = "http://127.0.0.1:9/item/{}.json"
+
+
+def spec(**scraper):
+    return build_spec({"seeds": ["42", "http://127.0.0.1:9/list?page=1"],
+                       "scraper": {"kind": "ids", **scraper}})
+
+
+def test_built_from_the_spec_and_seeds_may_be_ids_or_urls():
+    s = spec(id_regex=r'"id": (\d+)', download_url_fmt=FMT)
+    assert s.seeds == ["42", "http://127.0.0.1:9/list?page=1"]
+    scraper = build_scraper(s)
+    assert isinstance(scraper, IDScraper)
+    assert scraper.url_for("42") == "http://127.0.0.1:9/item/42.json"
+    assert scraper.url_for("http://127.0.0.1:9/list?page=1") == "http://127.0.0.1:9/list?page=1"
+
+
+def test_ids_are_escaped_into_one_segment():
+    scraper = IDScraper(r"x", "http://127.0.0.1:9/item/{id}?full=1")
+    assert scraper.url_for("../admin?x=1") == "http://127.0.0.1:9/item/..%2Fadmin%3Fx%3D1?full=1"
+
+
+def test_find_items_uses_the_first_group_each_id_once_in_order():
+    scraper = IDScraper(r'"id": (\d+)', FMT)
+    body = b'[{"id": 7}, {"id": 3}, {"id": 7}, {"name": "x"}, {"id": 12}]'
+    dl = Download("http://127.0.0.1:9/list", 200, "application/json", body)
+    assert scraper.find_items("list", dl) == ["7", "3", "12"]
+    whole = IDScraper(r"\bID-\d+\b", FMT)
+    dl = Download("u", 200, "text/plain; charset=latin-1", "ID-1 ID-2 caf\xe9 ID-1".encode("latin-1"))
+    assert whole.find_items("x", dl) == ["ID-1", "ID-2"]
+
+
+def test_hostile_bodies_give_no_junk_ids():
+    scraper = IDScraper(r"id=(\S*)", FMT)
+    body = b"id=" + b"9" * 5000 + b" id=\x00\x01 id=ok id=\xff\xfe" + b" id= "
+    dl = Download("u", 200, "text/html; charset=no-such-charset", body)
+    assert scraper.find_items("x", dl) == ["ok", "\ufffd\ufffd"]
+
+
+@pytest.mark.parametrize(
+    "scraper, fragment",
+    [
+        ({"id_regex": r"\d+"}, "needs download_url_fmt"),
+        ({"download_url_fmt": FMT}, "needs id_regex"),
+        ({"id_regex": "([0-9", "download_url_fmt": FMT}, "invalid regular expression"),
+        ({"id_regex": r"\d+", "download_url_fmt": "http://127.0.0.1/item/"}, "has no {} or {id}"),
+        ({"id_regex": r"\d+", "download_url_fmt": "http://127.0.0.1/{name}"}, "not a URL template"),
+        ({"id_regex": r"\d+", "download_url_fmt": "ftp://127.0.0.1/{}"}, "does not make a URL"),
+    ],
+)
+def test_bad_ids_config_names_the_problem(scraper, fragment):
+    with pytest.raises(ConfigError, match="scraper") as exc:
+        spec(**scraper)
+    assert fragment in str(exc.value)
+
+
+def test_id_seeds_only_with_the_ids_scraper():
+    with pytest.raises(ConfigError, match="malformed seed URL"):
+        build_spec({"seeds": ["42"]})
