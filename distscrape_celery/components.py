@@ -7,7 +7,6 @@ own ``module:Class`` from the spec).
 from __future__ import annotations
 
 import importlib
-from typing import Optional
 
 from .errors import ConfigError
 from .jobspec import JobSpec
@@ -38,6 +37,8 @@ def build_scraper(spec: JobSpec) -> Scraper:
     return load_class(SCRAPERS.get(kind, kind), Scraper).from_spec(spec)
 
 
-def build_saver(spec: JobSpec, worker_id: Optional[str]) -> ItemSaver:
+def build_saver(spec: JobSpec, job: str, worker_id: str) -> ItemSaver:
     kind = spec.saver.kind
-    return load_class(SAVERS.get(kind, kind), ItemSaver).from_spec(spec.saver, worker_id)
+    return load_class(SAVERS.get(kind, kind), ItemSaver).from_spec(
+        spec.saver, job=job, worker_id=worker_id
+    )

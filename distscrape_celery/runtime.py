@@ -70,7 +70,7 @@ class Runtime:
 
     def saver(self, job: str) -> ItemSaver:
         def open_saver(spec: JobSpec) -> ItemSaver:
-            saver = build_saver(spec, self.worker_id)
+            saver = build_saver(spec, job, self.worker_id)
             saver.open()
             return saver
 

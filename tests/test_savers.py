@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from distscrape_celery import savers
 from distscrape_celery.errors import ConfigError, SaveError
 from distscrape_celery.fetch import Download
 from distscrape_celery.jobspec import SaverSpec
@@ -224,7 +223,7 @@ def test_failed_write_leaves_old_file_and_no_temp(
     def no_space(src: str, dst: str) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(savers.os, "replace", no_space)
+    monkeypatch.setattr(os, "replace", no_space)
     with pytest.raises(SaveError) as caught:
         saver.save("http://h/p.html", page(b"new"))
     assert str(out / "h" / "p.html") in str(caught.value)
@@ -287,16 +286,27 @@ def test_bad_schemes_are_config_errors(scheme: str, mention: str) -> None:
     with pytest.raises(ConfigError) as caught:
         FileItemSaver("out", scheme)
     assert mention in str(caught.value)
-    assert "{host} {port} {path} {query} {sha1}" in str(caught.value)
+    assert "{host} {port} {path} {query} {qhash} {sha1} {shard} {job}" in str(caught.value)
 
 
 def test_from_spec(tmp_path: Path) -> None:
     spec = SaverSpec(output=str(tmp_path / "out"), name_scheme="{host}/{sha1}")
-    saver = FileItemSaver.from_spec(spec, worker_id="w1")
+    saver = FileItemSaver.from_spec(spec, job="j", worker_id="w1")
     assert isinstance(saver, ItemSaver)
     written = saver.save("http://h/x", page(b"x"))
     assert written == str(tmp_path / "out" / "h" / sha1("http://h/x"))
-    assert FileItemSaver.from_spec(SaverSpec()).name_for("http://h/x.html") == Path("h/x.html")
+    default = FileItemSaver.from_spec(SaverSpec(), job="j", worker_id="w1")
+    assert default.name_for("http://h/x.html") == Path("h/x.html")
+
+
+def test_job_query_hash_and_shard_fields(tmp_path: Path) -> None:
+    saver = FileItemSaver(tmp_path, "{job}/{shard}/{sha1}-{qhash}", job="my/job")
+    item = "http://h/search?q=1"
+    h = sha1(item)
+    assert saver.name_for(item) == Path("my%2Fjob", h[:2], h[2:4], f"{h}-{sha1('q=1')[:16]}")
+    assert saver.name_for("http://h/plain") == Path("my%2Fjob", sha1("http://h/plain")[:2],
+                                                    sha1("http://h/plain")[2:4],
+                                                    sha1("http://h/plain") + "-")
 
 
 @pytest.mark.parametrize("fsync, expected_calls", [(True, 2), (False, 0)])

@@ -1,4 +1,4 @@
-"""Savers: store what was downloaded."""
+"""FileItemSaver: one file per item, under a name built from the item by a name scheme."""
 
 from __future__ import annotations
 
@@ -9,41 +9,17 @@ import os
 import re
 import secrets
 import string
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit
 
-from .errors import ConfigError, SaveError
-from .fetch import Download
-from .jobspec import SaverSpec
+from ..errors import ConfigError, SaveError
+from ..fetch import Download
+from ..jobspec import SaverSpec
+from .base import ItemSaver
 
 
-class ItemSaver(ABC):
-    """Stores downloaded items. One instance per job per worker process.
-
-    ``open`` and ``close`` are tied to the worker's lifetime; ``worker_id`` names the worker
-    (a saver that writes shards names them after it).
-    """
-
-    @classmethod
-    @abstractmethod
-    def from_spec(cls, spec: SaverSpec, worker_id: Optional[str] = None) -> "ItemSaver":
-        """Build the saver a job's spec describes."""
-
-    def open(self) -> None:
-        """Called once before the first save."""
-
-    def close(self) -> None:
-        """Called when the worker stops; must flush everything saved so far."""
-
-    @abstractmethod
-    def save(self, item: str, download: Download) -> str:
-        """Store ``download`` for ``item`` durably and return where it went. Idempotent:
-        saving the same item twice leaves one copy. Raises :class:`SaveError` on failure."""
-
-
-NAME_FIELDS = ("host", "port", "path", "query", "sha1")
+NAME_FIELDS = ("host", "port", "path", "query", "qhash", "sha1", "shard", "job")
 DEFAULT_NAME_SCHEME = "{host}/{path}"
 CONFLICTS_DIR = "_conflicts"
 
@@ -78,25 +54,28 @@ class _ShapeConflict(Exception):
 class FileItemSaver(ItemSaver):
     """Writes each item's body to its own file, ``output / name_for(item)``.
 
-    ``name_scheme`` is a format string over the fields {host} {port} {path} {query} {sha1}; it must
-    use {path} or {sha1}. Every name stays inside ``output``, whatever the item.
+    ``name_scheme`` is a format string over the fields {host} {port} {path} {query} {qhash} {sha1}
+    {shard} {job} (see :meth:`name_for`); it must use {path} or {sha1}. Every name stays inside
+    ``output``, whatever the item.
     """
 
     def __init__(
-        self, output: str | Path, name_scheme: str = DEFAULT_NAME_SCHEME, *, fsync: bool = True
+        self, output: str | Path, name_scheme: str = DEFAULT_NAME_SCHEME, *, fsync: bool = True,
+        job: str = "",
     ) -> None:
         self.output = Path(os.path.abspath(output))
         self.fsync = fsync
+        self.job = job
         self._parts = _parse_scheme(name_scheme)
         used = {field for _, field in self._parts}
         self._query_in_path = "path" in used and "query" not in used
         self._real_output: Optional[str] = None
 
     @classmethod
-    def from_spec(cls, spec: SaverSpec, worker_id: Optional[str] = None) -> "FileItemSaver":
+    def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "FileItemSaver":
         """Build the saver ``spec`` describes. ``worker_id`` is unused: every item gets its own
         file, whichever worker saves it."""
-        return cls(spec.output, spec.name_scheme, fsync=spec.fsync)
+        return cls(spec.output, spec.name_scheme, fsync=spec.fsync, job=job)
 
     def open(self) -> None:
         """Create the output directory (and its parents) if missing."""
@@ -107,7 +86,10 @@ class FileItemSaver(ItemSaver):
 
         For an absolute URL: host is the lowercased host name with ":port" when the URL names a
         port (escaped: "127.0.0.1%3A8080"), port the explicit port or "",
-        query the raw query, sha1 the hex SHA-1 of ``item``, and path the URL path with
+        query the raw query, qhash the first 16 hex digits of the query's SHA-1 ("" without a
+        query), sha1 the hex SHA-1 of ``item``, shard "ab/cd" from its first four hex digits
+        (so that no directory holds more than 65,536 shards of files), job the job's name, and
+        path the URL path with
         "index.html" appended to a directory-like path ("/", "/a/", "/a" -> "a/index.html"). When
         the scheme uses {path} but not {query}, "?query" is appended to the path's last segment.
         Any other item is named with host "_" and path ``item``.
@@ -121,6 +103,7 @@ class FileItemSaver(ItemSaver):
         or in being "/a", "/a/" or "/a/index.html".
         """
         fields = _field_values(item, query_in_path=self._query_in_path)
+        fields["job"] = _escape(self.job)
         rendered = "".join(
             literal + (fields[field] if field else "") for literal, field in self._parts
         )
@@ -191,6 +174,7 @@ def _parse_scheme(scheme: str) -> list[tuple[str, Optional[str]]]:
 def _field_values(item: str, *, query_in_path: bool) -> dict[str, str]:
     """The escaped value of every name field for ``item``; {path} is "/"-separated segments."""
     host, port, path, query = _split_item(item)
+    sha1 = _sha1(item)
     segments = path.split("/")
     if not segments[-1]:
         segments[-1] = "index.html"
@@ -206,7 +190,9 @@ def _field_values(item: str, *, query_in_path: bool) -> dict[str, str]:
         "port": port,
         "path": "/".join(_escape(segment) if segment else _EMPTY_SEGMENT for segment in segments),
         "query": _escape(query),
-        "sha1": _sha1(item),
+        "qhash": _sha1(query)[:16] if query else "",
+        "sha1": sha1,
+        "shard": f"{sha1[:2]}/{sha1[2:4]}",
     }
 
 

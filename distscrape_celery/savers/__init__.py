@@ -1,0 +1,11 @@
+"""Savers: store what was downloaded.
+
+``FileItemSaver`` writes one file per item; ``RedisItemSaver`` one Redis hash per item;
+``TarItemSaver`` and ``WarcItemSaver`` append to per-worker archive shards. A job's spec picks one
+by ``saver.kind``, or names a custom class by dotted path.
+"""
+
+from .base import ItemSaver
+from .files import FileItemSaver
+
+__all__ = ["FileItemSaver", "ItemSaver"]

@@ -1,0 +1,31 @@
+"""The saver interface: store what was downloaded, idempotently."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from ..fetch import Download
+from ..jobspec import SaverSpec
+
+
+class ItemSaver(ABC):
+    """Stores downloaded items. One instance per job per worker process.
+
+    ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
+    ``worker_id`` the worker (a saver that writes shards names them after it and the process).
+    """
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "ItemSaver":
+        """Build the saver a job's spec describes."""
+
+    def open(self) -> None:
+        """Called once before the first save."""
+
+    def close(self) -> None:
+        """Called when the worker stops; must flush everything saved so far."""
+
+    @abstractmethod
+    def save(self, item: str, download: Download) -> str:
+        """Store ``download`` for ``item`` durably and return where it went. Idempotent:
+        saving the same item twice leaves one copy. Raises :class:`SaveError` on failure."""
