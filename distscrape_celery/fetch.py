@@ -24,14 +24,21 @@ class Download:
     status: int
     content_type: str
     body: bytes = field(repr=False)
+    fetched_at: float = field(default_factory=time.time)  # Unix time the response arrived
 
     def meta(self) -> dict:
         """Everything but the body, JSON-ready (travels through the broker; the body never does)."""
-        return {"url": self.url, "status": self.status, "content_type": self.content_type}
+        return {
+            "url": self.url, "status": self.status, "content_type": self.content_type,
+            "fetched_at": self.fetched_at,
+        }
 
     @classmethod
     def from_meta(cls, meta: dict, body: bytes) -> "Download":
-        return cls(url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"], body=body)
+        return cls(
+            url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"],
+            body=body, fetched_at=float(meta.get("fetched_at") or time.time()),
+        )
 
 
 class Fetcher:

@@ -113,25 +113,45 @@ class SaverSpec(_Strict):
     """Which saver stores downloaded items, and its options."""
 
     kind: str = Field(
-        "files", description='"files", or a custom ItemSaver class as "package.module:Class".'
+        "files",
+        description='"files", "redis", "tar", "warc", or a custom ItemSaver class as '
+        '"package.module:Class".',
     )
-    output: str = Field("crawl-output", description="Output directory (absolute once seeded).")
+    output: str = Field(
+        "crawl-output",
+        description="files: a directory; tar: a .tar, .tar.gz or .tar.bz2 name; warc: a .warc.gz "
+        "name (shards are named after it); redis: a redis:// or rediss:// URL (made absolute "
+        "when seeded, unless a URL).",
+    )
     name_scheme: str = Field(
         "{host}/{path}",
-        description="File name under the output directory; fields {host} {port} {path} {query} "
-        "{sha1}; every part is sanitised so no name leaves the output directory.",
+        description="files and tar: file or member name; fields {host} {port} {path} {query} "
+        "{qhash} {sha1} {shard} {job}; every part is sanitised so no name leaves the output.",
+    )
+    key_scheme: str = Field(
+        "ds:out:{job}:{sha1}",
+        description="redis: the key of each item's hash; fields {job} {item} {sha1}.",
+    )
+    ttl_seconds: Optional[float] = Field(
+        None, gt=0, description="redis: keys expire after this long; None: never."
+    )
+    shard_max_bytes: int = Field(
+        1024**3, gt=0, description="tar and warc: start a new shard past this size."
+    )
+    shard_max_items: Optional[int] = Field(
+        None, gt=0, description="tar and warc: start a new shard past this many items."
     )
     fsync: bool = Field(
         True,
-        description="fsync each file and its directory before the item counts as done, so a "
-        "power cut of the worker host loses nothing; false is faster and survives only crashes "
-        "of the worker process.",
+        description="fsync each write before the item counts as done, so a power cut of the "
+        "worker host loses nothing; false is faster and survives only crashes of the worker "
+        "process.",
     )
 
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        return _check_kind(value, ("files",))
+        return _check_kind(value, ("files", "redis", "tar", "warc"))
 
 
 class JobSpec(_Strict):
