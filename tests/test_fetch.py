@@ -98,11 +98,15 @@ def test_ok_download_reports_status_type_body_and_sends_user_agent() -> None:
     page = b"<html><body>hello</body></html>"
     headers = {"Content-Type": "text/html; charset=utf-8"}
     routes = {"/page?q=1": lambda h: reply(h, 200, page, headers)}
+    before = time.time()
     with serve(routes) as (base, _, log):
         got = fetcher().get(base + "/page?q=1")
     assert got == Download(
-        url=base + "/page?q=1", status=200, content_type="text/html; charset=utf-8", body=page
+        url=base + "/page?q=1", status=200, content_type="text/html; charset=utf-8", body=page,
+        fetched_at=got.fetched_at,
     )
+    assert before <= got.fetched_at <= time.time()
+    assert Download.from_meta(got.meta(), page) == got
     assert log[0]["headers"]["User-Agent"] == "test-agent/1.0"
 
 
