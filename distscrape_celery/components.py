@@ -17,7 +17,10 @@ SCRAPERS = {
     "simple": "distscrape_celery.scrapers:SimpleScraper",
     "ids": "distscrape_celery.scrapers:IDScraper",
 }
-SAVERS = {"files": "distscrape_celery.savers:FileItemSaver"}
+SAVERS = {
+    "files": "distscrape_celery.savers:FileItemSaver",
+    "redis": "distscrape_celery.savers:RedisItemSaver",
+}
 
 
 def load_class(path: str, base: type) -> type:

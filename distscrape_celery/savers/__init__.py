@@ -7,5 +7,6 @@ by ``saver.kind``, or names a custom class by dotted path.
 
 from .base import ItemSaver
 from .files import FileItemSaver
+from .redis import RedisItemSaver
 
-__all__ = ["FileItemSaver", "ItemSaver"]
+__all__ = ["FileItemSaver", "ItemSaver", "RedisItemSaver"]

@@ -1,0 +1,101 @@
+"""RedisItemSaver against a real second Redis, alone and through real worker processes."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import redis
+
+from conftest import crawl_settings
+from sitegen import SiteServer, generate_site
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.components import build_saver
+from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.errors import ConfigError, SaveError
+from distscrape_celery.fetch import Download
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.local import wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.savers import RedisItemSaver
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+
+
+@pytest.fixture(scope="module")
+def output_redis():
+    with EmbeddedRedis() as server:
+        yield server.url
+
+
+def sha1(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def test_saves_body_and_metadata_and_a_resave_leaves_one_copy(output_redis):
+    client = redis.Redis.from_url(output_redis)
+    client.flushdb()
+    saver = RedisItemSaver(output_redis, "out:{job}:{sha1}", job="j", ttl_seconds=60)
+    saver.open()
+    item = "http://127.0.0.1:9/a"
+    dl = Download(item, 200, "text/html", b"\x00binary\xff", fetched_at=1700000000.25)
+    key = saver.save(item, dl)
+    assert key == f"out:j:{sha1(item)}"
+    assert client.hgetall(key) == {
+        b"body": b"\x00binary\xff", b"item": item.encode(), b"url": item.encode(),
+        b"status": b"200", b"content_type": b"text/html", b"fetched_at": b"1700000000.25",
+    }
+    assert 0 < client.pttl(key) <= 60_000
+    saver.save(item, Download(item, 200, "text/plain", b"again"))
+    assert client.keys("out:*") == [key.encode()]
+    assert client.hget(key, "body") == b"again"
+    saver.close()
+
+
+def test_bad_configuration_is_named(output_redis):
+    with pytest.raises(ConfigError, match="not a Redis URL"):
+        RedisItemSaver("/tmp/out")
+    with pytest.raises(ConfigError, match="unknown field"):
+        RedisItemSaver(output_redis, "out:{host}")
+    with pytest.raises(ConfigError, match="must use"):
+        RedisItemSaver(output_redis, "out:{job}")
+    with pytest.raises(SaveError, match="unreachable"):
+        RedisItemSaver("redis://127.0.0.1:1/0").open()
+
+
+def test_chosen_by_configuration_alone(output_redis):
+    spec = build_spec({"seeds": ["http://127.0.0.1:9/"],
+                       "saver": {"kind": "redis", "output": output_redis}})
+    assert isinstance(build_saver(spec, "j", "w1"), RedisItemSaver)
+
+
+def test_crawl_into_a_separate_redis_through_real_workers(redis_url, output_redis, workers):
+    out = redis.Redis.from_url(output_redis)
+    out.flushdb()
+    site = generate_site(n_pages=60, seed=5, unreachable=0)
+    settings = crawl_settings(redis_url, lease_seconds=5)
+    tracker = RedisTracker.from_url(redis_url)
+    workers(settings, "rsave-a", concurrency=2)
+    workers(settings, "rsave-b", concurrency=2)
+    wait_for_workers(tracker, 2)
+    configure_app(settings)
+    with SiteServer(site) as server:
+        spec = build_spec({"seeds": [server.url("/")],
+                           "saver": {"kind": "redis", "output": output_redis,
+                                     "key_scheme": "site:{sha1}"}})
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed("rsave", spec)
+        stats = manager.wait("rsave", timeout=90)
+    n = len(site.reachable)
+    assert (stats.done, stats.dead) == (n, 0)
+    keys = sorted(k.decode() for k in out.keys("site:*"))
+    assert len(keys) == n
+    for path in site.reachable:
+        url = server.url(path)
+        h = out.hgetall(f"site:{sha1(url)}")
+        assert h[b"body"] == site.pages[path]
+        assert (h[b"item"].decode(), h[b"status"], h[b"content_type"]) == (url, b"200", b"text/html; charset=utf-8")
+        assert float(h[b"fetched_at"]) > 0
+    # Nothing of the output went to the tracker's Redis.
+    assert redis.Redis.from_url(redis_url).keys("site:*") == []
