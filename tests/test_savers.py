@@ -53,7 +53,10 @@ def files_under(root: Path) -> list[Path]:
         ("http://example.com:8080/x.html", "example.com%3A8080/x.html"),
         ("http://[::1]:8080/", "%3A%3A1%3A8080/index.html"),
         ("http://example.com/a//b.html", "example.com/a/%2F/b.html"),
-        ("not a url", "_/not%20a%20url/index.html"),
+        ("not a url", "_/not%20a%20url"),
+        ("12345", "_/12345"),
+        ("a/../b", "_/a%2F..%2Fb"),
+        ("..", "_/%2E%2E"),
     ],
 )
 def test_default_names(tmp_path: Path, item: str, name: str) -> None:

@@ -92,7 +92,7 @@ class FileItemSaver(ItemSaver):
         path the URL path with
         "index.html" appended to a directory-like path ("/", "/a/", "/a" -> "a/index.html"). When
         the scheme uses {path} but not {query}, "?query" is appended to the path's last segment.
-        Any other item is named with host "_" and path ``item``.
+        Any other item (an ID, say) is named with host "_" and path ``item`` as one segment.
 
         Each segment is percent-escaped down to [A-Za-z0-9._~!$&'()+,;=@-] and "%XX", so it holds
         no "/", NUL or control character; "." and ".." become "%2E" and "%2E%2E", empty path
@@ -175,12 +175,16 @@ def _field_values(item: str, *, query_in_path: bool) -> dict[str, str]:
     """The escaped value of every name field for ``item``; {path} is "/"-separated segments."""
     host, port, path, query = _split_item(item)
     sha1 = _sha1(item)
-    segments = path.split("/")
-    if not segments[-1]:
-        segments[-1] = "index.html"
-    elif "." not in segments[-1]:
-        # "/a" becomes a/index.html so that it can coexist with "/a/b".
-        segments.append("index.html")
+    if host == "_":
+        # Not a URL (an ID, say): the whole item is one name, "/" and all escaped.
+        segments = [path]
+    else:
+        segments = path.split("/")
+        if not segments[-1]:
+            segments[-1] = "index.html"
+        elif "." not in segments[-1]:
+            # "/a" becomes a/index.html so that it can coexist with "/a/b".
+            segments.append("index.html")
     if query and query_in_path:
         segments[-1] += "?" + query
     return {

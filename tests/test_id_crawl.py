@@ -1,0 +1,99 @@
+"""IDScraper through real workers: listing pages and /item/<id>.json targets on loopback."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from conftest import crawl_settings
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.local import wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+
+
+class IdSite:
+    """``/list/<n>`` pages name some IDs; ``/item/<id>.json`` names related IDs. Some IDs are
+    reachable only through other items, some from nowhere."""
+
+    def __init__(self, n_ids: int = 150, seed: int = 3) -> None:
+        rng = random.Random(seed)
+        self.ids = [f"{rng.randrange(10**6, 10**7)}" for _ in range(n_ids)]
+        self.related = {i: rng.sample(self.ids, 3) for i in self.ids}
+        self.lists = {n: self.ids[n * 10:n * 10 + 3] for n in range(3)}
+        reach, todo = set(), [i for ids in self.lists.values() for i in ids]
+        while todo:
+            i = todo.pop()
+            if i not in reach:
+                reach.add(i)
+                todo.extend(self.related[i])
+        self.reachable = reach
+        self.hits: Counter = Counter()
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                site.hits[self.path] += 1
+                body, status = b"", 404
+                if self.path.startswith("/list/") and int(self.path[6:]) in site.lists:
+                    ids = site.lists[int(self.path[6:])]
+                    body, status = json.dumps([{"id": i} for i in ids]).encode(), 200
+                elif self.path.startswith("/item/") and self.path.endswith(".json"):
+                    i = self.path[6:-5]
+                    if i in site.related:
+                        doc = {"id": i, "related": [{"id": r} for r in site.related[i]]}
+                        body, status = json.dumps(doc).encode(), 200
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_every_reachable_id_downloaded_once(redis_url, workers, tmp_path):
+    site = IdSite()
+    settings = crawl_settings(redis_url, lease_seconds=5)
+    tracker = RedisTracker.from_url(redis_url)
+    workers(settings, "ids-a", concurrency=2)
+    workers(settings, "ids-b", concurrency=2)
+    wait_for_workers(tracker, 2)
+    configure_app(settings)
+    try:
+        spec = build_spec({
+            "seeds": [f"{site.base}/list/{n}" for n in site.lists],
+            "scraper": {"kind": "ids", "id_regex": r'"id": "(\d+)"',
+                        "download_url_fmt": site.base + "/item/{id}.json"},
+            "saver": {"output": str(tmp_path / "out"), "name_scheme": "{path}"},
+        })
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed("ids", spec)
+        stats = manager.wait("ids", timeout=90)
+    finally:
+        site.close()
+    assert stats.dead == 0
+    assert stats.done == len(site.reachable) + len(site.lists)
+    fetched_items = {p[6:-5] for p in site.hits if p.startswith("/item/")}
+    assert fetched_items == site.reachable
+    assert all(count == 1 for count in site.hits.values()), site.hits.most_common(3)
+    saved = {p.name for p in (tmp_path / "out").iterdir()}
+    assert saved >= site.reachable  # IDs are saved under their own names
+    for i in site.reachable:
+        assert json.loads((tmp_path / "out" / i).read_text())["id"] == i
