@@ -31,8 +31,18 @@ def load_class(path: str, base: type) -> type:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load {path!r}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise ConfigError(f"{path!r} is not a {base.__name__}")
+        raise ConfigError(
+            f"{path!r} is not a subclass of {base.__name__} (which must implement "
+            f"{', '.join(sorted(getattr(base, '__abstractmethods__', ())))})"
+        )
     return cls
+
+
+def check_components(spec: JobSpec) -> None:
+    """Check that the scraper and saver ``spec`` names can be loaded here (the seeding machine),
+    so a bad dotted path is a clear error at seed time, not one failed item after another."""
+    load_class(SCRAPERS.get(spec.scraper.kind, spec.scraper.kind), Scraper)
+    load_class(SAVERS.get(spec.saver.kind, spec.saver.kind), ItemSaver)
 
 
 def build_scraper(spec: JobSpec) -> Scraper:

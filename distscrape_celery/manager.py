@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from .components import check_components
 from .jobspec import JobSpec
 from .keys import check_job_name
 from .tracker import JobStats, Tracker
@@ -30,6 +31,7 @@ class CrawlManager:
         """Store the job's spec (workers on every host read it by name) and queue its seeds.
         Seeding the same job with the same spec again adds nothing and is harmless."""
         check_job_name(job)
+        check_components(spec)
         created = self.tracker.create_job(job, spec.to_json())
         res = self.tracker.add(job, spec.seeds, depth=0)
         if res.dispatch:

@@ -69,3 +69,23 @@ def test_bad_ids_config_names_the_problem(scraper, fragment):
 def test_id_seeds_only_with_the_ids_scraper():
     with pytest.raises(ConfigError, match="malformed seed URL"):
         build_spec({"seeds": ["42"]})
+
+
+@pytest.mark.parametrize(
+    "kind, fragment",
+    [
+        ("no_such_module_xyz:Saver", "cannot load 'no_such_module_xyz:Saver'"),
+        ("distscrape_celery.savers:NoSuchClass", "cannot load"),
+        ("distscrape_celery.fetch:Fetcher", "is not a subclass of ItemSaver"),
+    ],
+)
+def test_bad_dotted_path_is_a_clear_error_at_seed(kind, fragment):
+    from distscrape_celery.manager import CrawlManager
+    from distscrape_celery.tracker import InMemoryTracker
+
+    tracker = InMemoryTracker()
+    s = build_spec({"seeds": ["http://127.0.0.1:9/"], "saver": {"kind": kind}})
+    with pytest.raises(ConfigError, match="cannot load|is not a") as exc:
+        CrawlManager(tracker, lambda job, items: None).seed("j", s)
+    assert fragment in str(exc.value)
+    assert tracker.jobs() == []  # nothing was created
