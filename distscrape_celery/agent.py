@@ -18,7 +18,10 @@ from typing import Optional
 
 from celery import signals
 
+from . import redis_checks
+from .errors import TrackerUnavailable
 from .runtime import Runtime
+from .tracker import RedisTracker
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +103,21 @@ class WorkerAgent:
             self.publish(job, res.dispatch)
 
     def _run(self) -> None:
+        failing = False
         while True:
             try:
                 self.tick()
-            except Exception:  # Redis down for a moment must not end the heartbeat for good
+                if failing:
+                    log.warning("worker heartbeat works again")
+                failing = False
+            except TrackerUnavailable as exc:
+                # Redis down or restarting: one line per try, no traceback flood; the next try
+                # comes after the usual interval, so an outage costs no CPU.
+                log.warning("worker heartbeat failed, retrying in %.1f s: %s", self.interval, exc)
+                failing = True
+            except Exception:  # a bug must not end the heartbeat for good either
                 log.exception("worker heartbeat failed; retrying")
+                failing = True
             if self._stop.wait(self.interval):
                 return
 
@@ -153,6 +166,10 @@ def _on_worker_init(sender, **_):
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
     _agent = WorkerAgent(rt, concurrency=concurrency, publish=publisher.scrape)
     _agent.register()
+    tracker = rt.tracker
+    if isinstance(tracker, RedisTracker):
+        log.info("worker %s uses the tracker at %s", rt.worker_id, tracker.url)
+        redis_checks.warn_about(tracker.client, tracker.url)
 
 
 @signals.worker_ready.connect

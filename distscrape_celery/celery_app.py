@@ -11,6 +11,7 @@ from typing import Any, Optional
 from celery import Celery
 from kombu import Exchange, Queue
 
+from . import kombu_fixes
 from .settings import Settings
 
 SCRAPE_QUEUE = "distscrape.scrape"
@@ -48,8 +49,25 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": settings.task_time_limit,
         # The Redis transport re-delivers an unacknowledged message after this; it must exceed
         # every task's time limit or a running task would be handed to a second worker.
-        "broker_transport_options": {"visibility_timeout": settings.visibility_timeout},
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
+            # out, dead peers are found by keepalive and health checks, and the consumer then
+            # reconnects. Well above kombu's 1 s BRPOP timeout.
+            "socket_timeout": 30,
+            "socket_connect_timeout": 10,
+            "socket_keepalive": True,
+            "health_check_interval": 25,
+        },
+        # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
+        # tries), at start-up too. Nothing is lost meanwhile: the tracker holds the crawl's state.
+        "broker_connection_retry": True,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        # A task running when the broker connection drops finishes its work: its message is
+        # redelivered after the reconnect and that duplicate does nothing (the tracker's fencing
+        # tokens). Cancelling it, as Celery 6 will by default, would throw the download away.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_hijack_root_logger": False,
     }
 
@@ -91,6 +109,9 @@ def current_settings() -> Settings:
 
 
 current_settings()
+
+# Before any channel exists: see kombu_fixes for the crash it prevents.
+kombu_fixes.apply()
 
 # Registers the tasks and the worker's lifecycle hooks on `app`.
 from . import agent, tasks  # noqa: E402,F401

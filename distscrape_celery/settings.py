@@ -83,9 +83,11 @@ class Settings(BaseModel):
 
     @property
     def save_timeout(self) -> float:
-        """How long a scraped item waits for its save message before it is presumed lost and
-        scraped again: beyond the broker's own redelivery of a save whose worker died."""
-        return self.visibility_timeout + self.lease_seconds
+        """How long a scraped item waits for its save task to start before it is presumed lost
+        and scraped again: 5 leases plus 30 s (330 s by default). Save messages count against
+        the broker's bound, so a save that has to wait this long in a healthy crawl is rare;
+        once a worker has prefetched it, the item follows that worker's heartbeat instead."""
+        return 5 * self.lease_seconds + 30.0
 
     @property
     def save_retry_delay(self) -> float:
@@ -95,7 +97,8 @@ class Settings(BaseModel):
 
     @property
     def body_ttl(self) -> float:
-        """How long a staged body is kept: past the save timeout, so it outlives its item's wait."""
+        """How long a staged body is kept: past the save timeout and the broker's redelivery of a
+        save whose worker died, so it outlives its item's wait."""
         return self.save_timeout + self.visibility_timeout
 
     @classmethod

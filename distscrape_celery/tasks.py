@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from .celery_app import SAVE_TASK, SCRAPE_TASK, app, current_settings
+from .errors import TrackerUnavailable
 from .pipeline import ItemPipeline
 from .runtime import current_runtime
+
+log = logging.getLogger(__name__)
 
 
 class CeleryPublisher:
@@ -28,14 +32,27 @@ def pipeline() -> ItemPipeline:
     return ItemPipeline(current_runtime(current_settings), publisher)
 
 
+def _tracker_down(job: str, item: str, exc: TrackerUnavailable) -> str:
+    # The item stays in flight in the tracker; its deadline passes and it is reclaimed. One line,
+    # not a traceback per task, while Redis is down.
+    log.warning("%s %s: left for recovery, the tracker is unavailable: %s", job, item, exc)
+    return "tracker-unavailable"
+
+
 @app.task(name=SCRAPE_TASK, ignore_result=True)
 def scrape(job: str, item: str) -> str:
     """Download one item (URL or ID), queue the items found in it, and chain its save task."""
-    return pipeline().scrape(job, item)
+    try:
+        return pipeline().scrape(job, item)
+    except TrackerUnavailable as exc:
+        return _tracker_down(job, item, exc)
 
 
 @app.task(name=SAVE_TASK, ignore_result=True)
 def save(job: str, item: str, token: int, meta: dict) -> str:
     """Store one downloaded item (scraped under lease ``token``) through the job's saver, then
     mark it done."""
-    return pipeline().save(job, item, token, meta)
+    try:
+        return pipeline().save(job, item, token, meta)
+    except TrackerUnavailable as exc:
+        return _tracker_down(job, item, exc)

@@ -1,0 +1,49 @@
+"""The Redis settings the guarantees depend on, read from real servers and warned about."""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.redis_checks import redis_problems, warn_about
+
+
+def test_a_safe_redis_has_no_problems(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    old = {k: client.config_get(k)[k] for k in ("appendonly", "appendfsync", "maxmemory-policy")}
+    try:
+        client.config_set("appendonly", "yes")
+        client.config_set("appendfsync", "everysec")
+        client.config_set("maxmemory-policy", "noeviction")
+        assert redis_problems(client) == []
+        client.config_set("appendfsync", "no")
+        assert ["appendfsync is 'no'" in p for p in redis_problems(client)] == [True]
+    finally:
+        for key, value in old.items():
+            client.config_set(key, value)
+
+
+def test_no_persistence_and_eviction_are_named(caplog):
+    with EmbeddedRedis() as server:  # keeps nothing on disk
+        client = redis.Redis.from_url(server.url)
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        with caplog.at_level(logging.WARNING):
+            problems = warn_about(client, "test-redis")
+    assert len(problems) == 2
+    assert "appendonly is 'no'" in problems[0] and "forgets the crawl" in problems[0]
+    assert "allkeys-lru" in problems[1] and "noeviction" in problems[1]
+    assert [r.getMessage() for r in caplog.records] == [f"Redis at test-redis: {p}" for p in problems]
+
+
+def test_config_forbidden_is_one_clear_note(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    client.execute_command("ACL", "SETUSER", "noconfig", "on", ">pw", "~*", "+@all", "-config")
+    try:
+        kw = client.get_connection_kwargs()
+        limited = redis.Redis(host=kw["host"], port=kw["port"], username="noconfig", password="pw")
+        problems = redis_problems(limited)
+        assert len(problems) == 1 and "could not read the Redis configuration" in problems[0]
+    finally:
+        client.execute_command("ACL", "DELUSER", "noconfig")
