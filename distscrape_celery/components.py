@@ -20,6 +20,8 @@ SCRAPERS = {
 SAVERS = {
     "files": "distscrape_celery.savers:FileItemSaver",
     "redis": "distscrape_celery.savers:RedisItemSaver",
+    "tar": "distscrape_celery.savers:TarItemSaver",
+    "warc": "distscrape_celery.savers:WarcItemSaver",
 }
 
 

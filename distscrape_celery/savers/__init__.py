@@ -8,5 +8,9 @@ by ``saver.kind``, or names a custom class by dotted path.
 from .base import ItemSaver
 from .files import FileItemSaver
 from .redis import RedisItemSaver
+from .tar import TarItemSaver, tar_index
+from .warc import WarcItemSaver
 
-__all__ = ["FileItemSaver", "ItemSaver", "RedisItemSaver"]
+__all__ = [
+    "FileItemSaver", "ItemSaver", "RedisItemSaver", "TarItemSaver", "WarcItemSaver", "tar_index",
+]
