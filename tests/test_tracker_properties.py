@@ -1,0 +1,705 @@
+"""The tracker contract as a stateful property: random interleavings of every item operation,
+worker deaths, expiries and stale tokens, on InMemoryTracker and on RedisTracker against the real
+Redis from conftest, each step checked against a small Python model of the item life cycle
+(tracker/base.py) that follows the rules of lua/_lib.lua (retry_or_dead) and the item scripts.
+
+Nothing sleeps. Leases are long (an hour), so nothing expires unless a rule forces it: the
+in-memory tracker runs on a fake clock that ticks a second per step, and an expiry rewrites the
+item's deadline to a moment long past, in the tracker's dict or the job's Redis zset
+(:func:`force_expire`); a dying worker's heartbeat is moved into the past the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+import redis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from distscrape_celery import keys
+from distscrape_celery.tracker import (
+    FailOutcome,
+    Fault,
+    InMemoryTracker,
+    LeaseStatus,
+    RedisTracker,
+    SaveStart,
+    Tracker,
+)
+from distscrape_celery.tracker.base import MAX_DISPATCH_BATCH, MAX_REASON
+
+JOB = "props"
+SPEC = '{"seeds": ["http://127.0.0.1/"]}'
+LEASE = 3600.0  # nothing expires by itself during an example
+UNIVERSE = [f"u{n}" for n in range(12)]  # every item an example may add: duplicates are frequent
+GHOST = "ghost"  # never added: operations on it meet an unknown item
+PAST = 1000.0  # forced deadlines and heartbeats are PAST + n: long gone on either clock
+EXPIRED_BELOW = PAST + 1_000_000  # a deadline below this was forced; every real one is above
+BOGUS_TOKEN = 10**9  # never handed out
+REASONS = ["boom", "HTTP 500", "x" * (MAX_REASON + 50)]  # the last one is cut to MAX_REASON
+IN_FLIGHT = {"d": "dispatched", "l": "leased", "S": "leased", "s": "pending"}  # state -> set
+HELD = "lsS"  # states with a holder (worker, token)
+MAX_WORKERS = 12  # registered in one example, dead ones included
+
+
+class FakeClock:
+    """The in-memory tracker's clock: starts far from 0 and moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- reaching into each kind of tracker (test helpers, never used by the code under test) -------
+
+
+def force_expire(tracker: Tracker, job: str, item: str, when: float) -> None:
+    """Make ``item``'s deadline in whichever in-flight set holds it ``when`` (a past moment)."""
+    if isinstance(tracker, InMemoryTracker):
+        j = tracker._jobs[job]
+        holders = [d for d in (j.dispatched, j.leased, j.pending) if item in d]
+        assert len(holders) == 1, f"{item} is in {len(holders)} in-flight sets"
+        holders[0][item] = when
+        return
+    k = keys.JobKeys(job)
+    pipe = tracker.client.pipeline(transaction=True)
+    for zset in (k.dispatched, k.leased, k.pending):
+        pipe.zadd(zset, {item: when}, xx=True)  # XX: only where it is
+    pipe.execute()
+
+
+def stop_heartbeats(tracker: Tracker, worker: str) -> None:
+    """Pretend ``worker`` last beat long ago: it no longer counts as alive."""
+    if isinstance(tracker, InMemoryTracker):
+        tracker._beats[worker] = PAST
+    else:
+        tracker.client.zadd(keys.HEARTBEATS, {worker: PAST})
+
+
+@dataclass
+class Snapshot:
+    """A tracker's whole state for one job, the same shape for either kind."""
+
+    states: dict[str, str]  # item -> state letter
+    depths: dict[str, int]
+    frontier: list[str]
+    dispatched: dict[str, float]  # item -> deadline
+    leased: dict[str, float]
+    pending: dict[str, float]
+    owners: dict[str, tuple[str, int]]
+    fails: dict[str, int]
+    lost: dict[str, int]
+    dead: dict[str, str]
+    queued: int  # the counter of queued items
+
+
+def snapshot(tracker: Tracker, job: str) -> Snapshot:
+    if isinstance(tracker, InMemoryTracker):
+        j = tracker._jobs[job]
+        return Snapshot(
+            states=dict(j.state), depths=dict(j.depth), frontier=list(j.frontier),
+            dispatched=dict(j.dispatched), leased=dict(j.leased), pending=dict(j.pending),
+            owners={i: (w, int(t)) for i, (w, t) in j.owners.items()},
+            fails={i: n for i, n in j.fails.items() if n},
+            lost={i: n for i, n in j.lost.items() if n},
+            dead=dict(j.dead), queued=j.queued,
+        )
+    k = keys.JobKeys(job)
+    pipe = tracker.client.pipeline(transaction=True)
+    pipe.hgetall(k.items)
+    pipe.lrange(k.frontier, 0, -1)
+    for zset in (k.dispatched, k.leased, k.pending):
+        pipe.zrange(zset, 0, -1, withscores=True)
+    for h in (k.owners, k.fails, k.lost, k.dead):
+        pipe.hgetall(h)
+    pipe.hget(k.stats, "queued")
+    items, frontier, dispatched, leased, pending, owners, fails, lost, dead, queued = pipe.execute()
+    return Snapshot(
+        states={i: v[0] for i, v in items.items()},
+        depths={i: int(v[1:]) for i, v in items.items()},
+        frontier=frontier, dispatched=dict(dispatched), leased=dict(leased), pending=dict(pending),
+        owners={i: (o.split(" ")[0], int(o.split(" ")[1])) for i, o in owners.items()},
+        fails={i: int(n) for i, n in fails.items() if int(n)},
+        lost={i: int(n) for i, n in lost.items() if int(n)},
+        dead=dead, queued=int(queued or 0),
+    )
+
+
+# -- the model -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Item:
+    state: str  # q queued, d dispatched, l leased, s save pending, S saving, D done, X dead
+    depth: int
+    fails: int = 0  # attempts that were the item's fault
+    lost: int = 0  # holders that vanished
+    owner: Optional[tuple[str, int]] = None  # (worker, token) of an l, s or S item
+    expired: bool = False  # its deadline in its in-flight set was forced into the past
+    tokens: list[int] = field(default_factory=list)  # every token it was ever leased under
+    reason: Optional[str] = None  # why it is dead
+    cause: Optional[str] = None  # what made it dead: item, lost, or refused (not retryable)
+    completed: int = 0  # complete() calls that changed it
+
+
+class TrackerMachine(RuleBasedStateMachine):
+    redis_url: Optional[str] = None  # set on the Redis subclass
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.t: Optional[Tracker] = None
+        self.clock = FakeClock()
+        self.client: Optional[redis.Redis] = None
+        if self.redis_url:
+            self.client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+            self.client.flushdb()
+        self.items: dict[str, Item] = {}
+        self.workers: dict[str, list] = {}  # id -> [concurrency, alive]
+        self.final: dict[str, str] = {}  # item -> D or X, once it got there
+        self.last_token = 0
+        self.expiries = itertools.count(1)
+        self.hosts = itertools.count(1)
+
+    def teardown(self) -> None:
+        if isinstance(self.t, RedisTracker):
+            self.t.client.close()
+        if self.client is not None:
+            self.client.close()
+
+    # -- model helpers ---------------------------------------------------------------------
+
+    def live(self) -> list[str]:
+        return [w for w, (_, alive) in self.workers.items() if alive]
+
+    def bound(self) -> int:
+        return self.factor * sum(c for c, alive in self.workers.values() if alive)
+
+    def count(self, states: str) -> int:
+        return sum(it.state in states for it in self.items.values())
+
+    def in_state(self, states: str) -> list[str]:
+        return sorted(i for i, it in self.items.items() if it.state in states)
+
+    def step(self) -> None:
+        """Time passes (one second on the fake clock) and every live worker beats."""
+        self.clock.now += 1
+        for w in self.live():
+            self.t.heartbeat(w)
+
+    def add_model(self, found: list[str], depth: int) -> int:
+        added = 0
+        for item in found:
+            if item not in self.items:
+                self.items[item] = Item("q", depth)
+                added += 1
+        return added
+
+    def took(self, dispatch: list[str]) -> None:
+        """Check what a call handed out for dispatch: exactly enough queued items to fill the
+        broker up to the bound, each once; they become dispatched."""
+        room = min(self.bound() - self.count("d") - self.count("s"), MAX_DISPATCH_BATCH)
+        want = max(0, min(room, self.count("q")))
+        assert len(dispatch) == want, (dispatch, want, self.bound())
+        assert len(set(dispatch)) == len(dispatch), dispatch
+        for item in dispatch:
+            it = self.items[item]
+            assert it.state == "q", (item, it)
+            it.state, it.expired = "d", False
+
+    def requeue(self, it: Item) -> None:
+        it.state, it.owner, it.expired = "q", None, False
+
+    def give_up(self, item: str, reason: str, cause: str) -> None:
+        it = self.items[item]
+        it.state, it.owner, it.expired = "X", None, False
+        it.reason, it.cause = reason[:MAX_REASON], cause
+        self.final[item] = "X"
+
+    def retry_or_dead(self, item: str, fault: Fault, retryable: bool, max_retries: int,
+                      reason: str) -> str:
+        """retry_or_dead of _lib.lua."""
+        it = self.items[item]
+        over = False
+        if fault is Fault.ITEM:
+            it.fails += 1
+            over = it.fails > max_retries
+        elif fault is Fault.LOST:
+            it.lost += 1
+            over = it.lost > self.max_lost
+        if retryable and not over:
+            self.requeue(it)
+            return "retry"
+        self.give_up(item, reason, fault.value if over else "refused")
+        return "dead"
+
+    def holds(self, item: str, token: int) -> bool:
+        it = self.items.get(item)
+        return it is not None and it.owner is not None and it.owner[1] == token
+
+    def draw_token(self, data, item: str) -> int:
+        """Mostly the item's current token; else one it had before (stale) or one never issued."""
+        it = self.items.get(item)
+        current = [it.owner[1]] * 4 if it is not None and it.owner else []
+        old = it.tokens if it is not None else []
+        return data.draw(st.sampled_from(current + old + [BOGUS_TOKEN]), label="token")
+
+    def draw_item(self, data, preferred: list[str]) -> str:
+        """Mostly one of ``preferred``; sometimes any item seen, or one never added."""
+        pool = preferred * 8 + sorted(self.items) + [GHOST]
+        return data.draw(st.sampled_from(pool), label="item")
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    @initialize(
+        concurrency=st.lists(st.integers(1, 2), min_size=1, max_size=3),
+        factor=st.integers(1, 2), max_retries=st.integers(0, 2), max_lost=st.integers(0, 2),
+        seeds=st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=6),
+    )
+    def start(self, concurrency, factor, max_retries, max_lost, seeds):
+        self.factor, self.max_retries, self.max_lost = factor, max_retries, max_lost
+        if self.redis_url:
+            self.t = RedisTracker.from_url(
+                self.redis_url, lease_seconds=LEASE, dispatch_factor=factor, bound_refresh_seconds=0
+            )
+        else:
+            self.t = InMemoryTracker(lease_seconds=LEASE, dispatch_factor=factor, clock=self.clock)
+        assert self.t.create_job(JOB, SPEC)
+        for c in concurrency:
+            self.workers[self.t.register_worker("host", next(self.hosts), c)] = [c, True]
+        res = self.t.add(JOB, seeds)
+        assert res.added == self.add_model(seeds, 0)
+        self.took(res.dispatch)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def start_worker(self, concurrency: int) -> None:
+        if len(self.workers) < MAX_WORKERS:
+            w = self.t.register_worker("host", next(self.hosts), concurrency)
+            assert w not in self.workers
+            self.workers[w] = [concurrency, True]
+
+    @precondition(lambda self: len(self.live()) < 3)
+    @rule(concurrency=st.integers(1, 2))
+    def worker_starts(self, concurrency):
+        self.step()
+        self.start_worker(concurrency)
+
+    @precondition(lambda self: self.live())
+    @rule(data=st.data(), maintain=st.booleans(), replaced=st.booleans())
+    def worker_dies(self, data, maintain, replaced):
+        """It stops beating and its leases run out; maybe a live worker's maintenance runs at
+        once, and maybe a new worker takes its place."""
+        self.step()
+        w = data.draw(st.sampled_from(self.live()), label="worker")
+        stop_heartbeats(self.t, w)
+        self.workers[w][1] = False
+        for item in self.in_state("lS"):
+            if self.items[item].owner[0] == w:
+                self.expire(item)
+        if maintain:
+            self.do_maintain()
+        if replaced:
+            self.start_worker(1)
+
+    def releasable(self) -> list[str]:
+        """Workers a release(job, worker) makes sense for: a live one stopping, or a dead one
+        whose items are given back by hand."""
+        owners = {it.owner[0] for it in self.items.values() if it.owner}
+        return sorted(w for w, (_, alive) in self.workers.items() if alive or w in owners)
+
+    @precondition(lambda self: self.releasable())
+    @rule(data=st.data(), replaced=st.booleans())
+    def worker_stops(self, data, replaced):
+        """release(job, worker): a stopping worker gives back what it scrapes or saves, at once
+        and counting nothing; its reserved save messages go back to the broker, whose wait for
+        them starts again. Then it deregisters, and maybe a new worker takes its place."""
+        self.step()
+        w = data.draw(st.sampled_from(self.releasable()), label="worker")
+        n = self.t.release(JOB, w)
+        want = 0
+        for it in self.items.values():
+            if it.owner and it.owner[0] == w:
+                if it.state == "s":
+                    it.expired = False  # waits for its message a save timeout from now
+                elif it.state in "lS":
+                    self.requeue(it)
+                    want += 1
+        assert n == want
+        if self.workers[w][1]:
+            self.t.deregister_worker(w)
+            self.workers[w][1] = False
+        if replaced:
+            self.start_worker(2)
+
+    @precondition(lambda self: not self.live())
+    @rule()
+    def crawl_resumes(self):
+        """release(job) while no worker runs the job (a stopped one-machine crawl resuming):
+        every in-flight item goes back to the frontier, counting nothing; a worker starts."""
+        self.step()
+        n = self.t.release(JOB)
+        want = 0
+        for it in self.items.values():
+            if it.state in IN_FLIGHT:
+                self.requeue(it)
+                want += 1
+        assert n == want
+        self.start_worker(2)
+
+    # -- items -----------------------------------------------------------------------------
+
+    @rule(items=st.lists(st.sampled_from(UNIVERSE), max_size=4), depth=st.integers(0, 3))
+    def add(self, items, depth):
+        self.step()
+        res = self.t.add(JOB, items, depth)
+        assert res.added == self.add_model(items, depth)
+        self.took(res.dispatch)
+
+    @precondition(lambda self: self.live() and self.in_state("dlsS"))
+    @rule(data=st.data(), found=st.lists(st.sampled_from(UNIVERSE), max_size=3),
+          depth=st.integers(0, 3), flaky=st.sampled_from([False] * 3 + [True]))
+    def progress(self, data, found, depth, flaky):
+        """The normal next step of one in-flight item: a live worker takes its scrape message,
+        the holder reports it scraped (with what it found) or, now and then, that the download
+        failed (the item's fault, retryable), its save starts, the save is done."""
+        self.step()
+        item = data.draw(st.sampled_from(self.in_state("dlsS")), label="item")
+        it = self.items[item]
+        w = data.draw(st.sampled_from(self.live()), label="worker")
+        if it.state == "d":
+            self.do_checkout(item, w)
+        elif it.state == "l" and flaky:
+            self.do_fail(item, it.owner[1], Fault.ITEM, True, "HTTP 503")
+        elif it.state == "l":
+            self.do_scraped(item, it.owner[1], found, depth)
+        elif it.state == "s":
+            self.do_begin_save(item, it.owner[1], w)
+        else:
+            self.do_complete(item)
+
+    @precondition(lambda self: self.live() and self.items)
+    @rule(data=st.data())
+    def checkout(self, data):
+        """A message for an item in any state (a duplicate, a redelivery), or one never added."""
+        self.step()
+        w = data.draw(st.sampled_from(self.live()), label="worker")
+        self.do_checkout(self.draw_item(data, self.in_state("dlsS")), w)
+
+    @precondition(lambda self: self.in_state("l"))
+    @rule(data=st.data(), found=st.lists(st.sampled_from(UNIVERSE), max_size=3),
+          depth=st.integers(0, 3))
+    def scraped(self, data, found, depth):
+        self.step()
+        item = self.draw_item(data, self.in_state("l"))
+        self.do_scraped(item, self.draw_token(data, item), found, depth)
+
+    @precondition(lambda self: self.in_state("lsS") and self.live())
+    @rule(data=st.data())
+    def begin_save(self, data):
+        self.step()
+        w = data.draw(st.sampled_from(self.live()), label="worker")
+        item = self.draw_item(data, self.in_state("lsS"))
+        self.do_begin_save(item, self.draw_token(data, item), w)
+
+    @precondition(lambda self: self.in_state("S"))
+    @rule(data=st.data())
+    def defer_save(self, data):
+        self.step()
+        item = self.draw_item(data, self.in_state("S"))
+        self.do_defer_save(item, self.draw_token(data, item))
+
+    def do_defer_save(self, item: str, token: int) -> None:
+        ok = self.t.defer_save(JOB, item, token)
+        it = self.items.get(item)
+        want = it is not None and it.state == "S" and self.holds(item, token)
+        assert ok is want
+        if want:
+            it.state, it.expired = "s", False
+
+    @precondition(lambda self: self.items)
+    @rule(data=st.data())
+    def complete(self, data):
+        """A save finished: of a saving item, or a late one (the item was handed on since)."""
+        self.step()
+        self.do_complete(self.draw_item(data, self.in_state("S")))
+
+    def do_checkout(self, item: str, w: str) -> None:
+        co = self.t.checkout(JOB, item, w, max_lost=self.max_lost)
+        it = self.items.get(item)
+        if it is None:
+            assert (co.status, co.depth, co.failed_attempts, co.token, co.dispatch) == (
+                LeaseStatus.UNKNOWN, 0, 0, 0, [])
+            return
+        assert (co.depth, co.failed_attempts) == (it.depth, it.fails), (co, it)
+        expected = {
+            "D": LeaseStatus.DONE, "X": LeaseStatus.DEAD, "s": LeaseStatus.BUSY,
+        }.get(it.state)
+        if it.state in "lS":
+            if not it.expired:
+                expected = LeaseStatus.BUSY  # a live lease: nobody else gets it
+            elif self.retry_or_dead(
+                item, Fault.LOST, True, 0,
+                f"its worker vanished too often (last holder {it.owner[0]})",
+            ) == "dead":
+                expected = LeaseStatus.DEAD
+        if expected is not None:
+            assert (co.status, co.token, co.dispatch) == (expected, 0, []), (co, it)
+            return
+        assert co.status is LeaseStatus.OK, (co, it)
+        assert co.token > self.last_token, (co.token, self.last_token)  # a new fencing token
+        self.last_token = co.token
+        it.tokens.append(co.token)
+        it.state, it.owner, it.expired = "l", (w, co.token), False
+        self.took(co.dispatch)
+
+    def do_scraped(self, item: str, token: int, found: list[str], depth: int) -> None:
+        res = self.t.scraped(JOB, item, token, found, depth)
+        # The finds are queued whoever reports them; the item moves only for its holder.
+        held = item in self.items and self.items[item].state == "l" and self.holds(item, token)
+        assert res.added == self.add_model(found, depth)
+        assert res.held is held
+        if held:
+            it = self.items[item]
+            it.state, it.expired = "s", False
+        self.took(res.dispatch)
+
+    def do_begin_save(self, item: str, token: int, w: str) -> None:
+        res = self.t.begin_save(JOB, item, token, w, max_lost=self.max_lost)
+        it = self.items.get(item)
+        if it is None:
+            assert (res.status, res.lost, res.dispatch) == (SaveStart.UNKNOWN, 0, [])
+            return
+        expected = {"D": SaveStart.DONE, "X": SaveStart.DEAD}.get(it.state)
+        if expected is None and (not self.holds(item, token) or it.state not in HELD):
+            expected = SaveStart.STALE  # a late save may still complete it
+        if expected is None and it.state == "S":
+            it.lost += 1  # the save under this token already ran: its process vanished
+            if it.lost > self.max_lost:
+                self.give_up(
+                    item, f"its save was interrupted {it.lost} times: the worker process died "
+                    "while saving it (out of memory, or a crashing saver?)", "lost",
+                )
+                expected = SaveStart.DEAD
+        if expected is not None:
+            assert (res.status, res.lost, res.dispatch) == (expected, it.lost, []), (res, it)
+            return
+        assert (res.status, res.lost) == (SaveStart.OK, it.lost), (res, it)
+        it.state, it.owner, it.expired = "S", (w, token), False
+        self.took(res.dispatch)
+
+    def do_complete(self, item: str) -> None:
+        res = self.t.complete(JOB, item)
+        it = self.items.get(item)
+        want = it is not None and it.state not in "DX"
+        assert res.changed is want, (item, it)
+        if want:
+            it.state, it.owner, it.expired = "D", None, False
+            it.fails = it.lost = 0
+            it.completed += 1
+            self.final[item] = "D"
+        self.took(res.dispatch)
+
+    @precondition(lambda self: self.in_state(HELD))
+    @rule(data=st.data(), fault=st.sampled_from(Fault),
+          retryable=st.sampled_from([True] * 3 + [False]), reason=st.sampled_from(REASONS))
+    def fail(self, data, fault, retryable, reason):
+        self.step()
+        item = self.draw_item(data, self.in_state(HELD))
+        self.do_fail(item, self.draw_token(data, item), fault, retryable, reason)
+
+    def do_fail(self, item: str, token: int, fault: Fault, retryable: bool, reason: str) -> None:
+        res = self.t.fail(JOB, item, token, reason, fault=fault, max_retries=self.max_retries,
+                          max_lost=self.max_lost, retryable=retryable)
+        want = FailOutcome.IGNORED
+        if item in self.items and self.items[item].state in HELD and self.holds(item, token):
+            want = FailOutcome(self.retry_or_dead(item, fault, retryable, self.max_retries, reason))
+        assert res.outcome is want, (res, self.items.get(item))
+        self.took(res.dispatch)
+
+    def stale_tokens(self) -> list[tuple[str, int]]:
+        return [(i, t) for i, it in sorted(self.items.items()) for t in it.tokens
+                if not self.holds(i, t)]
+
+    @precondition(lambda self: self.stale_tokens())
+    @rule(data=st.data(), op=st.sampled_from(["fail", "scraped", "begin_save", "defer_save"]),
+          fault=st.sampled_from(Fault), retryable=st.booleans(),
+          found=st.lists(st.sampled_from(UNIVERSE), max_size=2), saved=st.booleans())
+    def late_holder(self, data, op, fault, retryable, found, saved):
+        """A holder whose item moved on since (reclaimed, released, taken over, done, dead)
+        reports under its old token: that changes nothing but queue its finds; a late save that
+        succeeds still completes the item."""
+        self.step()
+        item, token = data.draw(st.sampled_from(self.stale_tokens()), label="stale")
+        if op == "fail":
+            self.do_fail(item, token, fault, retryable, "late")
+        elif op == "scraped":
+            self.do_scraped(item, token, found, 1)
+        elif op == "defer_save":
+            self.do_defer_save(item, token)
+        else:
+            w = data.draw(st.sampled_from(sorted(self.workers)), label="worker")  # maybe a dead one
+            self.do_begin_save(item, token, w)
+            if saved:
+                self.do_complete(item)
+
+    @precondition(lambda self: self.live())
+    @rule(data=st.data())
+    def extend(self, data):
+        """A live worker's heartbeat of the items it holds and the save messages it reserved."""
+        self.step()
+        w = data.draw(st.sampled_from(self.live()), label="worker")
+        pool = self.in_state("dlS") * 4 + sorted(self.items) + [GHOST]
+        items = data.draw(st.lists(st.sampled_from(pool), unique=True, max_size=4), label="items")
+        pending = self.in_state("s")
+        saves = []
+        if pending:
+            for item in data.draw(st.lists(st.sampled_from(pending), unique=True, max_size=2),
+                                  label="saves"):
+                saves.append((item, self.draw_token(data, item)))
+        n = self.t.extend(JOB, items, w, saves)
+        low = high = 0
+        for item in items:
+            it = self.items.get(item)
+            if it is not None and (it.state == "d" or (it.state in "lS" and it.owner[0] == w)):
+                high += 1
+                low += it.expired
+                it.expired = False
+        for item, token in saves:
+            it = self.items[item]
+            if self.holds(item, token):  # the message now depends on this worker's heartbeat
+                low, high = low + 1, high + 1
+                it.owner, it.expired = (w, token), False
+        # A deadline counts when it moved later: on the fake clock every one set before this
+        # step does; on Redis's clock, too, unless TIME stood still between two calls.
+        if isinstance(self.t, InMemoryTracker):
+            assert n == high, (n, high)
+        else:
+            assert low <= n <= high, (n, low, high)
+
+    def expire(self, item: str) -> None:
+        force_expire(self.t, JOB, item, PAST + next(self.expiries))
+        self.items[item].expired = True
+
+    @precondition(lambda self: any(not self.items[i].expired for i in self.in_state("dlsS")))
+    @rule(data=st.data(), redelivered=st.booleans())
+    def deadline_passes(self, data, redelivered):
+        """One in-flight item's lease, save wait or dispatch runs out; maybe a message for it
+        reaches a live worker before any maintenance ran (a lease is then taken over)."""
+        self.step()
+        item = data.draw(st.sampled_from(
+            [i for i in self.in_state("dlsS") if not self.items[i].expired]), label="item")
+        self.expire(item)
+        if redelivered and self.live():
+            self.do_checkout(item, data.draw(st.sampled_from(self.live()), label="worker"))
+
+    def do_maintain(self) -> None:
+        res = self.t.maintain(JOB, max_lost=self.max_lost)
+        outcomes: Counter = Counter()
+        for states, fault, why in (
+            ("lS", Fault.LOST, "its worker vanished"),
+            ("s", Fault.LOST, "its save message was lost"),
+            ("d", Fault.FREE, ""),
+        ):
+            for item in self.in_state(states):
+                it = self.items[item]
+                if it.expired:
+                    was = it.owner[0] if it.owner else "?"
+                    outcomes[self.retry_or_dead(
+                        item, fault, True, 0, f"{why} too often (last holder {was})")] += 1
+        assert (res.reclaimed, res.died) == (outcomes["retry"], outcomes["dead"]), res
+        self.took(res.dispatch)
+
+    @rule()
+    def maintain(self):
+        self.step()
+        self.do_maintain()
+
+    # -- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def every_item_in_exactly_one_state(self):
+        if self.t is None:
+            return
+        snap = snapshot(self.t, JOB)
+        assert set(snap.states) == set(self.items), "an item was lost or made up"
+        sets = {"dispatched": snap.dispatched, "leased": snap.leased, "pending": snap.pending}
+        for item, it in self.items.items():
+            assert (snap.states[item], snap.depths[item]) == (it.state, it.depth), (item, it)
+            where = [name for name, members in sets.items() if item in members]
+            assert where == ([IN_FLIGHT[it.state]] if it.state in IN_FLIGHT else []), (item, where)
+            if where:
+                expired = sets[where[0]][item] < EXPIRED_BELOW
+                assert expired is it.expired, (item, it, sets[where[0]][item])
+            if it.state == "q":
+                assert item in snap.frontier, item
+            assert snap.owners.get(item) == it.owner, (item, snap.owners.get(item), it)
+            assert it.owner is None or it.owner[1] == it.tokens[-1], it  # one valid token
+            assert (snap.fails.get(item, 0), snap.lost.get(item, 0)) == (it.fails, it.lost), it
+            if item in self.final:  # done and dead are final
+                assert snap.states[item] == self.final[item], (item, it)
+        assert set(snap.frontier) <= set(self.items)
+        assert snap.queued == self.count("q")
+        assert set(snap.owners) == set(self.in_state(HELD))
+
+    @invariant()
+    def retries_and_deaths_follow_the_rules(self):
+        if self.t is None:
+            return
+        for item, it in self.items.items():
+            assert it.fails <= self.max_retries + 1 and it.lost <= self.max_lost + 1, it
+            assert it.completed <= 1, it  # never done twice
+            assert (it.state == "D") is (it.completed == 1), it
+            if it.state == "X":
+                assert it.reason, it
+                assert {
+                    "item": it.fails > self.max_retries,
+                    "lost": it.lost > self.max_lost,
+                    "refused": True,  # not retryable: dead at the first failure
+                }[it.cause], it
+            elif it.state != "D":
+                assert it.fails <= self.max_retries and it.lost <= self.max_lost, it
+
+    @invariant()
+    def counters_add_up(self):
+        if self.t is None:
+            return
+        s = self.t.stats(JOB)
+        assert s.seen == len(self.items)
+        by_state = (self.count("q"), self.count("d"), self.count("lS"), self.count("s"),
+                    self.count("D"), self.count("X"))
+        assert (s.frontier, s.dispatched, s.leased, s.saving, s.done, s.dead) == by_state, s
+        assert s.frontier + s.dispatched + s.leased + s.saving + s.done + s.dead == s.seen
+        assert s.finished is (s.seen > 0 and self.count("qdlsS") == 0)
+        dead = {i: it.reason for i, it in self.items.items() if it.state == "X"}
+        assert self.t.dead_items(JOB, limit=len(UNIVERSE)) == dead
+        assert self.t.dispatch_bound() == self.bound()
+
+
+SETTINGS = {
+    "memory": settings(max_examples=400, stateful_step_count=50, deadline=None, database=None,
+                       suppress_health_check=[HealthCheck.too_slow]),
+    "redis": settings(max_examples=150, stateful_step_count=50, deadline=None, database=None,
+                      suppress_health_check=[HealthCheck.too_slow]),
+}
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_tracker_follows_the_model(kind, request):
+    url = request.getfixturevalue("redis_url") if kind == "redis" else None
+    machine = type(f"{kind.title()}TrackerMachine", (TrackerMachine,), {"redis_url": url})
+    run_state_machine_as_test(machine, settings=SETTINGS[kind])
