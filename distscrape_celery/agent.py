@@ -8,6 +8,7 @@ broker up from the frontier. Any live worker does (3), so recovery and dispatch 
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -75,6 +76,7 @@ class WorkerAgent:
         self.held_items = held_items
         self.interval = interval or runtime.settings.heartbeat_interval
         self._stop = threading.Event()
+        self._stopped = False
         self._thread: Optional[threading.Thread] = None
 
     def register(self) -> str:
@@ -126,6 +128,11 @@ class WorkerAgent:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop heartbeating, give back what this worker still holds, deregister. Idempotent:
+        runs on a warm shutdown and again at exit (a cold shutdown sends no signal)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(self.interval + 5)
@@ -166,6 +173,9 @@ def _on_worker_init(sender, **_):
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
     _agent = WorkerAgent(rt, concurrency=concurrency, publish=publisher.scrape)
     _agent.register()
+    # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
+    # still exits through the interpreter, so give back what we hold there too.
+    atexit.register(_agent.stop)
     tracker = rt.tracker
     if isinstance(tracker, RedisTracker):
         log.info("worker %s uses the tracker at %s", rt.worker_id, tracker.url)

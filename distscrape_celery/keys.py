@@ -13,7 +13,8 @@ key                               type    holds
 ``P dispatched``                  zset    item -> deadline; a scrape message for it exists
 ``P leased``                      zset    item -> deadline; a worker scrapes or saves it
 ``P pending``                     zset    item -> deadline; its save message waits in the broker
-``P owners``                      hash    in-flight item -> "<worker ID> <fencing token>"
+``P owners``                      hash    in-flight item -> "<worker ID> <fencing token>" (worker
+                                          "-" while its save message waits in the broker)
 ``P fails``                       hash    item -> failed attempts that were the item's fault
 ``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on

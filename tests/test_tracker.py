@@ -286,6 +286,25 @@ def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):
     assert t.stats("j").saving == 1
 
 
+def test_a_deferred_save_keeps_its_wait_through_its_own_workers_heartbeat(tracker_factory):
+    """Found with real workers: the finished save task that deferred (disk full) was still in the
+    worker's books at its next heartbeat, whose extend cut the item's wait to one lease; the item
+    was reclaimed as lost and downloaded again before its delayed save could run."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=30)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    t.scraped("j", "x", token)
+    assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
+    assert t.defer_save("j", "x", token)
+    assert t.extend("j", ["x"], w, [("x", token)]) == 1
+    time.sleep(0.35)
+    t.heartbeat(w)
+    assert t.maintain("j", max_lost=0).reclaimed == 0
+    assert t.stats("j").saving == 1
+    assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
+
+
 def test_pending_save_times_out_as_lost(tracker_factory):
     t = tracker_factory(lease_seconds=0.2, save_timeout=0.3)
     w = new_job(t)

@@ -475,7 +475,8 @@ class TrackerMachine(RuleBasedStateMachine):
         assert res.held is held
         if held:
             it = self.items[item]
-            it.state, it.expired = "s", False
+            # Its save message is in the broker: no worker holds it, the token stays.
+            it.state, it.owner, it.expired = "s", ("-", token), False
         self.took(res.dispatch)
 
     def do_begin_save(self, item: str, token: int, w: str) -> None:

@@ -267,6 +267,7 @@ class InMemoryTracker(Tracker):
             if held:
                 j.leased.pop(item, None)
                 j.pending[item] = now + self.save_timeout
+                j.owners[item] = ("-", int(token))  # its message is in the broker: no holder
                 j.state[item] = SAVE_PENDING
             return ScrapedResult(dispatch=self._take_for_dispatch(j, now), added=added, held=held)
 
@@ -357,8 +358,11 @@ class InMemoryTracker(Tracker):
                     n += 1
             for item, token in saves:
                 if j.state.get(item) == SAVE_PENDING and self._holds(j, item, token):
-                    j.pending[item] = deadline
-                    j.owners[item] = (worker_id, int(token))
+                    if j.owners[item][0] == worker_id:  # held already: only ever later
+                        j.pending[item] = max(j.pending[item], deadline)
+                    else:  # just taken from the broker: on this worker's heartbeat now
+                        j.pending[item] = deadline
+                        j.owners[item] = (worker_id, int(token))
                     n += 1
             return n
 

@@ -2,9 +2,11 @@
 -- move to a lease from now, but only for the worker that holds them, so a stale duplicate message
 -- on another worker cannot keep a vanished worker's item from being reclaimed; deadlines of
 -- dispatched items whose scrape message it has reserved move later. A save message it has
--- reserved takes its item out of the broker's hands into the worker's: the item's deadline
--- becomes a lease from now (kept by this heartbeat), so if this worker vanishes the item is
--- reclaimed in a lease rather than a save timeout. Items not in flight any more are left alone.
+-- reserved takes its item out of the broker's hands into the worker's: the first time, the
+-- item's deadline becomes a lease from now (kept by this heartbeat), so if this worker vanishes
+-- the item is reclaimed in a lease rather than a save timeout; after that (and for a save this
+-- worker deferred itself, which waits out its retry delay) the deadline only moves later.
+-- Items not in flight any more are left alone.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] lease    seconds
 -- ARGV[2] worker   the calling worker
@@ -27,8 +29,12 @@ for i = 4 + n, #ARGV - 1, 2 do
   local v = redis.call('HGET', K_ITEMS, item)
   local _, held = holder(item)
   if v and string.sub(v, 1, 1) == 's' and held == token then
-    redis.call('ZADD', K_PENDING, deadline, item)
-    redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+    if holder(item) == worker then
+      redis.call('ZADD', K_PENDING, 'XX', 'GT', deadline, item)
+    else
+      redis.call('ZADD', K_PENDING, deadline, item)
+      redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+    end
     extended = extended + 1
   end
 end

@@ -33,6 +33,8 @@ if v then
   if state == 'l' and held == token then
     redis.call('ZREM', K_LEASED, item)
     redis.call('ZADD', K_PENDING, now + save_timeout, item)
+    -- Its save message is in the broker now, not with any worker: no holder, same token.
+    redis.call('HSET', K_OWNERS, item, '- ' .. token)
     redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
     status = 'ok'
   end
