@@ -30,7 +30,8 @@ class Held:
     """What one worker holds of one job, from Celery's own books."""
 
     def __init__(self) -> None:
-        self.items: list[str] = []  # scrape messages reserved, and every task running
+        self.items: list[str] = []  # scrape and save messages reserved (running ones too)
+        self.running: list[str] = []  # tasks running now: only they keep their items' leases
         self.saves: list[tuple[str, int]] = []  # (item, token) of save messages reserved
 
 
@@ -44,15 +45,17 @@ def reserved_items() -> dict[str, Held]:
     from .celery_app import SAVE_TASK, SCRAPE_TASK
 
     held: dict[str, Held] = defaultdict(Held)
-    for request in list(state.reserved_requests):
+    active = set(state.active_requests)
+    for request in list(state.reserved_requests) + [r for r in active if r not in state.reserved_requests]:
         try:
-            if request.name == SCRAPE_TASK:
-                job, item = request.args[0], request.args[1]
-                held[job].items.append(item)
-            elif request.name == SAVE_TASK:
-                job, item, token = request.args[0], request.args[1], int(request.args[2])
-                held[job].items.append(item)
-                held[job].saves.append((item, token))
+            if request.name not in (SCRAPE_TASK, SAVE_TASK):
+                continue
+            job, item = request.args[0], request.args[1]
+            held[job].items.append(item)
+            if request in active:
+                held[job].running.append(item)
+            if request.name == SAVE_TASK:
+                held[job].saves.append((item, int(request.args[2])))
         except (IndexError, TypeError, ValueError):
             continue
     return held
@@ -90,7 +93,7 @@ class WorkerAgent:
         tracker = self.rt.tracker
         tracker.heartbeat(self.rt.worker_id)
         for job, held in self.held_items().items():
-            tracker.extend(job, held.items, self.rt.worker_id, held.saves)
+            tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
         for job in tracker.jobs():
             try:
                 self._maintain(job)

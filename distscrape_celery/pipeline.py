@@ -119,6 +119,12 @@ class ItemPipeline:
             if begin.status is SaveStart.DEAD:
                 log.warning("%s %s: given up on before its save (lost %d times)", job, item, begin.lost)
             return f"save-skipped-{begin.status.value}"
+        if begin.status is SaveStart.BUSY:
+            # Another run of this very save holds a live lease: a duplicate delivery, or the
+            # redelivery of a run whose process just died and whose lease has not run out yet.
+            # Look again soon: by then it is done, or back to waiting for its save.
+            self.publisher.save(job, item, token, meta, delay=self.rt.settings.heartbeat_interval)
+            return "save-busy"
         stale = begin.status is SaveStart.STALE
         if begin.lost and not stale:
             log.warning(

@@ -7,8 +7,14 @@ import pytest
 from conftest import RouteServer, crawl_settings
 
 from distscrape_celery.jobspec import build_spec
+from distscrape_celery.keys import JobKeys
 from distscrape_celery.pipeline import ItemPipeline
 from distscrape_celery.runtime import Runtime
+
+
+def lease_runs_out(rt, job, item):
+    """As if the process running ``item`` died a lease ago: nobody kept its lease."""
+    rt.tracker.client.zadd(JobKeys(job).leased, {item: 0}, xx=True)
 
 
 class Recorder:
@@ -148,6 +154,7 @@ def test_redelivered_save_after_its_process_died_counts_and_ends_dead(env, tmp_p
     for _ in range(max_lost + 1):  # each redelivery of the same message
         with pytest.raises(Killed):
             pipe.save(job, item, token, meta)
+        lease_runs_out(rt, job, item)
     assert pipe.save(job, item, token, meta) == "save-skipped-dead"
     assert "interrupted" in rt.tracker.dead_items("p")[url]
     assert len(server.hits) == 1  # downloaded once; never looped back to a fetch
@@ -163,9 +170,22 @@ def test_redelivered_save_after_one_crash_still_saves(env, tmp_path):
     pipe.scrape("p", url)
     job, item, token, meta = rec.saves[0]
     rt.tracker.begin_save(job, item, token, rt.worker_id, max_lost=5)  # ... then the process died
+    lease_runs_out(rt, job, item)
     assert pipe.save(job, item, token, meta) == "saved"
     assert len(server.hits) == 1
     assert rt.tracker.stats("p").done == 1
+
+
+def test_duplicate_save_while_the_first_runs_comes_back_later(env):
+    rt, pipe, rec, server = env
+    url = server.base + "/ok2"
+    rt.tracker.add("p", [url])
+    pipe.scrape("p", url)
+    job, item, token, meta = rec.saves[0]
+    rt.tracker.begin_save(job, item, token, "first-run", max_lost=0)  # ... still saving
+    assert pipe.save(job, item, token, meta) == "save-busy"
+    assert rec.saves[-1] == (job, item, token, meta) and rec.delays[-1] > 0  # sent again, later
+    assert rt.tracker.stats("p").dead == 0
 
 
 def test_full_output_defers_the_save_without_counting(env, tmp_path, monkeypatch):

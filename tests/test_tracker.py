@@ -323,17 +323,38 @@ def test_pending_save_times_out_as_lost(tracker_factory):
 def test_interrupted_saves_count_and_end_dead(tracker_factory):
     """A save whose process dies is delivered again: each interrupted run counts, so a save that
     always kills its worker ends dead with a reason instead of looping."""
-    t = tracker_factory()
+    t = tracker_factory(lease_seconds=0.2)
     w = new_job(t)
     t.add("j", ["x"])
     token = lease(t, "x", w)
     t.scraped("j", "x", token)
-    results = [t.begin_save("j", "x", token, w, max_lost=2) for _ in range(4)]
+    results = []
+    for _ in range(4):
+        results.append(t.begin_save("j", "x", token, w, max_lost=2))
+        time.sleep(0.25)  # the run's process died: nobody keeps its lease
     assert [r.status for r in results] == [SaveStart.OK] * 3 + [SaveStart.DEAD]
     assert [r.lost for r in results] == [0, 1, 2, 3]
     assert "interrupted 3 times" in t.dead_items("j")["x"]
     s = t.stats("j")
     assert (s.dead, s.leased, s.saving, s.finished) == (1, 0, 0, True)
+
+
+def test_duplicate_save_while_its_first_run_lives_is_busy(tracker_factory):
+    """A save message delivered again while its first run still saves (the broker restored it
+    after a connection loss) is not a death: nothing counts, nothing is taken over."""
+    t = tracker_factory(lease_seconds=0.3)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    t.scraped("j", "x", token)
+    assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
+    for _ in range(3):
+        time.sleep(0.15)
+        assert t.extend("j", [], w, running=["x"]) == 1  # the first run's heartbeat
+        assert t.begin_save("j", "x", token, "w-dup", max_lost=0).status is SaveStart.BUSY
+    assert t.complete("j", "x").changed
+    assert t.begin_save("j", "x", token, "w-dup", max_lost=0).status is SaveStart.DONE
+    assert t.stats("j").dead == 0
 
 
 def test_defer_save_keeps_the_item_and_counts_nothing(tracker_factory):

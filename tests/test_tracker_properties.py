@@ -488,7 +488,9 @@ class TrackerMachine(RuleBasedStateMachine):
         expected = {"D": SaveStart.DONE, "X": SaveStart.DEAD}.get(it.state)
         if expected is None and (not self.holds(item, token) or it.state not in HELD):
             expected = SaveStart.STALE  # a late save may still complete it
-        if expected is None and it.state == "S":
+        if expected is None and it.state == "S" and not it.expired:
+            expected = SaveStart.BUSY  # a run of it holds a live lease: a duplicate delivery
+        elif expected is None and it.state == "S":
             it.lost += 1  # the save under this token already ran: its process vanished
             if it.lost > self.max_lost:
                 self.give_up(
@@ -611,8 +613,19 @@ class TrackerMachine(RuleBasedStateMachine):
     def do_maintain(self) -> None:
         res = self.t.maintain(JOB, max_lost=self.max_lost)
         outcomes: Counter = Counter()
+        for item in self.in_state("S"):  # a dead saving run: back to waiting for its save
+            it = self.items[item]
+            if it.expired:
+                it.lost += 1
+                if it.lost > self.max_lost:
+                    self.give_up(item, f"its save was interrupted too often (last holder "
+                                 f"{it.owner[0]})", "lost")
+                    outcomes["dead"] += 1
+                else:
+                    it.state, it.owner, it.expired = "s", ("-", it.owner[1]), False
+                    outcomes["retry"] += 1
         for states, fault, why in (
-            ("lS", Fault.LOST, "its worker vanished"),
+            ("l", Fault.LOST, "its worker vanished"),
             ("s", Fault.LOST, "its save message was lost"),
             ("d", Fault.FREE, ""),
         ):

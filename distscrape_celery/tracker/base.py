@@ -67,6 +67,7 @@ class SaveStart(str, enum.Enum):
     """Result of :meth:`Tracker.begin_save`."""
 
     OK = "ok"  # the caller saves under the current token
+    BUSY = "busy"  # a run of this save holds a live lease: a duplicate delivery, try later
     STALE = "stale"  # the item was handed on since; a save may still complete it
     DONE = "done"  # already saved: nothing to do
     DEAD = "dead"  # given up on (perhaps just now: its saves kept killing their worker)
@@ -271,11 +272,12 @@ class Tracker(ABC):
     @abstractmethod
     def extend(
         self, job: str, items: Sequence[str], worker_id: str,
-        saves: Sequence[tuple[str, int]] = (),
+        saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
     ) -> int:
-        """Heartbeat of the items ``worker_id`` holds: ``items`` it scrapes, saves, or has a
-        scrape message of; ``saves``, (item, token) of save messages it has reserved, whose items
-        then depend on this worker's heartbeat instead of the save timeout."""
+        """Heartbeat of what ``worker_id`` holds: ``items`` whose messages it has reserved,
+        ``running`` items of the tasks it runs now (default: ``items``), whose leases only it
+        keeps, and ``saves``, (item, token) of save messages it has reserved, whose items then
+        depend on this worker's heartbeat instead of the save timeout."""
 
     @abstractmethod
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:

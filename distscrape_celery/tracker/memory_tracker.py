@@ -285,6 +285,8 @@ class InMemoryTracker(Tracker):
             if not self._holds(j, item, token) or state not in (SAVE_PENDING, SAVING, LEASED):
                 return SaveBegin(status=SaveStart.STALE, lost=lost)
             if state == SAVING:
+                if j.leased[item] > self._clock():  # a live run: this is a duplicate delivery
+                    return SaveBegin(status=SaveStart.BUSY, lost=lost)
                 lost = j.lost[item] = lost + 1
                 if lost > max_lost:
                     self._give_up(
@@ -342,7 +344,7 @@ class InMemoryTracker(Tracker):
 
     def extend(
         self, job: str, items: Sequence[str], worker_id: str,
-        saves: Sequence[tuple[str, int]] = (),
+        saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
     ) -> int:
         with self._lock:
             j = self._job(job)
@@ -352,6 +354,7 @@ class InMemoryTracker(Tracker):
                 if item in j.dispatched and j.dispatched[item] < deadline:
                     j.dispatched[item] = deadline
                     n += 1
+            for item in items if running is None else running:
                 owner = j.owners.get(item)
                 if item in j.leased and owner and owner[0] == worker_id and j.leased[item] < deadline:
                     j.leased[item] = deadline
@@ -371,6 +374,22 @@ class InMemoryTracker(Tracker):
             j = self._job(job)
             now = self._clock()
             reclaimed = died = 0
+            # An expired saving lease: one more lease to wait for its save (as in maintain.lua).
+            expired = sorted((d, i) for i, d in j.leased.items() if d <= now)[:MAX_RECLAIM_BATCH]
+            for _, item in expired:
+                if j.state[item] != SAVING:
+                    continue
+                was, token = j.owners[item]
+                j.lost[item] = j.lost.get(item, 0) + 1
+                if j.lost[item] > max_lost:
+                    self._give_up(j, item, f"its save was interrupted too often (last holder {was})")
+                    died += 1
+                else:
+                    del j.leased[item]
+                    j.pending[item] = now + self.lease_seconds
+                    j.owners[item] = ("-", token)
+                    j.state[item] = SAVE_PENDING
+                    reclaimed += 1
             for inflight, fault, why in (
                 (j.leased, Fault.LOST, "its worker vanished"),
                 (j.pending, Fault.LOST, "its save message was lost"),

@@ -295,14 +295,18 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def extend(
         self, job: str, items: Sequence[str], worker_id: str,
-        saves: Sequence[tuple[str, int]] = (),
+        saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
     ) -> int:
+        items = list(items)
+        running = items if running is None else list(running)
         n = 0
-        for chunk in _chunks(list(items), MAX_ADD_BATCH):
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk]))
+        for chunk in _chunks(items, MAX_ADD_BATCH):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0]))
+        for chunk in _chunks(running, MAX_ADD_BATCH):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk]))
         for chunk in _chunks(list(saves), MAX_ADD_BATCH // 2):
             pairs = [x for item, token in chunk for x in (item, token)]
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, *pairs]))
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs]))
         return n
 
     @_converts_redis_errors

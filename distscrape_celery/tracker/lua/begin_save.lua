@@ -1,7 +1,8 @@
 -- begin_save: a worker starts the save task of an item. With the current token the item becomes
 -- 'saving' under a lease. Finding it 'saving' already under the same token means the previous run
 -- of this save task vanished with its process (killed by the OOM killer, a crashing saver): that
--- counts against max_lost, so a save that always kills its worker ends dead instead of looping.
+-- counts against max_lost, so a save that always kills its worker ends dead instead of looping;
+-- the dead run's lease must have expired first (a live one means a duplicate delivery).
 -- A stale token changes nothing: the caller may still save (a late save completes the item).
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
@@ -10,8 +11,8 @@
 -- ARGV[4] lease      lease length in seconds
 -- ARGV[5] max_lost   as in retry_or_dead
 -- ARGV[6] bound, ARGV[7] max_batch   dispatch top-up, as in add.lua (a pending save left the broker)
--- Returns {status, lost, dispatch_item...}; status is ok|stale|done|dead|unknown; lost is the
--- item's count of vanished holders
+-- Returns {status, lost, dispatch_item...}; status is ok|busy|stale|done|dead|unknown; lost is
+-- the item's count of vanished holders; busy: a run of this save holds a live lease
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
 local lease, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -25,6 +26,9 @@ local _, held = holder(item)
 if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then return {'stale', lost} end
 local now = redis_now()
 if state == 'S' then
+  -- A run of this save is under a live lease: this is a duplicate delivery (the broker restored
+  -- the message after a connection loss, say), not a redelivery after a death. Come back later.
+  if tonumber(redis.call('ZSCORE', K_LEASED, item) or '0') > now then return {'busy', lost} end
   lost = redis.call('HINCRBY', K_LOST, item, 1)
   if lost > max_lost then
     give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..

@@ -1,5 +1,5 @@
--- extend: a live worker's heartbeat for the items it holds. Deadlines of items it scrapes or saves
--- move to a lease from now, but only for the worker that holds them, so a stale duplicate message
+-- extend: a live worker's heartbeat for the items it holds. Deadlines of items it is scraping or
+-- saving right now move to a lease from now, but only for the worker that holds them, so a stale duplicate message
 -- on another worker cannot keep a vanished worker's item from being reclaimed; deadlines of
 -- dispatched items whose scrape message it has reserved move later. A save message it has
 -- reserved takes its item out of the broker's hands into the worker's: the first time, the
@@ -10,21 +10,26 @@
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] lease    seconds
 -- ARGV[2] worker   the calling worker
--- ARGV[3] n        how many plain items follow (scrape messages reserved, tasks running)
+-- ARGV[3] n        how many reserved items follow (scrape and save messages it holds)
 -- ARGV[4..3+n]     those items
--- ARGV[4+n..]      pairs item, token: save messages reserved
+-- ARGV[4+n] m      how many running items follow (tasks it is running now)
+-- ARGV[5+n..4+n+m] those items
+-- ARGV[5+n+m..]    pairs item, token: save messages reserved
 -- Returns the number of items extended
 local now = redis_now()
 local deadline, worker, n = now + tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local m = tonumber(ARGV[4 + n])
 local extended = 0
 for i = 4, 3 + n do
-  local item = ARGV[i]
-  extended = extended + redis.call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, item)
-  if holder(item) == worker then
-    extended = extended + redis.call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, item)
+  extended = extended + redis.call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, ARGV[i])
+end
+-- Only a running task keeps a lease: a reserved duplicate of it must not.
+for i = 5 + n, 4 + n + m do
+  if holder(ARGV[i]) == worker then
+    extended = extended + redis.call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, ARGV[i])
   end
 end
-for i = 4 + n, #ARGV - 1, 2 do
+for i = 5 + n + m, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = redis.call('HGET', K_ITEMS, item)
   local _, held = holder(item)

@@ -33,7 +33,30 @@ local function reclaim(zset, expected, mode, why)
   end
 end
 
-reclaim(K_LEASED, 'lS', 'lost', 'its worker vanished')
+-- An expired saving lease: the process saving it died (or hung). When only a pool process died,
+-- Celery sends its save message again at once (task_reject_on_worker_lost) and the body is still
+-- staged: the item waits one more lease for that message, counting a vanished holder, instead of
+-- being downloaded again. If the whole worker died, its message is stuck until the broker's
+-- visibility timeout, so after that lease the item is reclaimed like any other.
+for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
+  local v = redis.call('HGET', K_ITEMS, item)
+  if v and string.sub(v, 1, 1) == 'S' then
+    local _, depth = split_state(v)
+    local was, token = holder(item)
+    local lost = redis.call('HINCRBY', K_LOST, item, 1)
+    if lost > max_lost then
+      give_up(item, 'S', depth, 'its save was interrupted too often (last holder ' .. was .. ')')
+      died = died + 1
+    else
+      redis.call('ZREM', K_LEASED, item)
+      redis.call('ZADD', K_PENDING, now + lease, item)
+      redis.call('HSET', K_OWNERS, item, '- ' .. token)
+      redis.call('HSET', K_ITEMS, item, 's' .. depth)
+      reclaimed = reclaimed + 1
+    end
+  end
+end
+reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 reclaim(K_DISPATCHED, 'd', 'free', '')
 local out = {reclaimed, died}

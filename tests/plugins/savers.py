@@ -1,0 +1,155 @@
+"""Savers that misbehave on request, for the save fault tests (tests/test_save_faults.py).
+
+Workers are separate processes, so a test instructs them through files in a control directory
+next to the output directory (``<output>.ctl``), never inside it: the output must hold exactly the
+site's pages. Every file here is written by one process and read by another, so each event is one
+``O_APPEND`` write of one line (lines from many processes never interleave).
+
+Control files (one item per line):
+
+``crash_once``    SIGKILL the saving process the first time each of these items is saved (a marker
+                  ``crashed/<sha1>`` is written and fsynced before the kill, so the second save
+                  goes through)
+``crash_always``  SIGKILL the saving process every time one of these items is saved
+``pause``         lines "<seconds> <item>": the first save of the item writes ``paused/<sha1>``
+                  (holding the pid) and sleeps that long before it writes
+
+The log ``saves.log`` gets one tab-separated line per event: ``call pid time item`` when a
+save starts, ``kill ...`` just before a SIGKILL, ``pause ...`` before a pause, and ``wrote ...``
+after the file was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from distscrape_celery.savers import FileItemSaver
+
+
+def control_dir(output: str | os.PathLike) -> Path:
+    """Where the tests and the savers of an output directory exchange instructions and logs."""
+    return Path(str(Path(os.path.abspath(output))) + ".ctl")
+
+
+def _sha1(item: str) -> str:
+    return hashlib.sha1(item.encode()).hexdigest()
+
+
+def _append(path: Path, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create_durably(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text`` and make it durable; False if it existed already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    return True
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return [line for line in path.read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+class LoggingSaver(FileItemSaver):
+    """FileItemSaver that logs every call and every write to ``<output>.ctl/saves.log``."""
+
+    def _log(self, event: str, item: str) -> None:
+        _append(self.ctl / "saves.log", f"{event}\t{os.getpid()}\t{time.time():.3f}\t{item}\n")
+
+    @property
+    def ctl(self) -> Path:
+        return control_dir(self.output)
+
+    def save(self, item, download):
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        self._log("call", item)
+        self.before_write(item)
+        where = super().save(item, download)
+        self._log("wrote", item)
+        return where
+
+    def before_write(self, item: str) -> None:
+        pass
+
+
+class CrashingSaver(LoggingSaver):
+    """LoggingSaver that kills its own process, or pauses, on the items the control files name."""
+
+    def _kill(self, item: str) -> None:
+        self._log("kill", item)
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)  # never reached: SIGKILL cannot be caught
+
+    def before_write(self, item: str) -> None:
+        ctl = self.ctl
+        if item in _lines(ctl / "crash_always"):
+            self._kill(item)
+        if item in _lines(ctl / "crash_once"):
+            if _create_durably(ctl / "crashed" / _sha1(item), item):
+                self._kill(item)
+        for line in _lines(ctl / "pause"):
+            seconds, _, target = line.partition(" ")
+            if target == item and _create_durably(ctl / "paused" / _sha1(item), str(os.getpid())):
+                self._log("pause", item)
+                time.sleep(float(seconds))
+
+
+# -- for the tests: reading what the savers did ------------------------------------------------
+
+def save_events(output) -> list[tuple[str, int, float, str]]:
+    """(event, pid, time, item) for every line of the saver log, in order."""
+    out = []
+    for line in _lines(control_dir(output) / "saves.log"):
+        event, pid, at, item = line.split("\t", 3)
+        out.append((event, int(pid), float(at), item))
+    return out
+
+
+def event_counts(output, event: str) -> Counter:
+    """How many times each item had ``event`` ("call", "kill", "pause", "wrote")."""
+    return Counter(item for ev, _, _, item in save_events(output) if ev == event)
+
+
+def instruct(output, name: str, lines) -> None:
+    """Write the control file ``name`` (crash_once, crash_always, pause) for the savers of
+    ``output``."""
+    ctl = control_dir(output)
+    ctl.mkdir(parents=True, exist_ok=True)
+    tmp = ctl / (name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, ctl / name)
+
+
+def paused_pid(output, item: str):
+    """The pid of the process that paused in the save of ``item``, or None so far."""
+    try:
+        text = (control_dir(output) / "paused" / _sha1(item)).read_text()
+    except FileNotFoundError:
+        return None
+    return int(text) if text else None

@@ -1,0 +1,46 @@
+"""Scrapers that misbehave on request, for tests/test_save_faults.py (see plugins/savers.py for
+the control directory ``<output>.ctl`` next to the saver's output).
+
+Control file ``die_before_save_publish`` (one item per line): once the pipeline has made that item
+save-pending (``scraped``), the process group of the worker that scraped it is SIGKILLed (a power
+cut of its host) just before the save message would be sent. ``died/<sha1>`` records the pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from distscrape_celery.scrapers import SimpleScraper
+
+from .savers import _create_durably, _lines, _sha1, control_dir
+
+
+class DyingScraper(SimpleScraper):
+    @classmethod
+    def from_spec(cls, spec):
+        scraper = super().from_spec(spec)
+        scraper.ctl = control_dir(spec.saver.output)
+        return scraper
+
+    def find_items(self, item, download):
+        found = super().find_items(item, download)
+        if item in _lines(self.ctl / "die_before_save_publish"):
+            if _create_durably(self.ctl / "died" / _sha1(item), str(os.getpid())):
+                _die_before_publishing_save_of(item)
+        return found
+
+
+def _die_before_publishing_save_of(item: str) -> None:
+    """In this process, make the publisher kill the whole worker instead of sending the save
+    message of ``item`` (the pipeline calls it right after ``tracker.scraped``)."""
+    from distscrape_celery.tasks import publisher
+
+    send = publisher.save
+
+    def save(job, it, token, meta, delay=0):
+        if it == item:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        return send(job, it, token, meta, delay)
+
+    publisher.save = save
