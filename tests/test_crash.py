@@ -53,7 +53,7 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
     out = tmp_path / "out"
     job = "crash"
 
-    with SiteServer(site, delay=0.05) as server:
+    with SiteServer(site, delay=0.1) as server:  # slow enough to kill it three times
         spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
         manager = CrawlManager(tracker, publisher.scrape)
         started = time.monotonic()
