@@ -11,6 +11,7 @@ command and by the benchmarks, so that trying the crawler sends no traffic off t
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +41,23 @@ def main() -> int:
                     time.sleep(3600)
             except KeyboardInterrupt:
                 return 0
-        return subprocess.call([part.replace("{url}", server.url("/")) for part in command])
+        return run_command([part.replace("{url}", server.url("/")) for part in command])
+
+
+def run_command(command: list[str]) -> int:
+    """Run ``command`` as a shell would, and return its exit status (128+N if signal N killed it).
+
+    Ctrl-C on the terminal and a hang-up reach the command directly (it is in our process
+    group), so here they are ignored rather than acted on twice; SIGTERM sent to us alone (kill,
+    timeout) is passed on. In no case is the command killed: it stops what it started itself.
+    """
+    proc = subprocess.Popen(command)
+    # Only now, or the command would inherit SIGINT and SIGHUP as ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum))
+    status = proc.wait()
+    return 128 - status if status < 0 else status
 
 
 if __name__ == "__main__":

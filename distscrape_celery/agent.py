@@ -181,7 +181,9 @@ def _on_worker_init(sender, **_):
     atexit.register(_agent.stop)
     tracker = rt.tracker
     if isinstance(tracker, RedisTracker):
-        log.info("worker %s uses the tracker at %s", rt.worker_id, tracker.url)
+        # WARNING, Celery's default level for workers: an operator starting a worker sees where
+        # it went whatever the log level (the URL's password is redacted).
+        log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
         redis_checks.warn_about(tracker.client, tracker.url)
 
 

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 import click
 
-from .errors import DistscrapeError
+from .errors import DistscrapeError, JobConflict
 from .jobspec import JobSpec, build_spec, load_config_file, merge
+from .keys import check_job_name
+from .lifecycle import Terminated, stop_signals
 from .settings import Settings
-from .urls import url_host
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
 
@@ -39,8 +41,10 @@ def _spec(
         raise click.UsageError("give at least one SEED URL (or seeds = [...] in --config)")
     saver = data.setdefault("saver", {})
     if isinstance(saver, dict):
-        # Absolute, so that every worker writes to the same place whatever its directory.
-        saver["output"] = str(Path(saver.get("output") or "crawl-output").expanduser().resolve())
+        output = str(saver.get("output") or "crawl-output")
+        # Absolute, so that every worker writes to the same place whatever its directory. A URL
+        # (the redis saver's output) is not a path.
+        saver["output"] = output if "://" in output else str(Path(output).expanduser().resolve())
     return build_spec(data)
 
 
@@ -86,6 +90,13 @@ def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
     """Create JOB (or add to it) and queue its SEED URLs for the workers."""
     spec = _spec(seeds, config, link_regex, output, all_hosts)
     tracker, manager = _redis_runtime(_settings(redis_url))
+    live = [w for w in tracker.workers() if w.alive]
+    if live and all(w.host == socket.gethostname() for w in live):
+        # The output is written on this machine: a bad one is refused before anything is fetched.
+        # Workers elsewhere write on their own hosts, which cannot be checked from here.
+        from .crawl import check_local_output
+
+        check_local_output(spec)
     res = manager.seed(job, spec)
     verb = "created" if res.created else "already existed; seeds re-added"
     click.echo(f"job {job} {verb}: {res.added} new item(s), {res.dispatched} sent to workers now")
@@ -122,7 +133,7 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 
 @cli.command()
 @click.argument("seeds", nargs=-1)
-@click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST-TIMESTAMP).")
+@click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
@@ -130,33 +141,83 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")
 @click.option("--lease-seconds", type=click.FloatRange(0.5), help="Lease length (default 60).")
+@click.option("--state-dir", metavar="DIR",
+              help="Where the embedded Redis keeps the crawl's state, so that running the same "
+                   "command again resumes it (default: OUTPUT.distscrape-state beside the output).")
+@click.option("--fresh", is_flag=True, help="Delete the crawl's state first and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-          lease_seconds, quiet) -> None:
+          lease_seconds, state_dir, fresh, quiet) -> None:
     """Crawl from SEED URLs on this machine, start to finish, and exit.
 
     Without --redis-url an embedded Redis is started and stopped again; real Celery worker
-    processes do the work. Exit status: 0 all saved, 1 finished with dead items, 2 error.
+    processes do the work. The embedded Redis keeps the crawl's state in --state-dir, so the same
+    command, run again after an interruption, resumes the crawl. Exit status: 0 all saved, 1
+    finished with dead items, 2 error, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
     """
-    from .crawl import run_in_memory_crawl, run_local_crawl
+    with stop_signals():
+        _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency,
+               in_memory, lease_seconds, state_dir, fresh, quiet)
+
+
+def _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
+           lease_seconds, state_dir, fresh, quiet) -> None:
+    from .crawl import (
+        check_local_output, default_job_name, default_state_dir, run_in_memory_crawl,
+        run_local_crawl, state_directory,
+    )
 
     spec = _spec(seeds, config, link_regex, output, all_hosts)
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
+    if (state_dir or fresh) and (in_memory or redis_url):
+        raise click.UsageError(
+            "--state-dir and --fresh are for the embedded Redis: with --redis-url the state is in "
+            "that Redis (use another --job to start over), and --in-memory keeps none"
+        )
     settings = _settings(redis_url, lease_seconds)
-    job = job or f"crawl-{url_host(spec.seeds[0]).replace(':', '_')}-{time.strftime('%Y%m%d%H%M%S')}"
-    with _progress(quiet) as on_progress:
-        if in_memory:
-            result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
-                                         on_progress=on_progress)
-        else:
-            result = run_local_crawl(job, spec, settings, embedded_redis=redis_url is None,
-                                     concurrency=concurrency, on_progress=on_progress)
+    job = job or default_job_name(spec)
+    check_job_name(job)
+    check_local_output(spec)
+    embedded = not in_memory and not redis_url
+    state = Path(state_dir or default_state_dir(spec, job)).expanduser().resolve() if embedded else None
+
+    progress = _progress(quiet)
+    say = progress.say
+    with contextlib.ExitStack() as stack:
+        if state is not None:
+            stack.enter_context(state_directory(state, fresh=fresh))
+        try:
+            with progress as on_progress:
+                if in_memory:
+                    result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
+                                                 on_progress=on_progress)
+                else:
+                    result = run_local_crawl(job, spec, settings, embedded_redis=embedded,
+                                             state_dir=state, concurrency=concurrency,
+                                             on_progress=on_progress, say=say)
+        except JobConflict as exc:
+            hint = (f"; --fresh starts over in {state}" if state is not None
+                    else "; give another --job")
+            raise JobConflict(f"{exc}{hint}") from None
+        except (KeyboardInterrupt, Terminated):
+            if state is not None:
+                say(f"distscrape: the crawl's state is kept in {state}; "
+                    "run the same command again to resume it")
+            raise
     s = result.stats
-    click.echo(
-        f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
-        f"({result.pages_per_second:.1f} pages/s); output in {spec.saver.output}"
-    )
+    if result.already_finished:
+        click.echo(
+            f"job {job} is already finished: {s.done} saved, {s.dead} dead, {s.seen} seen; "
+            f"output in {spec.saver.output}"
+        )
+        if state is not None:
+            say(f"(its state is in {state}; --fresh crawls it again)")
+    else:
+        click.echo(
+            f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
+            f"({result.pages_per_second:.1f} pages/s); output in {spec.saver.output}"
+        )
     if s.dead:
         for item, reason in list(result.dead.items())[:10]:
             click.echo(f"  dead: {item}: {reason}", err=True)
@@ -195,6 +256,14 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+            self.bar = None
+
+    def say(self, message: str) -> None:
+        """A line on stderr, above the bar while it is shown (which would paint over it)."""
+        if self.bar is not None:
+            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        else:
+            click.echo(message, err=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -212,6 +281,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except KeyboardInterrupt:
         click.echo("distscrape: interrupted", err=True)
         sys.exit(130)
+    except Terminated as exc:
+        click.echo(f"distscrape: stopped by {exc.signal_name}", err=True)
+        sys.exit(exc.exit_status)
 
 
 if __name__ == "__main__":

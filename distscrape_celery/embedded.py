@@ -16,6 +16,7 @@ from typing import Optional
 import redis
 
 from .errors import EmbeddedServiceError
+from .lifecycle import die_with_parent
 
 
 def find_redis_server() -> str:
@@ -98,6 +99,8 @@ class EmbeddedRedis:
                     "--protected-mode", "yes",
                 ],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                # On Linux it stops (cleanly: SIGTERM) when we die, even by SIGKILL.
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
             if self._wait_ready(port):
                 self.port = port

@@ -8,18 +8,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
 
 from .celery_app import SAVE_QUEUE, SCRAPE_QUEUE
 from .errors import EmbeddedServiceError
+from .lifecycle import die_with_parent
 from .settings import Settings
 
 
 class WorkerProcess:
-    """``celery -A distscrape_celery worker`` as a child process in its own process group, so
-    that stopping or killing it takes its pool processes too."""
+    """``celery -A distscrape_celery worker`` as a child process in its own session and process
+    group, so that a Ctrl-C on our terminal does not reach it (we stop it in order) and killing
+    it takes its pool processes too. On Linux, started from the main thread, it gets SIGTERM
+    when this process dies, even by SIGKILL (see :mod:`~distscrape_celery.lifecycle`)."""
 
     def __init__(
         self,
@@ -59,6 +63,7 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 self.command(), env=env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         return self
 
@@ -88,21 +93,31 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL of the group if it takes longer than ``timeout``."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
+    def stop(self, timeout: float = 20.0, hurry: Optional[threading.Event] = None) -> None:
+        """Warm shutdown, then SIGKILL of the whole group if it takes longer than ``timeout`` s
+        or once ``hurry`` is set.
+
+        SIGTERM goes to the worker's main process only: Celery then stops taking messages and
+        waits for its running tasks, and the agent gives back whatever the worker still holds.
+        The pool processes must not get it themselves: they die at once on SIGTERM, and the
+        downloads they were running would be thrown away.
+        """
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.kill(signal.SIGCONT)  # a stopped worker cannot act on SIGTERM
+                try:
+                    self.proc.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+                deadline = time.monotonic() + timeout
+                while (self.proc.poll() is None and time.monotonic() < deadline
+                       and not (hurry is not None and hurry.is_set())):
+                    time.sleep(0.05)
+            self.kill(signal.SIGKILL)  # also reaps pool processes a crashed parent left behind
             try:
-                self.proc.wait(timeout)
+                self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
-        self.kill(signal.SIGKILL)  # also reaps pool processes a crashed parent left behind
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
         if self._own_log_dir:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
 

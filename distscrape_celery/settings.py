@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Optional
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -51,12 +52,22 @@ class Settings(BaseModel):
         "concurrency; the rest of the frontier waits in the tracker.",
     )
 
-    @field_validator("redis_url", "broker_url")
+    @field_validator("redis_url")
     @classmethod
-    def _check_url(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None and "://" not in value:
-            raise ValueError(f"{value!r} is not a URL (expected e.g. redis://host:6379/0)")
-        return value
+    def _check_redis_url(cls, value: str) -> str:
+        return check_redis_url(value)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _check_broker_url(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        if scheme in ("redis", "rediss", "unix"):
+            return check_redis_url(value)
+        if not scheme:
+            raise ValueError(f"{redact(value)!r} is not a URL (expected e.g. redis://host:6379/0)")
+        return value  # another Celery broker (amqp://, ...): Celery checks it
 
     @property
     def effective_broker_url(self) -> str:
@@ -123,11 +134,14 @@ class Settings(BaseModel):
             for name in cls.model_fields
             if ENV_PREFIX + name.upper() in environ
         }
-        values.update({k: v for k, v in overrides.items() if v is not None})
+        given = {k: v for k, v in overrides.items() if v is not None}
+        values.update(given)
         try:
             return cls.model_validate(values)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, prefix=ENV_PREFIX)) from None
+            # A value given as an override came from a command-line option of that name.
+            names = {name: "--" + name.replace("_", "-") for name in given}
+            raise ConfigError(format_validation_error(exc, prefix=ENV_PREFIX, names=names)) from None
 
     def to_env(self) -> dict[str, str]:
         """The ``DISTSCRAPE_*`` variables that recreate these settings in a child process."""
@@ -139,12 +153,65 @@ class Settings(BaseModel):
         return env
 
 
-def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
-    """One line per problem, each naming the field, for people rather than programs."""
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``; works on malformed URLs too."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    user, at, host = authority.rpartition("@")
+    if not at or ":" not in user:
+        return url
+    return f"{scheme}://{user.split(':', 1)[0]}:***@{host}{slash}{tail}"
+
+
+def check_redis_url(url: str) -> str:
+    """Return ``url`` if redis-py can connect with it as written, else raise ValueError naming it
+    (its password redacted) and what is wrong: scheme, port, database number."""
+    from redis.connection import parse_url
+
+    shown = repr(redact(url))
+    if "://" not in url:
+        raise ValueError(f"{shown} is not a URL (expected e.g. redis://host:6379/0)")
+    parts = urlsplit(url)
+    try:
+        parts.port
+    except ValueError:
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+        raise ValueError(
+            f"invalid Redis URL {shown}: the port {port!r} is not a number from 1 to 65535"
+        ) from None
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        reason = str(exc)
+        if "scheme" in reason:
+            reason = "the scheme must be redis://, rediss:// or unix://"
+        raise ValueError(f"invalid Redis URL {shown}: {reason}") from None
+    if parts.scheme in ("redis", "rediss"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            # redis-py would silently use database 0 instead.
+            raise ValueError(f"invalid Redis URL {shown}: the database {db!r} is not a number")
+        if not parts.hostname:
+            raise ValueError(f"invalid Redis URL {shown}: no host")
+    return url
+
+
+def format_validation_error(
+    exc: ValidationError, prefix: str = "", names: Optional[Mapping[str, str]] = None
+) -> str:
+    """One line per problem, each naming the field, for people rather than programs. ``names``
+    maps a field to what the user wrote for it (an option such as ``--redis-url``)."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        if prefix:
+        if names and loc in names:
+            loc = names[loc]
+        elif prefix:
             loc = prefix + loc.upper()
-        parts.append(f"{loc}: {err['msg']}")
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        parts.append(f"{loc}: {msg}")
     return "; ".join(parts)

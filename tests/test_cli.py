@@ -101,3 +101,28 @@ def test_crawl_of_a_dead_host_reports_dead_items(tmp_path):
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert "0 saved, 1 dead" in res.stdout
     assert "dead: " + url in res.stderr and "refused" in res.stderr.lower()
+
+
+@pytest.mark.parametrize("source", ["flag", "env"])
+@pytest.mark.parametrize("url, why", [
+    ("redis://127.0.0.1:notaport/0", "port"),
+    ("redis://:s3cret-pw@127.0.0.1:99999/0", "port"),
+    ("redis://127.0.0.1:6379/notadb", "database"),
+    ("http://127.0.0.1:6379/0", "scheme"),
+    ("127.0.0.1:6379", "not a URL"),
+])
+def test_malformed_redis_url_is_one_line(source, url, why):
+    if source == "flag":
+        res = run("status", "j", "--redis-url", url, timeout=30)
+        field = "--redis-url"
+    else:
+        res = run("status", "j", env={"DISTSCRAPE_REDIS_URL": url}, timeout=30)
+        field = "DISTSCRAPE_REDIS_URL"
+    redacted = url.replace("s3cret-pw", "***")
+    assert_one_line_error(res, field, redacted, why)
+    assert "s3cret-pw" not in res.stderr
+
+
+def test_malformed_broker_url_is_one_line():
+    res = run("status", "j", env={"DISTSCRAPE_BROKER_URL": "redis://127.0.0.1:notaport/0"}, timeout=30)
+    assert_one_line_error(res, "DISTSCRAPE_BROKER_URL", "port")

@@ -12,7 +12,7 @@ import redis
 from ..errors import ConfigError, SaveError
 from ..fetch import Download
 from ..jobspec import SaverSpec
-from ..tracker.redis_tracker import redact
+from ..settings import redact
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")

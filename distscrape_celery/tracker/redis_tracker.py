@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from .. import keys
 from ..errors import JobConflict, JobNotFound, TrackerUnavailable
+from ..settings import redact
 from .base import (
     MAX_ADD_BATCH,
     MAX_REASON,
@@ -44,16 +44,6 @@ _ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release",
 )
-
-
-def redact(url: str) -> str:
-    """``url`` with any password replaced, for error messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 def _read_lua(name: str) -> str:

@@ -1,0 +1,564 @@
+"""`distscrape crawl` as a process: signals stop everything it started, an interrupted crawl
+resumes, and a bad --output is refused before anything is fetched.
+
+The command runs as a real subprocess against a slow site on 127.0.0.1, with TMPDIR pointed at
+the test's own directory so its temporary directories can be checked. What it started (the
+embedded redis-server, the `celery worker` and its pool) is found through /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RouteServer, crawl_settings, expected_files, saved_files
+from sitegen import SiteServer, generate_site
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.local import WorkerProcess, wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+
+TEMP_PREFIXES = ("distscrape-redis-", "distscrape-worker-")
+
+
+@pytest.fixture(scope="module")
+def small_site():
+    return generate_site(n_pages=80, seed=11, unreachable=0)
+
+
+# -- processes, through /proc ------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, session, start time) of ``pid``, or None if it does not exist."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()
+    return fields[0], int(fields[1]), int(fields[3]), int(fields[19])
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every live process below ``root`` (pid -> start time, to tell a reused pid apart)."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for pid in _all_pids():
+        st = _stat(pid)
+        if st and st[0] != "Z":
+            children.setdefault(st[1], []).append(pid)
+            starts[pid] = st[3]
+    out, todo = {}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out[child] = starts[child]
+            todo.append(child)
+    return out
+
+
+def alive(procs: dict[int, int]) -> dict[int, str]:
+    """Those of ``procs`` still running (not reaped and not a zombie), with their command lines."""
+    out = {}
+    for pid, start in procs.items():
+        st = _stat(pid)
+        if st and st[0] != "Z" and st[3] == start:
+            out[pid] = _comm(pid)
+    return out
+
+
+def in_sessions(sessions: set[int]) -> dict[int, int]:
+    """Live processes in any of ``sessions`` (the children run in sessions of their own, so a
+    pool process forked after we looked is found too)."""
+    out = {}
+    for pid in _all_pids():
+        st = _stat(pid)
+        if st and st[0] != "Z" and st[2] in sessions:
+            out[pid] = st[3]
+    return out
+
+
+def kill_all(procs: dict[int, int]) -> None:
+    for pid in alive(procs):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+class Crawl:
+    """One `distscrape crawl` subprocess with its own TMPDIR; output goes to files."""
+
+    def __init__(self, tmp_path: Path, url: str, out: Path, *extra: str, tag: str = "run",
+                 preexec_fn=None) -> None:
+        self.tmp = tmp_path / "tmp"
+        self.tmp.mkdir(exist_ok=True)
+        self.stdout_path, self.stderr_path = tmp_path / f"{tag}.out", tmp_path / f"{tag}.err"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+        env["TMPDIR"] = str(self.tmp)
+        with self.stdout_path.open("w") as so, self.stderr_path.open("w") as se:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "distscrape_celery.cli", "crawl", url, "--output", str(out),
+                 "--quiet", "--concurrency", "2", *extra],
+                stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn,
+            )
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"crawl did not exit within {timeout}s; stderr:\n{self.stderr}")
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def temp_dirs(self) -> list[str]:
+        return sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(TEMP_PREFIXES))
+
+
+def wait_until(cond, timeout: float, what: str, crawl: Crawl | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if crawl is not None and crawl.proc.poll() is not None:
+            raise AssertionError(f"crawl exited ({crawl.proc.returncode}) before {what}:\n"
+                                 f"{crawl.stdout}\n{crawl.stderr}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def started_children(crawl: Crawl) -> dict[int, int]:
+    """What the crawl started, once its redis-server and its worker's pool are all up."""
+    def ready() -> bool:
+        found = descendants(crawl.proc.pid)
+        cmds = [_comm(p) for p in found]
+        return (any("redis-server" in c for c in cmds)
+                and sum("celery" in c and "worker" in c for c in cmds) >= 3)  # parent + 2 pool
+
+    wait_until(ready, 60, "the redis-server and the worker pool", crawl)
+    return descendants(crawl.proc.pid)
+
+
+EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_stops_everything_the_crawl_started(sig, small_site, tmp_path):
+    with SiteServer(small_site, delay=0.2) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out")
+        children: dict[int, int] = {}
+        try:
+            children = started_children(crawl)
+            wait_until(lambda: len(server.requests) >= 4, 60, "the crawl to fetch pages", crawl)
+            sessions = {_stat(p)[2] for p in children if _stat(p)} - {os.getsid(0)}
+            crawl.proc.send_signal(sig)
+            signalled = time.monotonic()
+            status = crawl.wait(30)
+            stopped_in = time.monotonic() - signalled
+            # Give orphans (if any) a moment: a child that outlived its parent by seconds is a leak.
+            time.sleep(0.5)
+            left = alive({**children, **in_sessions(sessions)})
+            assert not left, f"still running after {sig.name} of the crawl: {left}"
+            assert crawl.temp_dirs() == [], crawl.temp_dirs()
+            assert status == EXIT_STATUS[sig], (status, crawl.stderr)
+            assert "Traceback" not in crawl.stderr, crawl.stderr
+            assert stopped_in < 25, stopped_in
+            print(f"\n{sig.name}: stopped in {stopped_in:.1f}s, "
+                  f"{len(server.requests)} of {len(small_site.reachable)} pages fetched")
+        finally:
+            if crawl.proc.poll() is None:
+                crawl.proc.kill()
+            kill_all(children)
+
+
+def test_one_signal_sent_twice_at_once_counts_once(small_site, tmp_path):
+    """`timeout` sends SIGTERM to its command and then to its whole process group: that is one
+    request to stop, and the worker still gets its warm shutdown."""
+    with SiteServer(small_site, delay=3) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out")
+        children: dict[int, int] = {}
+        try:
+            children = started_children(crawl)
+            wait_until(lambda: server.requests, 60, "the first download to start", crawl)
+            crawl.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+            crawl.proc.send_signal(signal.SIGTERM)
+            time.sleep(1)
+            assert crawl.proc.poll() is None, "the worker was killed, not warm-stopped"
+            assert crawl.wait(30) == 143, crawl.stderr
+            assert not alive(children), alive(children)
+        finally:
+            if crawl.proc.poll() is None:
+                crawl.proc.kill()
+            kill_all(children)
+
+
+def test_a_signal_ignored_at_start_stays_ignored(small_site, tmp_path):
+    """`nohup distscrape crawl ...`: SIGHUP was ignored when the command started, so it is not
+    a reason to stop."""
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    with SiteServer(small_site, delay=0.2) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out", preexec_fn=nohup)
+        children: dict[int, int] = {}
+        try:
+            children = started_children(crawl)
+            wait_until(lambda: len(server.requests) >= 2, 60, "the crawl to fetch pages", crawl)
+            crawl.proc.send_signal(signal.SIGHUP)
+            time.sleep(1.5)
+            assert crawl.proc.poll() is None, crawl.stderr
+            assert len(alive(children)) == len(children)
+            crawl.proc.send_signal(signal.SIGTERM)
+            assert crawl.wait(30) == 143, crawl.stderr
+            assert not alive(children)
+        finally:
+            if crawl.proc.poll() is None:
+                crawl.proc.kill()
+            kill_all(children)
+
+
+def test_a_second_signal_stops_the_worker_at_once(small_site, tmp_path):
+    """The worker finishes its running downloads after the first signal; a download that takes
+    long is cut short by a second signal (the exit status stays the first signal's)."""
+    with SiteServer(small_site, delay=60) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out")
+        children: dict[int, int] = {}
+        try:
+            children = started_children(crawl)
+            wait_until(lambda: server.requests, 60, "the first download to start", crawl)
+            crawl.proc.send_signal(signal.SIGTERM)
+            time.sleep(2)
+            assert crawl.proc.poll() is None, "the worker's running download was not waited for"
+            crawl.proc.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+            assert crawl.wait(15) == 143, crawl.stderr
+            assert time.monotonic() - signalled < 5
+            assert not alive(children), alive(children)
+            assert crawl.temp_dirs() == []
+            assert "Traceback" not in crawl.stderr, crawl.stderr
+        finally:
+            if crawl.proc.poll() is None:
+                crawl.proc.kill()
+            kill_all(children)
+
+
+def test_sigkill_of_the_crawl_takes_its_children_down(small_site, tmp_path):
+    """Nothing can run in a SIGKILLed process; its children notice (PR_SET_PDEATHSIG) and stop.
+    Its temporary directories stay behind: that is the documented limit."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux only")
+    with SiteServer(small_site, delay=0.2) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out")
+        children: dict[int, int] = {}
+        try:
+            children = started_children(crawl)
+            wait_until(lambda: len(server.requests) >= 4, 60, "the crawl to fetch pages", crawl)
+            sessions = {_stat(p)[2] for p in children if _stat(p)} - {os.getsid(0)}
+            crawl.proc.kill()
+            crawl.proc.wait(10)
+            killed = time.monotonic()
+            deadline = killed + 30
+            while alive({**children, **in_sessions(sessions)}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = alive({**children, **in_sessions(sessions)})
+            assert not left, f"still running 30s after SIGKILL of the crawl: {left}"
+            print(f"\nSIGKILL: children gone {time.monotonic() - killed:.1f}s after the parent")
+        finally:
+            kill_all(children)
+
+
+def test_worker_stop_lets_the_running_task_finish(redis_url, tmp_path):
+    """WorkerProcess.stop is a warm shutdown: a download that is running when it is asked to stop
+    completes (its item is scraped, not thrown away), so a new worker does not fetch it again."""
+    settings = crawl_settings(redis_url, lease_seconds=5)
+    tracker = RedisTracker.from_url(redis_url)
+    configure_app(settings)
+    with RouteServer({"/": (200, b"<html>slow page, no links</html>", 2.0)}) as site:
+        first = WorkerProcess(settings, name="warm-1", concurrency=1, log_dir=str(tmp_path)).start()
+        second = None
+        try:
+            wait_for_workers(tracker, 1, procs=[first])
+            out = tmp_path / "out"
+            manager = CrawlManager(tracker, publisher.scrape)
+            manager.seed("warm", build_spec({"seeds": [site.base + "/"], "saver": {"output": str(out)}}))
+            wait_until(lambda: site.hits, 30, "the download to start")
+            first.stop(timeout=20)
+            assert not first.alive
+            second = WorkerProcess(settings, name="warm-2", concurrency=1, log_dir=str(tmp_path)).start()
+            stats = manager.wait("warm", timeout=60, check=second.check)
+        finally:
+            first.stop(timeout=5)
+            if second is not None:
+                second.stop(timeout=5)
+    assert (stats.done, stats.dead) == (1, 0)
+    assert site.hits == ["/"], site.hits  # the first worker's download was not thrown away
+
+
+def test_worker_stop_kills_a_worker_that_takes_too_long(redis_url, tmp_path):
+    settings = crawl_settings(redis_url, lease_seconds=5)
+    tracker = RedisTracker.from_url(redis_url)
+    configure_app(settings)
+    with RouteServer({"/": (200, b"<html>very slow</html>", 30.0)}) as site:
+        worker = WorkerProcess(settings, name="slow", concurrency=1, log_dir=str(tmp_path)).start()
+        try:
+            wait_for_workers(tracker, 1, procs=[worker])
+            group = {}
+            CrawlManager(tracker, publisher.scrape).seed(
+                "slow", build_spec({"seeds": [site.base + "/"], "saver": {"output": str(tmp_path / "o")}}))
+            wait_until(lambda: site.hits, 30, "the download to start")
+            group = in_sessions({worker.proc.pid})
+            started = time.monotonic()
+            worker.stop(timeout=2)
+            took = time.monotonic() - started
+        finally:
+            worker.stop(timeout=1)
+    assert took < 8, took
+    assert len(group) >= 2 and not alive(group), alive(group)
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+def test_an_interrupted_crawl_resumes_where_it_stopped(small_site, tmp_path):
+    out = tmp_path / "out"
+    n = len(small_site.reachable)
+    with SiteServer(small_site, delay=0.1) as server:
+        first = Crawl(tmp_path, server.url("/"), out, tag="first")
+        try:
+            wait_until(lambda: len(saved_files(out)) >= 15, 60, "15 pages saved", first)
+            first.proc.send_signal(signal.SIGINT)
+            assert first.wait(30) == 130, first.stderr
+        finally:
+            if first.proc.poll() is None:
+                first.proc.kill()
+        saved_before = set(saved_files(out))
+        fetched_before = server.counts()
+        assert 15 <= len(saved_before) < n, len(saved_before)
+        assert (tmp_path / "out.distscrape-state").is_dir()
+        assert "--state-dir" in first.stderr or "resume" in first.stderr, first.stderr
+
+        server.delay = 0.02  # the rest may go fast
+        second = Crawl(tmp_path, server.url("/"), out, tag="second")
+        assert second.wait(120) == 0, second.stderr
+        assert f"resuming job crawl-127.0.0.1_{server.port}: {len(saved_before)} done," in second.stderr, \
+            second.stderr
+        assert f"{n} saved, 0 dead" in second.stdout, second.stdout
+        counts = server.counts()
+
+        # Everything is saved, exactly the site.
+        assert saved_files(out) == expected_files(server, small_site, out)
+        assert set(counts) == small_site.reachable
+        # Pages saved before the interruption were not downloaded again ...
+        by_path = {_saved_name(server, out, path): path for path in small_site.reachable}
+        refetched_saved = [by_path[name] for name in saved_before if counts[by_path[name]] > 1]
+        assert refetched_saved == [], refetched_saved
+        # ... and the work in flight at the interruption costs at most a few downloads.
+        extra = sum(counts.values()) - n
+        assert extra <= 6, (extra, {p: c for p, c in counts.items() if c > 1})
+
+        # A finished job is not crawled again ...
+        before = len(server.requests)
+        third = Crawl(tmp_path, server.url("/"), out, tag="third")
+        assert third.wait(60) == 0, third.stderr
+        assert "already finished" in third.stderr + third.stdout, (third.stdout, third.stderr)
+        assert len(server.requests) == before
+        # ... unless asked to start over.
+        fresh = Crawl(tmp_path, server.url("/"), out, "--fresh", tag="fresh")
+        assert fresh.wait(120) == 0, fresh.stderr
+        assert "resuming" not in fresh.stderr
+        assert len(server.requests) == before + n
+        assert fresh.temp_dirs() == []
+    print(f"\nresume: {len(saved_before)} pages saved before SIGINT, "
+          f"{sum(fetched_before.values())} fetched; {extra} extra download(s) in all")
+
+
+def test_resuming_drops_the_previous_runs_messages_and_puts_its_work_back(tmp_path):
+    """What a resume does to a private Redis before its worker starts: the dead run's broker
+    messages go, unacknowledged ones included (the Redis transport would restore those later),
+    and its dispatched and leased items are back in the frontier, no attempt counted."""
+    import redis
+
+    from distscrape_celery.crawl import _forget_previous_run
+    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.tracker import LeaseStatus
+
+    with EmbeddedRedis(state_dir=tmp_path / "state") as server:
+        configure_app(crawl_settings(server.url))
+        tracker = RedisTracker.from_url(server.url, bound_refresh_seconds=0)
+        previous = tracker.register_worker("old-host", 1, 2)  # a worker of the stopped run
+        seeds = [f"http://127.0.0.1:9/{n}" for n in "abc"]
+        manager = CrawlManager(tracker, publisher.scrape)
+        assert manager.seed("j", build_spec({"seeds": seeds, "saver": {"output": str(tmp_path)}})).dispatched == 3
+        assert tracker.checkout("j", seeds[0], previous, max_lost=10).status is LeaseStatus.OK
+        client = redis.Redis.from_url(server.url)
+        assert client.llen("distscrape.scrape") == 3
+        client.hset("unacked", "tag-1", "[]")  # a message the dead worker had reserved
+        client.zadd("unacked_index", {"tag-1": 1.0})
+
+        assert _forget_previous_run(tracker, "j") == 3
+        assert client.llen("distscrape.scrape") == 0
+        assert client.exists("unacked", "unacked_index") == 0
+        assert [w.alive for w in tracker.workers()] == [False]
+        stats = tracker.stats("j")
+        assert (stats.frontier, stats.dispatched, stats.leased, stats.done) == (3, 0, 0, 0)
+        assert client.hlen("ds:{j}:fails") == 0 and client.hlen("ds:{j}:lost") == 0
+
+
+def _saved_name(server, out, path: str) -> str:
+    from distscrape_celery.savers import FileItemSaver
+
+    return str(FileItemSaver(out).name_for(server.url(path)))
+
+
+# -- bad output ------------------------------------------------------------------------------
+
+
+def _bad_outputs(tmp_path: Path) -> dict[str, Path]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    return {"a file": a_file, "under a file": a_file / "sub"}
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+@pytest.mark.parametrize("mode", ["embedded", "in-memory"])
+def test_unwritable_output_is_refused_before_anything_is_fetched(where, mode, small_site, tmp_path):
+    from test_cli import assert_one_line_error
+
+    output = _bad_outputs(tmp_path)[where]
+    extra = ["--in-memory"] if mode == "in-memory" else []
+    with SiteServer(small_site) as server:
+        crawl = Crawl(tmp_path, server.url("/"), output, *extra)
+        status = crawl.wait(120)
+        res = subprocess.CompletedProcess(crawl.proc.args, status, crawl.stdout, crawl.stderr)
+        assert_one_line_error(res, "output", str(output))
+        assert server.requests == []
+    assert crawl.temp_dirs() == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory anyway")
+def test_read_only_output_is_refused(small_site, tmp_path):
+    from test_cli import assert_one_line_error
+
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    with SiteServer(small_site) as server:
+        crawl = Crawl(tmp_path, server.url("/"), ro, "--in-memory")
+        res = subprocess.CompletedProcess(crawl.proc.args, crawl.wait(60), crawl.stdout, crawl.stderr)
+        assert_one_line_error(res, "output", str(ro))
+        assert server.requests == []
+
+
+def test_seed_checks_the_output_when_the_workers_are_on_this_host(redis_url, workers, tmp_path):
+    from test_cli import assert_one_line_error, run
+
+    bad = _bad_outputs(tmp_path)["under a file"]
+    # No worker alive: the output is on hosts we cannot see, so it is not checked here.
+    res = run("seed", "elsewhere", "http://127.0.0.1:9/", "--output", str(bad), "--redis-url", redis_url)
+    assert res.returncode == 0, res.stderr
+    # Every live worker runs on this host: the output is checked, and nothing is created.
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, 1, procs=[workers(crawl_settings(redis_url), "local-0", concurrency=1)])
+    res = run("seed", "here", "http://127.0.0.1:9/", "--output", str(bad), "--redis-url", redis_url)
+    assert_one_line_error(res, "output", str(bad))
+    assert "here" not in tracker.jobs()
+
+
+def test_the_state_directory_is_guarded(tmp_path):
+    from test_cli import assert_one_line_error, run
+
+    from distscrape_celery.embedded import EmbeddedRedis
+
+    out = tmp_path / "o"
+    # A directory holding other things is not taken for a state directory, nor emptied.
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.txt").write_text("mine")
+    res = run("crawl", "http://127.0.0.1:9/", "--output", str(out), "--state-dir", str(docs), "--fresh")
+    assert_one_line_error(res, str(docs), "holds no crawl state")
+    assert (docs / "notes.txt").read_text() == "mine"
+    # The state holds this crawl's job under another spec: refused, with the way out.
+    state = tmp_path / "o.distscrape-state"
+    with EmbeddedRedis(state_dir=state) as server:
+        tracker = RedisTracker.from_url(server.url)
+        CrawlManager(tracker, lambda job, items: None).seed("crawl-127.0.0.1_9", build_spec({
+            "seeds": ["http://127.0.0.1:9/"], "scraper": {"link_regex": "x"},
+            "saver": {"output": str(out)},
+        }))
+    res = run("crawl", "http://127.0.0.1:9/", "--output", str(out))
+    assert_one_line_error(res, "different spec", "--fresh")
+    # Another crawl's unfinished job is in it: its workers would crawl that job too.
+    res = run("crawl", "http://127.0.0.1:10/", "--output", str(out))
+    assert_one_line_error(res, "'crawl-127.0.0.1_9'", "not finished", "--fresh")
+    # --state-dir and --fresh belong to the embedded Redis.
+    for extra in (["--in-memory", "--fresh"], ["--redis-url", "redis://127.0.0.1:9/0", "--state-dir", "x"]):
+        res = run("crawl", "http://127.0.0.1:9/", *extra)
+        assert res.returncode == 2 and "Error: --state-dir and --fresh are for the embedded Redis" in res.stderr
+
+
+def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
+    """The README's first command runs the crawl under bench/local_site.py. A Ctrl-C on the
+    terminal goes to both; the wrapper must leave the crawl to stop what it started (killing it
+    would leave its worker to the kernel and its temporary directories behind)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    env["TMPDIR"] = str(tmp)
+    out = tmp_path / "crawl-output"
+    root = Path(__file__).resolve().parent.parent
+    with (tmp_path / "err").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(root / "bench" / "local_site.py"), "--pages", "80", "--delay", "0.2",
+             "--", sys.executable, "-m", "distscrape_celery.cli", "crawl", "{url}", "--output",
+             str(out), "--quiet", "--concurrency", "2"],
+            stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,  # a "terminal"
+        )
+    children: dict[int, int] = {}
+    try:
+        def crawling() -> bool:
+            nonlocal children
+            children = descendants(proc.pid)
+            cmds = [_comm(p) for p in children]
+            return (any("redis-server" in c for c in cmds)
+                    and sum("celery" in c and "worker" in c for c in cmds) >= 3
+                    and out.is_dir() and len(saved_files(out)) >= 3)
+
+        wait_until(crawling, 60, "the crawl to save pages")
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        assert proc.wait(30) == 130, (tmp_path / "err").read_text()
+        time.sleep(0.5)
+        assert not alive(children), alive(children)
+        assert sorted(p.name for p in tmp.iterdir()) == []
+        assert "run the same command again to resume" in (tmp_path / "err").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kill_all(children)
