@@ -184,7 +184,7 @@ def wait_finished(tracker, job, timeout, procs):
     )
 
 
-def assert_survived(procs, tracker, job, site, server, tmp_path, stats, aof_redis):
+def assert_survived(procs, tracker, job, site, server, tmp_path, stats, aof_redis, *, noticed=True):
     """Every page saved, nothing dead, both workers alive and never past an unrecoverable error."""
     n = len(site.reachable)
     assert (stats.done, stats.dead, stats.seen) == (n, 0, n), tracker.dead_items(job)
@@ -196,9 +196,12 @@ def assert_survived(procs, tracker, job, site, server, tmp_path, stats, aof_redi
         # ("CRITICAL Couldn't ack" lines are expected while Redis is away: those messages come
         # again after the reconnect and their tasks find the items done.)
         assert "Unrecoverable error" not in log, log[-5000:]
-        assert "Connection to broker lost" in log  # they did see the fault...
-        assert aof_redis.password not in log  # ...and never logged the password
+        assert aof_redis.password not in log  # never logged the password
         assert re.search(r"connected to Redis at redis://:\*\*\*@127\.0\.0\.1:\d+/0", log), log[:3000]
+        # A refused or reset connection is noticed; a frozen server may only look slow to the
+        # broker connection until it answers again.
+        if noticed:
+            assert "Connection to broker lost" in log
 
 
 def test_redis_restart_mid_crawl(aof_redis, workers, tmp_path):
@@ -249,7 +252,7 @@ def test_redis_frozen_for_30s_mid_crawl(aof_redis, workers, tmp_path):
           f"reclaimed after it: {reclaimed(procs) - reclaimed_before}")
     assert cpu_during < MAX_OUTAGE_CPU, f"workers spun while Redis was away: {cpu_during:.1f} s of CPU"
     assert reclaimed(procs) > reclaimed_before, "no expired lease was reclaimed after the freeze"
-    assert_survived(procs, tracker, "frozen", site, server, tmp_path, stats, aof_redis)
+    assert_survived(procs, tracker, "frozen", site, server, tmp_path, stats, aof_redis, noticed=False)
 
 
 def test_redis_killed_and_down_for_30s_mid_crawl(aof_redis, workers, tmp_path):
