@@ -454,8 +454,12 @@ def test_jobs_specs_and_namespaces(tracker_factory):
     t = tracker_factory()
     assert t.create_job("one", SPEC) is True
     assert t.create_job("one", SPEC) is False
-    with pytest.raises(JobConflict):
-        t.create_job("one", '{"seeds": ["http://127.0.0.1/other"]}')
+    # Other seeds join the job (its spec keeps the first ones); any other difference is refused,
+    # naming the fields.
+    assert t.create_job("one", SPEC.replace("http://127.0.0.1/", "http://127.0.0.1/other")) is False
+    other = '{"seeds": ["http://127.0.0.1/"], "max_retries": 7}'
+    with pytest.raises(JobConflict, match=r"\(max_retries differs\)"):
+        t.create_job("one", other)
     with pytest.raises(JobNotFound):
         t.load_spec("missing")
     t.create_job("two", SPEC)
