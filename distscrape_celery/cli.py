@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import click
 
-from .errors import ConfigError, DistscrapeError, JobConflict
+from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound
 from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_for
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
@@ -165,8 +165,15 @@ def cli() -> None:
 def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     """Create JOB (or add seeds to it) and queue its SEEDs for the workers.
 
-    Exit status: 0 done, 1 done but malformed --ids-file lines were skipped, 2 error."""
+    With no option but seeds, a JOB that exists takes them as it is. Exit status: 0 done, 1 done
+    but malformed --ids-file lines were skipped, 2 error."""
     data, names = _spec_data(seeds, spec_flags)
+    runtime = None
+    if not any(spec_flags.values()):
+        runtime = _redis_runtime(_settings(redis_url))
+        stored = _stored_spec(runtime[0], job)
+        if stored is not None:
+            data = {**stored, "seeds": data.get("seeds")}
     progress = _SeedProgress()
     more: Iterator[str] = iter(())
     with contextlib.ExitStack() as stack:
@@ -178,7 +185,7 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
                 first = next(more, None)
                 data["seeds"] = [first] if first is not None else None
         spec = _build_spec(data, names)
-        tracker, manager = _redis_runtime(_settings(redis_url))
+        tracker, manager = runtime or _redis_runtime(_settings(redis_url))
         live = [w for w in tracker.workers() if w.alive]
         if live and all(w.host == socket.gethostname() for w in live):
             # The output is written on this machine: a bad one is refused before anything is
@@ -204,6 +211,16 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     if ids_file is not None and reader.bad:
         click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)
         sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _stored_spec(tracker, job: str) -> Optional[dict[str, Any]]:
+    """The spec of ``job`` as data, its seeds left out; None if there is no such job."""
+    try:
+        spec = json.loads(tracker.load_spec(job))
+    except JobNotFound:
+        return None
+    spec.pop("seeds", None)
+    return spec
 
 
 # Malformed lines of a seed file reported one by one; past this, only counted.

@@ -185,8 +185,9 @@ def test_ids_file_counts_new_and_seen_and_reports_bad_lines(source, redis_url, t
     assert "created: 3 new item(s), 0 already seen" in res.stdout
     if source == "file":
         res = run("seed", "ids", "--ids-file", str(path), *options)
-    else:
-        res = run("seed", "ids", "--ids-file", "-", *options, input=path.read_text())
+    else:  # with no options, the job takes its seeds as it is (IDs, for its ids scraper)
+        res = run("seed", "ids", "--ids-file", "-", "--redis-url", redis_url,
+                  input=path.read_text())
     name = str(path) if source == "file" else "-"
     assert res.returncode == 1, res.stderr  # done, but lines were skipped
     offered = sum(1 for line in lines if line.strip()) - 2
@@ -215,6 +216,11 @@ def test_a_url_file_is_normalised_and_bad_urls_reported(redis_url, tmp_path, red
     assert sorted(items) == ["http://127.0.0.1/a", "http://127.0.0.1/b"]
     # The first seed of the file is the new job's seed.
     assert stored_spec(redis_url, "u").seeds == ["http://127.0.0.1/a"]
+    # A seed on another host is taken, but the job stays on its seeds' hosts: that is said.
+    res = run("seed", "u", "http://elsewhere.invalid/", "http://127.0.0.1/c", "--redis-url", redis_url)
+    assert res.returncode == 0, res.stderr
+    assert "job u exists; seeds added: 2 new item(s), 0 already seen" in res.stdout
+    assert "1 seed(s) are on none of the job's seeds' hosts" in res.stderr
     bad = tmp_path / "nothing.txt"
     bad.write_text("\n  \nnope\n")
     res = run("seed", "v", "--ids-file", str(bad), "--redis-url", redis_url)
@@ -341,7 +347,8 @@ def test_seeds_added_to_an_existing_job_are_crawled_and_a_changed_spec_refused(
         assert manager.wait("site", timeout=60).done == 5
         urls = tmp_path / "urls.txt"
         urls.write_text(f"{server.base}/c/\n{server.base}/b/1\n")
-        res = run("seed", "site", "--ids-file", str(urls), *common)
+        # With no option but seeds, the job takes them as it is (its output, from anywhere).
+        res = run("seed", "site", "--ids-file", str(urls), "--redis-url", redis_url)
         assert "job site exists; seeds added: 1 new item(s), 1 already seen" in res.stdout, res.stderr
         stats = manager.wait("site", timeout=60)
         # A changed spec is refused, naming what differs; nothing is added.
