@@ -154,6 +154,36 @@ def cli() -> None:
     """Distributed web crawler on Celery and Redis."""
 
 
+class _StderrBar:
+    """A rich progress bar on stderr, shown on a terminal only, stopped on exit."""
+
+    bar: Any = None
+
+    def _start(self, *columns: Any) -> bool:
+        """Show a bar of ``columns``; False (no bar) when stderr is not a terminal."""
+        from rich.console import Console
+        from rich.progress import Progress
+
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return False
+        self.bar = Progress(*columns, console=console)
+        self.bar.start()
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def say(self, message: str) -> None:
+        """A line on stderr, above the bar while it is shown (which would paint over it)."""
+        if self.bar is not None:
+            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        else:
+            click.echo(message, err=True)
+
+
 @cli.command()
 @click.argument("job")
 @click.argument("seeds", nargs=-1)
@@ -254,11 +284,10 @@ def _open_seed_file(
     return reader
 
 
-class _SeedProgress:
-    """A progress bar of a seed file's import on stderr, on a terminal only."""
+class _SeedProgress(_StderrBar):
+    """A progress bar of a seed file's import (bytes read, seeds new and seen)."""
 
     def __init__(self) -> None:
-        self.bar = None
         self.reader: Optional[SeedFile] = None
         self.size: Optional[int] = None
 
@@ -266,18 +295,13 @@ class _SeedProgress:
         self.reader, self.size = reader, size
 
     def __enter__(self) -> "_SeedProgress":
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-        console = Console(stderr=True)
-        if self.reader is None or not console.is_terminal:
-            return self
-        self.bar = Progress(
+        if self.reader is not None and self._start(
             TextColumn("[bold]seeding"), BarColumn(), TextColumn("{task.fields[detail]}"),
-            TimeElapsedColumn(), console=console,
-        )
-        self.bar.start()
-        self.task = self.bar.add_task("seed", total=self.size, detail="")
+            TimeElapsedColumn(),
+        ):
+            self.task = self.bar.add_task("seed", total=self.size, detail="")
         return self
 
     def update(self, taken: int, new: int) -> None:
@@ -286,18 +310,6 @@ class _SeedProgress:
                 self.task, completed=self.reader.bytes_read,
                 detail=f"{taken:,} read: {new:,} new, {taken - new:,} already seen",
             )
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-    def say(self, message: str) -> None:
-        """A line on stderr, above the bar while it is shown."""
-        if self.bar is not None:
-            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
-        else:
-            click.echo(message, err=True)
 
 
 @cli.command("tar-index")
@@ -441,25 +453,20 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         sys.exit(EXIT_DEAD_ITEMS)
 
 
-class _progress:
-    """A live progress bar on a terminal; nothing when quiet or not a terminal."""
+class _progress(_StderrBar):
+    """A live progress bar of a crawl on a terminal; nothing when quiet or not a terminal."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
-        self.bar = None
 
     def __enter__(self):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        console = Console(stderr=True)
-        if self.quiet or not console.is_terminal:
-            return None
-        self.bar = Progress(
+        if self.quiet or not self._start(
             TextColumn("[bold]crawling"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
-        )
-        self.bar.start()
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+        ):
+            return None
         task = self.bar.add_task("crawl", total=None, detail="")
 
         def update(stats) -> None:
@@ -469,18 +476,6 @@ class _progress:
             )
 
         return update
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-    def say(self, message: str) -> None:
-        """A line on stderr, above the bar while it is shown (which would paint over it)."""
-        if self.bar is not None:
-            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
-        else:
-            click.echo(message, err=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

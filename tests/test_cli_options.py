@@ -4,7 +4,12 @@ that exists, and `distscrape tar-index`: real Redis, real workers, real HTTP on 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import random
+import subprocess
+import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -196,10 +201,47 @@ def test_ids_file_counts_new_and_seen_and_reports_bad_lines(source, redis_url, t
     assert f"{name}:101: malformed seed ID 'bad\\x01id'" in res.stderr
     assert f"{name}:5001: malformed seed ID '{'9' * 100}'...: longer than 256 characters" in res.stderr
     assert f"2 malformed line(s) of {name} skipped" in res.stderr
+    assert "seeding" not in res.stderr  # no progress bar when stderr is not a terminal
     tracker = RedisTracker.from_url(redis_url)
     assert tracker.stats("ids").seen == len(ids) + 1  # and 42
     # The job keeps the spec it was created with.
     assert stored_spec(redis_url, "ids").seeds == ["1000000", "1000001", "42"]
+
+
+def test_a_progress_bar_on_a_terminal(redis_url, tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text("".join(f"{i}\n" for i in range(30_000)) + "bad\x02\n")
+    primary, secondary = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distscrape_celery.cli", "seed", "tty", "--ids-file", str(path),
+         *ID_OPTIONS, "--download-url-fmt", "http://127.0.0.1:9/{id}", "--output",
+         str(tmp_path / "o"), "--redis-url", redis_url],
+        stdout=subprocess.PIPE, stderr=secondary, env={**env, "COLUMNS": "120"},
+    )
+    os.close(secondary)
+    chunks: list[bytes] = []
+
+    def drain() -> None:  # the bar must never block on a full terminal
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # the other end closed
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    out, _ = proc.communicate(timeout=120)
+    reader.join(30)
+    os.close(primary)
+    err = b"".join(chunks).decode(errors="replace")
+    assert proc.returncode == 1, err
+    assert "job tty created: 30000 new item(s), 0 already seen" in out.decode()
+    assert "seeding" in err and "30,000 read: 30,000 new, 0 already seen" in err
+    assert f"{path}:30001: malformed seed ID" in err
 
 
 def test_a_url_file_is_normalised_and_bad_urls_reported(redis_url, tmp_path, redis_client):
