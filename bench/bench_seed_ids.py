@@ -48,22 +48,20 @@ def write_ids(path: Path, n: int, duplicates: float) -> int:
 
 
 def seed(url: str, path: Path) -> tuple[float, float, str]:
-    """Run the command; (seconds, its peak RSS in MiB, its summary line)."""
+    """Run the command; (seconds, the largest peak RSS of the commands run so far in MiB, its
+    summary line)."""
     cmd = [
         sys.executable, "-m", "distscrape_celery.cli", "seed", "bench", "--ids-file", str(path),
         "--scraper", "ids", "--id-regex", r"\d+", "--download-url-fmt",
         "http://127.0.0.1:9/item/{id}", "--output", str(path.parent / "out"), "--redis-url", url,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.monotonic() - started
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if res.returncode != 0:
         raise SystemExit(f"seed failed ({res.returncode}): {res.stderr}")
-    if peak <= before:
-        print("(peak RSS not above an earlier child's: the figure is an upper bound)")
     return seconds, peak / 1024, res.stdout.strip()
 
 
@@ -94,7 +92,8 @@ def main() -> int:
                     assert new == 0, summary
                 assert new + seen == lines, summary
                 print(f"{run}: {lines / seconds:,.0f} IDs/s ({seconds:.1f} s, {new:,} new, "
-                      f"{seen:,} already seen); command peak RSS {rss:.0f} MiB")
+                      f"{seen:,} already seen); command peak RSS {rss:.0f} MiB"
+                      + (" (either run)" if run != "new job" else ""))
             print(f"Redis memory per ID: {per_id:.0f} bytes")
     return 0
 
