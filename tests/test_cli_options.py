@@ -339,8 +339,8 @@ def test_tar_index_lists_the_shards_of_a_real_crawl(tmp_path, capsys):
     output = tmp_path / "items.tar.gz"
     try:
         res = run("crawl", *(f"{site.base}/list/{n}" for n in site.lists), *ID_OPTIONS,
-                  "--download-url-fmt", site.base + "/item/{id}.json", "--output", str(output),
-                  "--concurrency", "3", "--lease-seconds", "5", timeout=240)
+                  "--download-url-fmt", site.base + "/item/{id}.json", "--saver", "tar",
+                  "--output", str(output), "--concurrency", "3", "--lease-seconds", "5", timeout=240)
     finally:
         site.close()
     assert res.returncode == 0, (res.stdout, res.stderr)
