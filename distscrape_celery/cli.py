@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import click
 
-from .errors import DistscrapeError, JobConflict
-from .jobspec import JobSpec, build_spec, load_config_file, merge
+from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound
+from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_for
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
+from .seedfile import BadLine, SeedFile
 from .settings import Settings
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
@@ -24,28 +28,65 @@ def _settings(redis_url: Optional[str], lease_seconds: Optional[float] = None) -
     return Settings.from_env(redis_url=redis_url, lease_seconds=lease_seconds)
 
 
-def _spec(
-    seeds: tuple[str, ...], config: Optional[str], link_regex: Optional[str],
-    output: Optional[str], all_hosts: bool = False,
-) -> JobSpec:
+def _spec_data(
+    seeds: tuple[str, ...], flags: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The job's spec as data (--config, overridden by the flags and SEEDs), and what each field
+    is called in errors: the flag that set it, or the field and the file it came from."""
+    config = flags["config"]
     data: dict[str, Any] = load_config_file(config) if config else {}
-    data = merge(
-        data,
-        {
-            "seeds": list(seeds) or None,
-            "scraper": {"link_regex": link_regex, "same_host": False if all_hosts else None},
-            "saver": {"output": output},
-        },
-    )
+    names = {field: f"{field} in {config}" for field in _fields(data)}
+    overrides: dict[str, Any] = {"seeds": list(seeds) or None}
+    for param, (option, field) in SPEC_FLAGS.items():
+        value = flags[param]
+        if param == "all_hosts":
+            value = False if value else None
+        if value is not None:
+            section, _, key = field.partition(".")
+            overrides.setdefault(section, {})[key] = value
+            names[field] = option
+        elif field not in names:  # given nowhere: named as it may be given
+            names[field] = f"{field} (or {option})" if config else option
+    # Seeds are checked as a whole (they depend on the scraper), so their errors have no field.
+    names["(root)"] = "SEED" if seeds else f"seeds in {config}"
+    return merge(data, overrides), names
+
+
+def _fields(data: Any, prefix: str = "") -> list[str]:
+    """Every dotted field of a (nested) dict, sections included."""
+    if not isinstance(data, dict):
+        return []
+    out = []
+    for key, value in data.items():
+        field = f"{prefix}{key}"
+        out += [field, *_fields(value, field + ".")]
+    return out
+
+
+def _build_spec(data: dict[str, Any], names: dict[str, str]) -> JobSpec:
     if not data.get("seeds"):
-        raise click.UsageError("give at least one SEED URL (or seeds = [...] in --config)")
+        raise click.UsageError(
+            "give at least one SEED URL (or seeds = [...] in --config, or an --ids-file)"
+        )
     saver = data.setdefault("saver", {})
     if isinstance(saver, dict):
         output = str(saver.get("output") or "crawl-output")
         # Absolute, so that every worker writes to the same place whatever its directory. A URL
         # (the redis saver's output) is not a path.
         saver["output"] = output if "://" in output else str(Path(output).expanduser().resolve())
-    return build_spec(data)
+    # A problem with the saver or scraper as a whole is named by what chose its kind.
+    for section in ("scraper", "saver"):
+        if f"{section}.kind" in names:
+            names[section] = names[f"{section}.kind"]
+    from .components import check_components
+
+    spec = build_spec(data, names)
+    check_components(spec, names)
+    return spec
+
+
+def _spec(seeds: tuple[str, ...], flags: dict[str, Any]) -> JobSpec:
+    return _build_spec(*_spec_data(seeds, flags))
 
 
 def _redis_runtime(settings: Settings):
@@ -64,16 +105,48 @@ redis_url_option = click.option(
 )
 spec_options = [
     click.option("--link-regex", metavar="REGEX", help="Follow only links whose URL matches."),
-    click.option("--output", metavar="DIR", help="Where pages are saved (default ./crawl-output)."),
+    click.option("--output", metavar="PATH",
+                 help="Where items are saved: a directory, a .tar/.tar.gz/.tar.bz2 or .warc.gz "
+                      "name, or a redis:// URL (default ./crawl-output)."),
     click.option("--config", type=click.Path(dir_okay=False), help="TOML job file."),
     click.option("--all-hosts", is_flag=True, help="Follow links to any host, not only the seeds'."),
 ]
+scraper_saver_options = [
+    click.option("--scraper", metavar="simple|ids|MODULE:CLASS",
+                 help="What finds new items: links (simple, the default), IDs (ids), or a "
+                      "Scraper class of your own."),
+    click.option("--id-regex", metavar="REGEX",
+                 help="ids scraper: new IDs are this regex's matches (its first group, if any)."),
+    click.option("--download-url-fmt", metavar="URL",
+                 help="ids scraper: the URL an ID is downloaded from, with {id} for the ID."),
+    click.option("--saver", metavar="files|redis|tar|warc|MODULE:CLASS",
+                 help="How items are saved (default: the saver --output names: a redis:// URL "
+                      "redis, a .tar* name tar, a .warc.gz name warc, else files)."),
+]
+# The flags that set a field of the job's spec, by parameter: (option, field). They override
+# --config field by field.
+SPEC_FLAGS = {
+    "link_regex": ("--link-regex", "scraper.link_regex"),
+    "all_hosts": ("--all-hosts", "scraper.same_host"),
+    "scraper": ("--scraper", "scraper.kind"),
+    "id_regex": ("--id-regex", "scraper.id_regex"),
+    "download_url_fmt": ("--download-url-fmt", "scraper.download_url_fmt"),
+    "saver": ("--saver", "saver.kind"),
+    "output": ("--output", "saver.output"),
+}
 
 
 def with_spec_options(fn):
-    for option in reversed(spec_options):
-        fn = option(fn)
-    return fn
+    """Give a command the spec's options; they reach it as one ``spec_flags`` dict."""
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        flags = {param: kwargs.pop(param) for param in (*SPEC_FLAGS, "config")}
+        return fn(*args, spec_flags=flags, **kwargs)
+
+    for option in reversed(spec_options + scraper_saver_options):
+        command = option(command)
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,27 +154,183 @@ def cli() -> None:
     """Distributed web crawler on Celery and Redis."""
 
 
+class _StderrBar:
+    """A rich progress bar on stderr, shown on a terminal only, stopped on exit."""
+
+    bar: Any = None
+
+    def _start(self, *columns: Any) -> bool:
+        """Show a bar of ``columns``; False (no bar) when stderr is not a terminal."""
+        from rich.console import Console
+        from rich.progress import Progress
+
+        console = Console(stderr=True)
+        if not console.is_terminal:
+            return False
+        self.bar = Progress(*columns, console=console)
+        self.bar.start()
+        return True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+    def say(self, message: str) -> None:
+        """A line on stderr, above the bar while it is shown (which would paint over it)."""
+        if self.bar is not None:
+            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
+        else:
+            click.echo(message, err=True)
+
+
 @cli.command()
 @click.argument("job")
 @click.argument("seeds", nargs=-1)
 @with_spec_options
+@click.option("--ids-file", metavar="FILE",
+              help="More seeds, one a line (- for stdin): IDs for the ids scraper, else URLs. "
+                   "Streamed in batches; malformed lines are reported and skipped.")
 @redis_url_option
-def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
-    """Create JOB (or add to it) and queue its SEED URLs for the workers."""
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
-    tracker, manager = _redis_runtime(_settings(redis_url))
-    live = [w for w in tracker.workers() if w.alive]
-    if live and all(w.host == socket.gethostname() for w in live):
-        # The output is written on this machine: a bad one is refused before anything is fetched.
-        # Workers elsewhere write on their own hosts, which cannot be checked from here.
-        from .crawl import check_local_output
+def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
+    """Create JOB (or add seeds to it) and queue its SEEDs for the workers.
 
-        check_local_output(spec)
-    res = manager.seed(job, spec)
-    verb = "created" if res.created else "already existed; seeds re-added"
-    click.echo(f"job {job} {verb}: {res.added} new item(s), {res.dispatched} sent to workers now")
+    With no option but seeds, a JOB that exists takes them as it is. Exit status: 0 done, 1 done
+    but malformed --ids-file lines were skipped, 2 error."""
+    data, names = _spec_data(seeds, spec_flags)
+    runtime = None
+    if not any(spec_flags.values()):
+        runtime = _redis_runtime(_settings(redis_url))
+        stored = _stored_spec(runtime[0], job)
+        if stored is not None:
+            data = {**stored, "seeds": data.get("seeds")}
+    progress = _SeedProgress()
+    more: Iterator[str] = iter(())
+    with contextlib.ExitStack() as stack:
+        if ids_file is not None:
+            reader = _open_seed_file(stack, ids_file, data, progress)
+            more = iter(reader)
+            if not data.get("seeds"):
+                # The spec needs a seed: the file's first, which is then not offered again.
+                first = next(more, None)
+                data["seeds"] = [first] if first is not None else None
+        spec = _build_spec(data, names)
+        tracker, manager = runtime or _redis_runtime(_settings(redis_url))
+        live = [w for w in tracker.workers() if w.alive]
+        if live and all(w.host == socket.gethostname() for w in live):
+            # The output is written on this machine: a bad one is refused before anything is
+            # fetched. Workers elsewhere write on their own hosts, which cannot be checked here.
+            from .crawl import check_local_output
+
+            check_local_output(spec)
+        with progress:
+            res = manager.seed(job, spec, more, on_progress=progress.update)
+    verb = "created" if res.created else "exists; seeds added"
+    click.echo(
+        f"job {job} {verb}: {res.added} new item(s), {res.already_seen} already seen; "
+        f"{res.dispatched} sent to workers now"
+    )
+    if res.off_host:
+        click.echo(
+            f"distscrape: {res.off_host} seed(s) are on none of the job's seeds' hosts: they are "
+            "downloaded, but their links are not followed (the job stays on its seeds' hosts)",
+            err=True,
+        )
     if not any(w.alive for w in tracker.workers()):
         click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
+    if ids_file is not None and reader.bad:
+        click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)
+        sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _stored_spec(tracker, job: str) -> Optional[dict[str, Any]]:
+    """The spec of ``job`` as data, its seeds left out; None if there is no such job."""
+    try:
+        spec = json.loads(tracker.load_spec(job))
+    except JobNotFound:
+        return None
+    spec.pop("seeds", None)
+    return spec
+
+
+# Malformed lines of a seed file reported one by one; past this, only counted.
+MAX_BAD_LINES_SHOWN = 20
+
+
+def _open_seed_file(
+    stack: contextlib.ExitStack, path: str, data: dict[str, Any], progress: "_SeedProgress"
+) -> SeedFile:
+    """A reader of the seed file ``path`` (``-``: stdin) for the job ``data`` describes; its
+    malformed lines are reported on stderr, above the progress bar."""
+    if path == "-":
+        stream, size = sys.stdin.buffer, None
+    else:
+        try:
+            stream = stack.enter_context(open(path, "rb"))
+            size = os.fstat(stream.fileno()).st_size if Path(path).is_file() else None
+        except OSError as exc:
+            raise ConfigError(f"--ids-file: cannot read {path!r}: {exc.strerror or exc}") from None
+    scraper = data.get("scraper")
+    kind = scraper.get("kind") if isinstance(scraper, dict) else None
+
+    def report(bad: BadLine) -> None:
+        if reader.bad <= MAX_BAD_LINES_SHOWN:
+            progress.say(f"{path}:{bad.number}: {bad.reason}; skipped")
+        if reader.bad == MAX_BAD_LINES_SHOWN:
+            progress.say(f"{path}: further malformed lines are counted, not shown")
+
+    reader = SeedFile(stream, kind, report)
+    progress.track(reader, size)
+    return reader
+
+
+class _SeedProgress(_StderrBar):
+    """A progress bar of a seed file's import (bytes read, seeds new and seen)."""
+
+    def __init__(self) -> None:
+        self.reader: Optional[SeedFile] = None
+        self.size: Optional[int] = None
+
+    def track(self, reader: SeedFile, size: Optional[int]) -> None:
+        self.reader, self.size = reader, size
+
+    def __enter__(self) -> "_SeedProgress":
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+        if self.reader is not None and self._start(
+            TextColumn("[bold]seeding"), BarColumn(), TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+        ):
+            self.task = self.bar.add_task("seed", total=self.size, detail="")
+        return self
+
+    def update(self, taken: int, new: int) -> None:
+        if self.bar is not None and self.reader is not None:
+            self.bar.update(
+                self.task, completed=self.reader.bytes_read,
+                detail=f"{taken:,} read: {new:,} new, {taken - new:,} already seen",
+            )
+
+
+@cli.command("tar-index")
+@click.argument("output")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+def tar_index_command(output, as_json) -> None:
+    """List which item is in which shard of the tar archive OUTPUT (a .tar, .tar.gz or .tar.bz2
+    name, as given to --output): item, shard file and member name, tab-separated, one a line."""
+    from .savers import tar_index
+
+    if saver_kind_for(output) != "tar":
+        raise ConfigError(f"OUTPUT {output!r} is not a tar archive name (.tar, .tar.gz, .tar.bz2)")
+    listed = 0
+    for item, shard, member in tar_index(output):
+        listed += 1
+        if as_json:
+            click.echo(json.dumps({"item": item, "shard": shard, "member": member}))
+        else:
+            click.echo(f"{item}\t{shard}\t{member}")
+    if not listed:
+        raise ConfigError(f"no saved items found in the shards of {output!r}")
 
 
 @cli.command()
@@ -146,8 +375,8 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
                    "command again resumes it (default: OUTPUT.distscrape-state beside the output).")
 @click.option("--fresh", is_flag=True, help="Delete the crawl's state first and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-          lease_seconds, state_dir, fresh, quiet) -> None:
+def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
+          fresh, quiet) -> None:
     """Crawl from SEED URLs on this machine, start to finish, and exit.
 
     Without --redis-url an embedded Redis is started and stopped again; real Celery worker
@@ -156,18 +385,18 @@ def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurre
     finished with dead items, 2 error, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
     """
     with stop_signals():
-        _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency,
-               in_memory, lease_seconds, state_dir, fresh, quiet)
+        _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds,
+               state_dir, fresh, quiet)
 
 
-def _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-           lease_seconds, state_dir, fresh, quiet) -> None:
+def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
+           fresh, quiet) -> None:
     from .crawl import (
         check_local_output, default_job_name, default_state_dir, run_in_memory_crawl,
         run_local_crawl, state_directory,
     )
 
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    spec = _spec(seeds, spec_flags)
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
     if (state_dir or fresh) and (in_memory or redis_url):
@@ -224,25 +453,20 @@ def _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurr
         sys.exit(EXIT_DEAD_ITEMS)
 
 
-class _progress:
-    """A live progress bar on a terminal; nothing when quiet or not a terminal."""
+class _progress(_StderrBar):
+    """A live progress bar of a crawl on a terminal; nothing when quiet or not a terminal."""
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
-        self.bar = None
 
     def __enter__(self):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-        console = Console(stderr=True)
-        if self.quiet or not console.is_terminal:
-            return None
-        self.bar = Progress(
+        if self.quiet or not self._start(
             TextColumn("[bold]crawling"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
-        )
-        self.bar.start()
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+        ):
+            return None
         task = self.bar.add_task("crawl", total=None, detail="")
 
         def update(stats) -> None:
@@ -252,18 +476,6 @@ class _progress:
             )
 
         return update
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-            self.bar = None
-
-    def say(self, message: str) -> None:
-        """A line on stderr, above the bar while it is shown (which would paint over it)."""
-        if self.bar is not None:
-            self.bar.console.print(message, markup=False, highlight=False, soft_wrap=True)
-        else:
-            click.echo(message, err=True)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

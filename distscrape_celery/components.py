@@ -7,6 +7,8 @@ own ``module:Class`` from the spec).
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Optional
 
 from .errors import ConfigError
 from .jobspec import JobSpec
@@ -40,11 +42,18 @@ def load_class(path: str, base: type) -> type:
     return cls
 
 
-def check_components(spec: JobSpec) -> None:
+def check_components(spec: JobSpec, names: Optional[Mapping[str, str]] = None) -> None:
     """Check that the scraper and saver ``spec`` names can be loaded here (the seeding machine),
-    so a bad dotted path is a clear error at seed time, not one failed item after another."""
-    load_class(SCRAPERS.get(spec.scraper.kind, spec.scraper.kind), Scraper)
-    load_class(SAVERS.get(spec.saver.kind, spec.saver.kind), ItemSaver)
+    so a bad dotted path is a clear error at seed time, not one failed item after another.
+    The error names the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
+    for field, kind, builtin, base in (
+        ("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper),
+        ("saver.kind", spec.saver.kind, SAVERS, ItemSaver),
+    ):
+        try:
+            load_class(builtin.get(kind, kind), base)
+        except ConfigError as exc:
+            raise ConfigError(f"{(names or {}).get(field, field)}: {exc}") from None
 
 
 def build_scraper(spec: JobSpec) -> Scraper:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from .errors import ConfigError
 from .settings import format_validation_error
@@ -102,11 +105,46 @@ class ScraperSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _ids_needs_both(self) -> "ScraperSpec":
+    def _ids_needs_both(self, info: ValidationInfo) -> "ScraperSpec":
         if self.kind == "ids" and (self.id_regex is None or self.download_url_fmt is None):
-            missing = [n for n in ("id_regex", "download_url_fmt") if getattr(self, n) is None]
+            missing = [
+                _label(info, f"scraper.{n}", n) for n in ("id_regex", "download_url_fmt")
+                if getattr(self, n) is None
+            ]
             raise ValueError(f"the ids scraper needs {' and '.join(missing)}")
         return self
+
+
+def _label(info: ValidationInfo, field: str, default: Optional[str] = None) -> str:
+    """How the person who wrote the spec calls ``field`` (an option such as ``--id-regex``)."""
+    names = (info.context or {}).get("names") or {}
+    return names.get(field, default or field)
+
+
+# The built-in savers by what their output looks like; anything else is a directory (files).
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+TAR_EXTENSIONS = (".tar", ".tar.gz", ".tar.bz2")
+WARC_EXTENSIONS = (".warc.gz",)
+
+
+def saver_kind_for(output: str) -> str:
+    """The built-in saver an output names: a Redis URL -> redis, a .tar/.tar.gz/.tar.bz2 name ->
+    tar, a .warc.gz name -> warc, anything else (a directory) -> files."""
+    if output.lower().startswith(_REDIS_SCHEMES):
+        return "redis"
+    if output.endswith(TAR_EXTENSIONS):
+        return "tar"
+    if output.endswith(WARC_EXTENSIONS):
+        return "warc"
+    return "files"
+
+
+_OUTPUT_SHAPES = {
+    "files": "a directory",
+    "redis": "a redis://, rediss:// or unix:// URL",
+    "tar": "a file name ending with " + ", ".join(TAR_EXTENSIONS),
+    "warc": "a file name ending with " + " or ".join(WARC_EXTENSIONS),
+}
 
 
 class SaverSpec(_Strict):
@@ -115,7 +153,7 @@ class SaverSpec(_Strict):
     kind: str = Field(
         "files",
         description='"files", "redis", "tar", "warc", or a custom ItemSaver class as '
-        '"package.module:Class".',
+        '"package.module:Class"; when not given, the built-in saver the output names.',
     )
     output: str = Field(
         "crawl-output",
@@ -148,10 +186,34 @@ class SaverSpec(_Strict):
         "process.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_from_output(cls, data: Any) -> Any:
+        """No kind given: the one the output names (see :func:`saver_kind_for`)."""
+        if isinstance(data, dict) and data.get("kind") is None:
+            output = data.get("output")
+            return {**data, "kind": saver_kind_for(output if isinstance(output, str) else "")}
+        return data
+
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        return _check_kind(value, ("files", "redis", "tar", "warc"))
+        return _check_kind(value, tuple(_OUTPUT_SHAPES))
+
+    @field_validator("output")
+    @classmethod
+    def _output_suits_kind(cls, value: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind in _OUTPUT_SHAPES and (
+            saver_kind_for(value) != kind
+            # An archive's shards are named after its stem, so it needs one.
+            or (kind in ("tar", "warc") and os.path.basename(value).startswith("."))
+        ):
+            raise ValueError(
+                f"{value!r} is not an output for the {kind} saver "
+                f"({_label(info, 'saver.kind')}), which takes {_OUTPUT_SHAPES[kind]}"
+            )
+        return value
 
 
 class JobSpec(_Strict):
@@ -186,15 +248,7 @@ class JobSpec(_Strict):
         for seed in data["seeds"]:
             if not isinstance(seed, str):
                 raise ValueError(f"seed {seed!r} is not a string")
-            if kind == "ids" and "://" not in seed:
-                item = seed.strip()
-                if not item or not item.isprintable() or len(item) > 256:
-                    raise ValueError(f"malformed seed ID {seed!r}")
-            else:
-                try:
-                    item = normalize_url(seed)
-                except ValueError as exc:
-                    raise ValueError(f"malformed seed URL {seed!r}: {exc}") from None
+            item = seed_item(seed, kind)
             if item not in out:
                 out.append(item)
         return {**data, "seeds": out}
@@ -207,12 +261,41 @@ class JobSpec(_Strict):
         return cls.model_validate_json(text)
 
 
-def build_spec(data: dict[str, Any]) -> JobSpec:
-    """Validate ``data`` into a :class:`JobSpec`; errors name the bad field."""
+# IDs and URLs travel through the broker and the tracker; one this long is junk or an attack.
+MAX_ID_CHARS = 256
+MAX_URL_CHARS = 8192
+
+
+def seed_item(seed: str, scraper_kind: Optional[str]) -> str:
+    """The item a seed stands for: a normalised URL, or with the ids scraper an ID (stripped,
+    printable, at most 256 characters) unless it is a URL. Raises ValueError saying why not."""
+    if scraper_kind == "ids" and "://" not in seed:
+        item = seed.strip()
+        if not item or not item.isprintable():
+            raise ValueError(f"malformed seed ID {_shown(seed)}: empty or not printable")
+        if len(item) > MAX_ID_CHARS:
+            raise ValueError(f"malformed seed ID {_shown(seed)}: longer than {MAX_ID_CHARS} characters")
+        return item
+    if len(seed) > MAX_URL_CHARS:
+        raise ValueError(f"malformed seed URL {_shown(seed)}: longer than {MAX_URL_CHARS} characters")
     try:
-        return JobSpec.model_validate(data)
+        return normalize_url(seed)
+    except ValueError as exc:
+        raise ValueError(f"malformed seed URL {_shown(seed)}: {exc}") from None
+
+
+def _shown(value: str, limit: int = 100) -> str:
+    """``value`` quoted for an error message, cut short: a bad line may be megabytes long."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
+
+
+def build_spec(data: dict[str, Any], names: Optional[dict[str, str]] = None) -> JobSpec:
+    """Validate ``data`` into a :class:`JobSpec`; errors name the bad field, as ``names`` calls
+    it (a dotted field such as ``scraper.id_regex`` -> ``--id-regex``) where it has it."""
+    try:
+        return JobSpec.model_validate(data, context={"names": names or {}})
     except ValidationError as exc:
-        raise ConfigError("invalid job spec: " + format_validation_error(exc)) from None
+        raise ConfigError("invalid job spec: " + format_validation_error(exc, names=names)) from None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

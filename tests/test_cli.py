@@ -11,11 +11,13 @@ import sys
 import pytest
 
 
-def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run(
+    *args: str, env: dict | None = None, timeout: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
     return subprocess.run(
         [sys.executable, "-m", "distscrape_celery.cli", *args], capture_output=True, text=True,
-        env={**base, **(env or {})}, timeout=timeout,
+        env={**base, **(env or {})}, timeout=timeout, input=input,
     )
 
 
@@ -36,7 +38,7 @@ def closed_port() -> int:
 
 def test_invalid_regex_is_named(redis_url, tmp_path):
     res = run("seed", "j", "http://127.0.0.1/", "--link-regex", "([a-z", "--redis-url", redis_url)
-    assert_one_line_error(res, "scraper.link_regex", "invalid regular expression")
+    assert_one_line_error(res, "--link-regex: invalid regular expression")
 
 
 @pytest.mark.parametrize("seed", ["htp://127.0.0.1/", "http://", "not a url", "http://127.0.0.1:99999/"])
@@ -65,7 +67,8 @@ def test_bad_config_file(tmp_path, redis_url):
     unknown = tmp_path / "unknown.toml"
     unknown.write_text('seeds = ["http://127.0.0.1/"]\n[scraper]\nlink_regexp = "x"\n')
     assert_one_line_error(
-        run("seed", "j", "--config", str(unknown), "--redis-url", redis_url), "scraper.link_regexp"
+        run("seed", "j", "--config", str(unknown), "--redis-url", redis_url),
+        f"scraper.link_regexp in {unknown}",
     )
 
 
@@ -78,7 +81,7 @@ def test_bad_job_name(redis_url):
 def test_seed_and_status(redis_url, tmp_path):
     res = run("seed", "news", "http://127.0.0.1:9/", "--output", str(tmp_path), "--redis-url", redis_url)
     assert res.returncode == 0, res.stderr
-    assert "job news created: 1 new item(s), 0 sent to workers now" in res.stdout
+    assert "job news created: 1 new item(s), 0 already seen; 0 sent to workers now" in res.stdout
     assert "no worker is alive yet" in res.stderr
     res = run("status", "news", "--json", "--redis-url", redis_url)
     assert res.returncode == 0, res.stderr
@@ -88,10 +91,10 @@ def test_seed_and_status(redis_url, tmp_path):
     }
     # The same seed again is harmless; another spec under the same name is refused.
     again = run("seed", "news", "http://127.0.0.1:9/", "--output", str(tmp_path), "--redis-url", redis_url)
-    assert again.returncode == 0 and "0 new item(s)" in again.stdout
+    assert again.returncode == 0 and "0 new item(s), 1 already seen" in again.stdout
     other = run("seed", "news", "http://127.0.0.1:9/", "--link-regex", "x", "--output", str(tmp_path),
                 "--redis-url", redis_url)
-    assert_one_line_error(other, "already exists with a different spec")
+    assert_one_line_error(other, "already exists with a different spec (scraper.link_regex differs)")
     assert_one_line_error(run("status", "nosuch", "--redis-url", redis_url), "no job named 'nosuch'")
 
 

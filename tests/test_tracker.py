@@ -454,8 +454,12 @@ def test_jobs_specs_and_namespaces(tracker_factory):
     t = tracker_factory()
     assert t.create_job("one", SPEC) is True
     assert t.create_job("one", SPEC) is False
-    with pytest.raises(JobConflict):
-        t.create_job("one", '{"seeds": ["http://127.0.0.1/other"]}')
+    # Other seeds join the job (its spec keeps the first ones); any other difference is refused,
+    # naming the fields.
+    assert t.create_job("one", SPEC.replace("http://127.0.0.1/", "http://127.0.0.1/other")) is False
+    other = '{"seeds": ["http://127.0.0.1/"], "max_retries": 7}'
+    with pytest.raises(JobConflict, match=r"\(max_retries differs\)"):
+        t.create_job("one", other)
     with pytest.raises(JobNotFound):
         t.load_spec("missing")
     t.create_job("two", SPEC)
@@ -514,3 +518,23 @@ def test_many_processes_race_for_items_each_leased_once(redis_url):
     others = {status for _, statuses in won for status in statuses.values()} - {"ok"}
     assert others == {"busy"}
     assert tracker.stats("race").leased == 100
+
+
+def test_add_stream_takes_its_input_batch_by_batch(tracker_factory):
+    t = tracker_factory()
+    t.create_job("j", SPEC)
+    t.add("j", ["x-5", "x-7"])
+    pulled = []
+
+    def items():
+        for i in range(2_345):
+            pulled.append(i)
+            yield f"x-{i % 2_000}"
+
+    results = []
+    for taken, res in t.add_stream("j", items()):
+        results.append((taken, res.added))
+        assert len(pulled) <= sum(n for n, _ in results) + 1  # nothing read ahead of a batch
+    assert sum(n for n, _ in results) == 2_345
+    assert sum(a for _, a in results) == 2_000 - 2
+    assert t.stats("j").seen == 2_000

@@ -8,12 +8,10 @@ from typing import Optional
 from urllib.parse import quote
 
 from ..fetch import Download, Fetcher
-from ..jobspec import FetchSpec, JobSpec
+from ..jobspec import MAX_ID_CHARS, FetchSpec, JobSpec
 from .base import Scraper
 from .simple import _charset
 
-# IDs travel through the broker and the tracker; one this long is junk or an attack.
-MAX_ID_CHARS = 256
 _URL_PREFIXES = ("http://", "https://")
 
 

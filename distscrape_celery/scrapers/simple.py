@@ -11,14 +11,12 @@ import lxml.etree
 import lxml.html
 
 from ..fetch import Download, Fetcher
-from ..jobspec import FetchSpec, JobSpec
+from ..jobspec import MAX_URL_CHARS, FetchSpec, JobSpec
 from ..urls import normalize_url, url_host
 from .base import Scraper
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _HTML_STARTS = (b"<!doctype html", b"<html")
-# Found items travel through the broker and the tracker; a URL this long is an attack or junk.
-_MAX_URL_CHARS = 8192
 _HTML_WHITESPACE = " \t\n\f\r"
 
 
@@ -75,7 +73,7 @@ class SimpleScraper(Scraper):
             url = normalize_url(urljoin(base, href))
         except ValueError:  # mailto:, javascript:, data:, ftp:, malformed
             return None
-        if len(url) > _MAX_URL_CHARS:
+        if len(url) > MAX_URL_CHARS:
             return None
         if self.allowed_hosts is not None and url_host(url) not in self.allowed_hosts:
             return None

@@ -24,13 +24,19 @@ vanished holder (killed, hung or cut-off worker, lost save message) against the 
 from __future__ import annotations
 
 import enum
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..errors import JobConflict
+
 # A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
 MAX_ADD_BATCH = 500
+# Batches of an add stream sent in one round trip (pipelined), one Lua call each.
+ADD_STREAM_PIPELINE = 20
 # Most items handed out for dispatch by one call.
 MAX_DISPATCH_BATCH = 200
 # Most items reclaimed from one in-flight set by one maintenance call.
@@ -72,6 +78,36 @@ class SaveStart(str, enum.Enum):
     DONE = "done"  # already saved: nothing to do
     DEAD = "dead"  # given up on (perhaps just now: its saves kept killing their worker)
     UNKNOWN = "unknown"
+
+
+def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    """``items`` in lists of up to ``size``, taken from the iterable as they are needed."""
+    it = iter(items)
+    return iter(lambda: list(itertools.islice(it, size)), [])
+
+
+def spec_differences(stored: str, new: str) -> list[str]:
+    """Dotted fields (``saver.output``) in which two spec JSONs differ, ``seeds`` aside: a job
+    takes new seeds, never new options. Empty when ``new`` may join the job ``stored`` defines."""
+
+    def walk(a: Any, b: Any, path: str) -> list[str]:
+        if isinstance(a, dict) and isinstance(b, dict):
+            return [
+                diff for key in sorted(set(a) | set(b)) if not (path == "" and key == "seeds")
+                for diff in walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+            ]
+        return [] if a == b else [path or "(spec)"]
+
+    return walk(json.loads(stored), json.loads(new), "")
+
+
+def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
+    *others, last = differences
+    what = f"{', '.join(others)} and {last} differ" if others else f"{last} differs"
+    return JobConflict(
+        f"job {job!r} already exists with a different spec ({what}); only seeds can be added "
+        "to a job: pick another job name"
+    )
 
 
 @dataclass(frozen=True)
@@ -215,8 +251,9 @@ class Tracker(ABC):
 
     @abstractmethod
     def create_job(self, job: str, spec_json: str) -> bool:
-        """Store a job's spec. True if created; False if it exists with the same spec.
-        Raises :class:`~distscrape_celery.errors.JobConflict` if it exists with another spec."""
+        """Store a job's spec. True if created; False if it exists with the same spec, seeds aside
+        (the stored spec keeps its first seeds). Raises
+        :class:`~distscrape_celery.errors.JobConflict` naming the fields if it differs otherwise."""
 
     @abstractmethod
     def load_spec(self, job: str) -> str:
@@ -233,6 +270,14 @@ class Tracker(ABC):
         """Deduplicate ``items`` against everything the job has seen and queue the new ones.
         Raises :class:`~distscrape_celery.errors.JobNotFound` for a job never created (as does
         every item method)."""
+
+    def add_stream(
+        self, job: str, items: Iterable[str], depth: int = 0
+    ) -> Iterator[tuple[int, AddResult]]:
+        """Add ``items`` as they come, never holding more than one round trip's worth: yields
+        (items taken, result) per round trip. Each batch is atomic; the stream as a whole is not."""
+        for batch in batches(items, MAX_ADD_BATCH):
+            yield len(batch), self.add(job, batch, depth)
 
     @abstractmethod
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -10,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..errors import JobConflict, JobNotFound
+from ..errors import JobNotFound
 from ..keys import check_job_name
 from .base import (
     MAX_DISPATCH_BATCH,
@@ -30,6 +29,8 @@ from .base import (
     ScrapedResult,
     Tracker,
     WorkerInfo,
+    job_conflict,
+    spec_differences,
 )
 
 QUEUED, DISPATCHED, LEASED, SAVE_PENDING, SAVING, DONE, DEAD = "q", "d", "l", "s", "S", "D", "X"
@@ -121,10 +122,9 @@ class InMemoryTracker(Tracker):
             if existing is None:
                 self._jobs[job] = _Job(spec=spec_json)
                 return True
-            if json.loads(existing.spec) != json.loads(spec_json):
-                raise JobConflict(
-                    f"job {job!r} already exists with a different spec; pick another job name"
-                )
+            differences = spec_differences(existing.spec, spec_json)
+            if differences:
+                raise job_conflict(job, differences)
             return False
 
     def _job(self, job: str) -> _Job:

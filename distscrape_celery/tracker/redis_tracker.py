@@ -5,16 +5,17 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import redis
 
 from .. import keys
-from ..errors import JobConflict, JobNotFound, TrackerUnavailable
+from ..errors import JobNotFound, TrackerUnavailable
 from ..settings import redact
 from .base import (
+    ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,
     MAX_REASON,
     MAX_DISPATCH_BATCH,
@@ -33,6 +34,9 @@ from .base import (
     ScrapedResult,
     Tracker,
     WorkerInfo,
+    batches,
+    job_conflict,
+    spec_differences,
 )
 
 if TYPE_CHECKING:
@@ -192,10 +196,10 @@ class RedisTracker(Tracker):
     def create_job(self, job: str, spec_json: str) -> bool:
         k = keys.JobKeys(job)
         created, existing = self._create_job_script(keys=[k.spec, keys.JOBS], args=[job, spec_json])
-        if not created and json.loads(existing) != json.loads(spec_json):
-            raise JobConflict(
-                f"job {job!r} already exists with a different spec; pick another job name"
-            )
+        # A stored spec never changes, so comparing the one the script read is comparing now.
+        differences = [] if created else spec_differences(existing, spec_json)
+        if differences:
+            raise job_conflict(job, differences)
         return bool(created)
 
     @_converts_redis_errors
@@ -220,6 +224,26 @@ class RedisTracker(Tracker):
         added, dispatch = 0, []
         for chunk in _chunks(list(items), MAX_ADD_BATCH) if items else [[]]:
             res = self._scripts["add"](keys=k, args=[depth, *self._top_up_args(), *chunk])
+            added += int(res[0])
+            dispatch.extend(res[1:])
+        return AddResult(dispatch=dispatch, added=added)
+
+    def add_stream(
+        self, job: str, items: Iterable[str], depth: int = 0
+    ) -> Iterator[tuple[int, AddResult]]:
+        # Pipelined: ADD_STREAM_PIPELINE batches (each its own short Lua call) per round trip.
+        for group in batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE):
+            yield len(group), self._add_pipelined(job, group, depth)
+
+    @_converts_redis_errors
+    def _add_pipelined(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+        k = keys.JobKeys(job).item_keys()
+        top_up = self._top_up_args()
+        pipe = self.client.pipeline(transaction=False)
+        for chunk in _chunks(items, MAX_ADD_BATCH):
+            self._scripts["add"](keys=k, args=[depth, *top_up, *chunk], client=pipe)
+        added, dispatch = 0, []
+        for res in pipe.execute():
             added += int(res[0])
             dispatch.extend(res[1:])
         return AddResult(dispatch=dispatch, added=added)

@@ -13,17 +13,7 @@
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local added = 0
-for i = 8, #ARGV do
-  if redis.call('HSETNX', K_ITEMS, ARGV[i], 'q' .. depth) == 1 then
-    redis.call('RPUSH', K_FRONTIER, ARGV[i])
-    added = added + 1
-  end
-end
-if added > 0 then
-  redis.call('HINCRBY', K_STATS, 'seen', added)
-  redis.call('HINCRBY', K_STATS, 'queued', added)
-end
+local added = add_new(8, depth)
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)
