@@ -4,6 +4,7 @@ checked against the package; Redis runs on config/redis.conf; the start script s
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -83,6 +84,12 @@ def test_compose_has_every_service_and_redis_as_the_guarantees_need_it():
                 assert (COMPOSE.parent / src).exists(), mount
 
 
+@functools.lru_cache(maxsize=None)
+def _help(cmd: tuple[str, ...]) -> tuple[int, str, str]:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return res.returncode, res.stdout, res.stderr
+
+
 @pytest.mark.parametrize("where,argv", commands(), ids=[w for w, _ in commands()])
 def test_every_command_exists_with_the_options_it_uses(where, argv):
     if argv[0] == "celery":
@@ -92,9 +99,8 @@ def test_every_command_exists_with_the_options_it_uses(where, argv):
     else:
         help_cmd = [sys.executable, "-m", "distscrape_celery.cli", argv[1], "--help"]
         args = argv[2:]
-    res = subprocess.run(help_cmd, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, f"{where}: {' '.join(help_cmd)}: {res.stderr}"
-    known = res.stdout
+    code, known, err = _help(tuple(help_cmd))
+    assert code == 0, f"{where}: {' '.join(help_cmd)}: {err}"
     if argv[:4] == ["celery", "-A", "distscrape_celery", "flower"]:
         # Flower's options are tornado options, which its --help does not list.
         from flower.options import options as flower_options
