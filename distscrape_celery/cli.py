@@ -453,6 +453,37 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         sys.exit(EXIT_DEAD_ITEMS)
 
 
+@cli.command()
+@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True,
+              help="Port to serve /metrics on (0: any free port).")
+@click.option("--bind", metavar="ADDRESS", default="127.0.0.1", show_default=True,
+              help="Address to listen on; 0.0.0.0 for every interface.")
+@click.option("--once", is_flag=True, help="Print the metrics once to stdout and exit.")
+@redis_url_option
+def metrics(port, bind, once, redis_url) -> None:
+    """Serve every job's and worker's figures for Prometheus, read from the tracker.
+
+    Basic auth credentials come from $DISTSCRAPE_METRICS_AUTH (USER:PASSWORD) only.
+    """
+    from .metrics import MetricsServer, crawl_registry, render
+    from .tracker import RedisTracker
+
+    settings = _settings(redis_url)
+    registry = crawl_registry(RedisTracker.from_settings(settings))
+    if once:
+        click.echo(render(registry).decode(), nl=False)
+        return
+    try:
+        server = MetricsServer(registry, bind=bind, port=port, auth=settings.metrics_auth)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot listen on {bind}:{port}: {exc.strerror}",
+                                 param_hint="--bind/--port") from None
+    auth = "basic auth on" if settings.metrics_auth else "no auth (set DISTSCRAPE_METRICS_AUTH)"
+    click.echo(f"serving crawl metrics on {server.url} ({auth})", err=True)
+    with stop_signals():
+        server.serve_forever()
+
+
 class _progress(_StderrBar):
     """A live progress bar of a crawl on a terminal; nothing when quiet or not a terminal."""
 

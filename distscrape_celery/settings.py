@@ -52,6 +52,21 @@ class Settings(BaseModel):
         "concurrency; the rest of the frontier waits in the tracker.",
     )
 
+    metrics_auth: Optional[str] = Field(
+        None,
+        description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
+        "unset, it answers anyone who can reach it.",
+    )
+
+    @field_validator("metrics_auth")
+    @classmethod
+    def _check_metrics_auth(cls, value: Optional[str]) -> Optional[str]:
+        user, sep, password = (value or "").partition(":")
+        if value is not None and not (user and sep and password):
+            # The value is a credential: the message must not repeat it.
+            raise ValueError("must be USER:PASSWORD, both non-empty")
+        return value
+
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str) -> str:

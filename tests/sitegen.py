@@ -293,22 +293,23 @@ class _Server(ThreadingHTTPServer):
 
 
 class SiteServer:
-    """Serve a :class:`Site` on 127.0.0.1 (OS-chosen port) from a daemon thread.
+    """Serve a :class:`Site` on 127.0.0.1 (OS-chosen port) from a daemon thread. ``host`` may
+    name another address only inside a network namespace a test made itself.
 
     Starts on construction; use as a context manager or call :meth:`stop`.
     """
 
-    def __init__(self, site: Site, delay: float = 0.0) -> None:
+    def __init__(self, site: Site, delay: float = 0.0, host: str = "127.0.0.1") -> None:
         self.site = site
         self.delay = delay
         self._lock = threading.Lock()
         self._requests: list[str] = []
         self._conns: set[socket.socket] = set()
         self._stopped = False
-        self._httpd = _Server(("127.0.0.1", 0), _Handler)
+        self._httpd = _Server((host, 0), _Handler)
         self._httpd.owner = self
         self.port: int = self._httpd.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name=f"SiteServer:{self.port}", daemon=True
         )

@@ -341,3 +341,8 @@ class Tracker(ABC):
     @abstractmethod
     def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:
         """Up to ``limit`` dead items with the reason each was given up on."""
+
+    @abstractmethod
+    def leased_by_worker(self, job: str) -> dict[str, int]:
+        """How many of the job's items each worker holds now (scraping or saving), by worker ID;
+        workers holding none are left out."""

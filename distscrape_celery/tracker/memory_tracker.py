@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -439,3 +439,8 @@ class InMemoryTracker(Tracker):
         with self._lock:
             j = self._job(job)
             return dict(list(j.dead.items())[:limit])
+
+    def leased_by_worker(self, job: str) -> dict[str, int]:
+        with self._lock:
+            j = self._job(job)
+            return dict(Counter(w for w, _ in j.owners.values() if w != "-"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
@@ -358,3 +359,10 @@ class RedisTracker(Tracker):
             if len(out) >= limit:
                 break
         return out
+
+    @_converts_redis_errors
+    def leased_by_worker(self, job: str) -> dict[str, int]:
+        # Owners hold only in-flight items, so the hash stays as small as the broker's bound.
+        owners = (o.split(" ", 1)[0] for o in self.client.hvals(keys.JobKeys(job).owners))
+        # "-": a save message waiting in the broker, which nobody holds.
+        return dict(Counter(w for w in owners if w != "-"))

@@ -1,0 +1,30 @@
+"""Serve a generated site from its own process (run inside a test's network namespace).
+
+    python tests/site_process.py HOST PAGES SEED DELAY LOG_JSON
+
+Prints the port once it listens; serves until its stdin closes, then writes the request log
+(paths in arrival order) to LOG_JSON as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from sitegen import SiteServer, generate_site  # noqa: E402
+
+
+def main() -> None:
+    host, pages, seed, delay, log = sys.argv[1:6]
+    site = generate_site(n_pages=int(pages), seed=int(seed))
+    with SiteServer(site, delay=float(delay), host=host) as server:
+        print(server.port, flush=True)
+        sys.stdin.read()
+        Path(log).write_text(json.dumps(server.requests))
+
+
+if __name__ == "__main__":
+    main()

