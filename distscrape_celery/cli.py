@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import socket
 import sys
@@ -26,7 +27,7 @@ def _settings(redis_url: Optional[str], lease_seconds: Optional[float] = None) -
 
 def _spec(
     seeds: tuple[str, ...], config: Optional[str], link_regex: Optional[str],
-    output: Optional[str], all_hosts: bool = False,
+    output: Optional[str], all_hosts: bool = False, policy: Optional[dict[str, Any]] = None,
 ) -> JobSpec:
     data: dict[str, Any] = load_config_file(config) if config else {}
     data = merge(
@@ -37,6 +38,7 @@ def _spec(
             "saver": {"output": output},
         },
     )
+    data = merge(data, _policy_overrides(policy or {}))
     if not data.get("seeds"):
         raise click.UsageError("give at least one SEED URL (or seeds = [...] in --config)")
     saver = data.setdefault("saver", {})
@@ -76,6 +78,48 @@ def with_spec_options(fn):
     return fn
 
 
+# The crawl policy (what to fetch, and how politely); handed to the command as one `policy` dict.
+policy_options = [
+    click.option("--ignore-robots", is_flag=True, help="Fetch what robots.txt disallows."),
+    click.option("--user-agent", metavar="UA", help="User-Agent header, also matched in robots.txt."),
+    click.option("--max-depth", type=click.IntRange(0), metavar="N",
+                 help="Follow links at most N hops from a seed (0: the seeds only)."),
+    click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
+                 help="Follow links to DOMAIN and its subdomains (repeatable; default: the "
+                      "seeds' hosts)."),
+    click.option("--allow-private", is_flag=True,
+                 help="Let links reach private, loopback and link-local addresses (by default "
+                      "only the seeds' own addresses)."),
+]
+_POLICY_PARAMS = ("ignore_robots", "user_agent", "max_depth", "allow_domains", "allow_private")
+
+
+def with_policy_options(fn):
+    @functools.wraps(fn)
+    def command(*args, **kwargs):
+        policy = {name: kwargs.pop(name) for name in _POLICY_PARAMS}
+        return fn(*args, policy=policy, **kwargs)
+
+    for option in reversed(policy_options):
+        command = option(command)
+    return command
+
+
+def _policy_overrides(policy: dict[str, Any]) -> dict[str, Any]:
+    """The job spec fields the policy options set; options not given override nothing."""
+    return {
+        "fetch": {
+            "obey_robots": False if policy.get("ignore_robots") else None,
+            "user_agent": policy.get("user_agent"),
+            "allow_private": True if policy.get("allow_private") else None,
+        },
+        "scraper": {
+            "max_depth": policy.get("max_depth"),
+            "allowed_domains": list(policy.get("allow_domains") or ()) or None,
+        },
+    }
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Distributed web crawler on Celery and Redis."""
@@ -85,10 +129,11 @@ def cli() -> None:
 @click.argument("job")
 @click.argument("seeds", nargs=-1)
 @with_spec_options
+@with_policy_options
 @redis_url_option
-def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
+def seed(job, seeds, link_regex, output, config, all_hosts, redis_url, policy) -> None:
     """Create JOB (or add to it) and queue its SEED URLs for the workers."""
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    spec = _spec(seeds, config, link_regex, output, all_hosts, policy)
     tracker, manager = _redis_runtime(_settings(redis_url))
     live = [w for w in tracker.workers() if w.alive]
     if live and all(w.host == socket.gethostname() for w in live):
@@ -135,6 +180,7 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 @click.argument("seeds", nargs=-1)
 @click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
+@with_policy_options
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Concurrent downloads.")
@@ -147,7 +193,7 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 @click.option("--fresh", is_flag=True, help="Delete the crawl's state first and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-          lease_seconds, state_dir, fresh, quiet) -> None:
+          lease_seconds, state_dir, fresh, quiet, policy) -> None:
     """Crawl from SEED URLs on this machine, start to finish, and exit.
 
     Without --redis-url an embedded Redis is started and stopped again; real Celery worker
@@ -157,17 +203,17 @@ def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurre
     """
     with stop_signals():
         _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency,
-               in_memory, lease_seconds, state_dir, fresh, quiet)
+               in_memory, lease_seconds, state_dir, fresh, quiet, policy)
 
 
 def _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-           lease_seconds, state_dir, fresh, quiet) -> None:
+           lease_seconds, state_dir, fresh, quiet, policy) -> None:
     from .crawl import (
         check_local_output, default_job_name, default_state_dir, run_in_memory_crawl,
         run_local_crawl, state_directory,
     )
 
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    spec = _spec(seeds, config, link_regex, output, all_hosts, policy)
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
     if (state_dir or fresh) and (in_memory or redis_url):
