@@ -87,7 +87,8 @@ class ScraperSpec(_Strict):
         "simple", description='"simple", or a custom Scraper class as "package.module:Class".'
     )
     link_regex: Optional[str] = Field(
-        None, description="Follow only links whose absolute URL matches (re.search); None: all."
+        None, description="Follow only links whose canonical URL matches this or one of "
+        "allow_regex (re.search); None: all."
     )
     same_host: bool = Field(
         True,
