@@ -7,6 +7,7 @@ fragment); on top of that default ports and tracking parameters go, so one page 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from collections.abc import Iterable
 from typing import NamedTuple, Optional
@@ -16,6 +17,7 @@ from w3lib.url import canonicalize_url
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _URL_PREFIXES = ("http://", "https://")
+_CACHED_URLS = 8192  # per job and process: about 3 MB
 
 # Query parameters that only say where a visitor came from (analytics and ad click IDs).
 DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
@@ -39,8 +41,10 @@ class Canonicalizer:
     def __init__(self, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> None:
         patterns = [fnmatch.translate(p) for p in strip_params]
         self._strip = re.compile("|".join(patterns)).match if patterns else None
+        # Most links of a site are on every page (menus, footers): each is worked out once.
+        self.canonical = functools.lru_cache(maxsize=_CACHED_URLS)(self._canonical)
 
-    def canonical(self, url: str) -> CanonicalURL:
+    def _canonical(self, url: str) -> CanonicalURL:
         """``url`` canonicalized. Raises ``ValueError`` unless it is an absolute http(s) URL
         without credentials."""
         try:
