@@ -132,8 +132,9 @@ def hostile_spec(base: str, out) -> JobSpec:
     return build_spec({
         "seeds": [base + "/"],
         "saver": {"output": str(out)},
-        "fetch": {"connect_timeout": 2, "read_timeout": 2, "total_timeout": 3, "max_bytes": 1_000_000},
-        "max_retries": 2,
+        # Generous for a loaded machine; only the slow drip should hit total_timeout.
+        "fetch": {"connect_timeout": 5, "read_timeout": 5, "total_timeout": 5, "max_bytes": 1_000_000},
+        "max_retries": 1,
     })
 
 
@@ -168,7 +169,7 @@ def check_outcomes(tracker, job, base, refused, counts, out) -> None:
     assert counts["/target"] == 1  # 2,000 tracking variants: one item, fetched once
     assert counts["/flaky"] == 2 and counts["/busy"] == 2  # failed once, then retried to done
     assert counts["/robots.txt"] == 1  # once per host, then from Redis
-    assert counts["/drip"] == 3  # a timeout is retried (max_retries=2), then dead
+    assert counts["/drip"] == 2  # a timeout is retried (max_retries=1), then dead
 
 
 def test_hostile_site_through_the_pipeline(redis_url, tmp_path, caplog):
@@ -184,7 +185,7 @@ def test_hostile_site_through_the_pipeline(redis_url, tmp_path, caplog):
     # The 429's Retry-After reached the pipeline (the tracker's backoff will wait that long).
     assert "HTTP 429 for " + base + "/busy (Retry-After 1s)" in caplog.text
     # Connection refused was retried (each attempt asks the closed port's robots.txt first).
-    assert caplog.text.count(f"http://127.0.0.1:{refused}/refused: robots.txt unavailable") == 3
+    assert caplog.text.count(f"http://127.0.0.1:{refused}/refused: robots.txt unavailable") == 2
     assert not any("%C3%83" in entry["path"] for entry in log)  # über never requested as Ã¼ber
 
 
