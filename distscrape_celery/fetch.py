@@ -113,6 +113,11 @@ class Fetcher:
                 )
             visited.add(target)
             current = target
+            if time.monotonic() > deadline:
+                raise FetchError(
+                    f"timed out after {spec.total_timeout:g}s (total_timeout) following "
+                    f"redirects from {url}", retryable=True,
+                )
         raise FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
 
     def _get_one(self, url: str, deadline: float) -> "Download | str":

@@ -7,6 +7,7 @@ import email.utils
 import re
 import ipaddress
 import socket
+import time
 
 import pytest
 from distscrape_celery.encoding import decode_html
@@ -298,6 +299,21 @@ def test_redirect_loop_is_named() -> None:
             Fetcher(FetchSpec(read_timeout=2, max_redirects=10)).get(base + "/a")
     assert info.value.retryable is False
     assert len(log) == 2
+
+
+def test_total_timeout_covers_a_chain_of_slow_redirects() -> None:
+    def slow_hop(h) -> None:
+        n = int(h.path.rsplit("/", 1)[1])
+        time.sleep(0.4)
+        reply(h, 302, headers={"Location": f"/hop/{n + 1}"})
+
+    routes = {f"/hop/{n}": slow_hop for n in range(20)}
+    with serve(routes) as (base, _, log):
+        fetch = Fetcher(FetchSpec(read_timeout=5, total_timeout=1, max_redirects=20))
+        with pytest.raises(FetchError, match="total_timeout.* following redirects") as info:
+            fetch.get(base + "/hop/0")
+    assert info.value.retryable is True
+    assert len(log) <= 4  # not all 20 hops of read_timeout each
 
 
 def test_allowed_content_types_are_checked_before_the_body_is_read() -> None:
