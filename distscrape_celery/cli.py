@@ -20,6 +20,7 @@ from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
 from .seedfile import BadLine, SeedFile
 from .settings import Settings
+from .urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
 
@@ -39,8 +40,10 @@ def _spec_data(
     overrides: dict[str, Any] = {"seeds": list(seeds) or None}
     for param, (option, field) in SPEC_FLAGS.items():
         value = flags[param]
-        if param == "all_hosts":
-            value = False if value else None
+        if param in FLAG_VALUES:
+            value = FLAG_VALUES[param] if value else None
+        elif isinstance(value, tuple):  # a repeatable option
+            value = list(value) or None
         if value is not None:
             section, _, key = field.partition(".")
             overrides.setdefault(section, {})[key] = value
@@ -123,6 +126,19 @@ scraper_saver_options = [
                  help="How items are saved (default: the saver --output names: a redis:// URL "
                       "redis, a .tar* name tar, a .warc.gz name warc, else files)."),
 ]
+# What a job fetches and how (see the README's Crawl policy).
+policy_options = [
+    click.option("--ignore-robots", is_flag=True, help="Fetch what robots.txt disallows."),
+    click.option("--user-agent", metavar="UA", help="User-Agent header, also matched in robots.txt."),
+    click.option("--max-depth", type=click.IntRange(0), metavar="N",
+                 help="Follow links at most N hops from a seed (0: the seeds only)."),
+    click.option("--allow-domain", "allow_domains", multiple=True, metavar="DOMAIN",
+                 help="Follow links to DOMAIN and its subdomains (repeatable; default: the "
+                      "seeds' hosts)."),
+    click.option("--allow-private", is_flag=True,
+                 help="Let links reach private, loopback and link-local addresses (by default "
+                      "only the seeds' own addresses)."),
+]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
 SPEC_FLAGS = {
@@ -133,7 +149,14 @@ SPEC_FLAGS = {
     "download_url_fmt": ("--download-url-fmt", "scraper.download_url_fmt"),
     "saver": ("--saver", "saver.kind"),
     "output": ("--output", "saver.output"),
+    "ignore_robots": ("--ignore-robots", "fetch.obey_robots"),
+    "user_agent": ("--user-agent", "fetch.user_agent"),
+    "max_depth": ("--max-depth", "scraper.max_depth"),
+    "allow_domains": ("--allow-domain", "scraper.allowed_domains"),
+    "allow_private": ("--allow-private", "fetch.allow_private"),
 }
+# On/off flags: the value a given flag sets its field to (not given, the field is left alone).
+FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
 
 
 def with_spec_options(fn):
@@ -144,7 +167,7 @@ def with_spec_options(fn):
         flags = {param: kwargs.pop(param) for param in (*SPEC_FLAGS, "config")}
         return fn(*args, spec_flags=flags, **kwargs)
 
-    for option in reversed(spec_options + scraper_saver_options):
+    for option in reversed(spec_options + scraper_saver_options + policy_options):
         command = option(command)
     return command
 
@@ -271,7 +294,8 @@ def _open_seed_file(
         except OSError as exc:
             raise ConfigError(f"--ids-file: cannot read {path!r}: {exc.strerror or exc}") from None
     scraper = data.get("scraper")
-    kind = scraper.get("kind") if isinstance(scraper, dict) else None
+    scraper = scraper if isinstance(scraper, dict) else {}
+    canonicalizer = Canonicalizer(scraper.get("strip_params", DEFAULT_TRACKING_PARAMS))
 
     def report(bad: BadLine) -> None:
         if reader.bad <= MAX_BAD_LINES_SHOWN:
@@ -279,7 +303,7 @@ def _open_seed_file(
         if reader.bad == MAX_BAD_LINES_SHOWN:
             progress.say(f"{path}: further malformed lines are counted, not shown")
 
-    reader = SeedFile(stream, kind, report)
+    reader = SeedFile(stream, scraper.get("kind"), report, canonicalizer)
     progress.track(reader, size)
     return reader
 

@@ -28,11 +28,14 @@ class TrackerUnavailable(DistscrapeError):
 
 
 class FetchError(DistscrapeError):
-    """A download failed. ``retryable`` says whether trying again later may succeed."""
+    """A download failed. ``retryable`` says whether trying again later may succeed;
+    ``retry_after`` is how many seconds the server asked us to wait first (``Retry-After``), or
+    None."""
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after = retry_after
 
 
 class SaveError(DistscrapeError):

@@ -1,19 +1,29 @@
-"""HTTP downloads: one pooled session per thread, and limits on time and size always on."""
+"""HTTP downloads: one pooled session per thread, limits on time and size always on, every
+connection and redirect hop past the SSRF guard, and failures classified as retryable or not."""
 
 from __future__ import annotations
 
+import email.utils
+import fnmatch
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from typing import Optional
+from urllib.parse import urldefrag, urljoin, urlsplit
 
 import requests
+import requests.utils
 import urllib3.exceptions
 
 from .errors import FetchError
-from .jobspec import FetchSpec
+from .jobspec import FetchSpec, JobSpec
+from .ssrf import AddressGuard, AddressRefused, guarded_adapter
 
 _CHUNK_BYTES = 64 * 1024
+# Statuses worth trying again later; every other 4xx is the request's own fault.
+_RETRY_STATUSES = frozenset({408, 425, 429})
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 @dataclass(frozen=True)
@@ -44,12 +54,31 @@ class Download:
 class Fetcher:
     """Downloads http(s) URLs within the limits of a :class:`FetchSpec`.
 
-    Safe to share between threads: each thread gets its own pooled ``requests.Session``.
+    With a ``guard``, every connection (each redirect hop's too) goes only to addresses it
+    allows; without one, anywhere. ``content_types`` (fnmatch patterns of media types), if given,
+    are the only types whose body is read. Safe to share between threads: each thread gets its
+    own pooled ``requests.Session``.
     """
 
-    def __init__(self, spec: FetchSpec) -> None:
+    def __init__(
+        self,
+        spec: FetchSpec,
+        guard: Optional[AddressGuard] = None,
+        content_types: Optional[Iterable[str]] = None,
+    ) -> None:
         self.spec = spec
+        self.guard = guard
+        self.content_types = tuple(content_types) if content_types is not None else None
         self._local = threading.local()
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, **guard_hooks) -> "Fetcher":
+        """The fetcher of a job: its limits, its SSRF guard (``guard_hooks``: ``resolver`` and
+        ``classify``, for tests) and its scraper's allowed content types."""
+        return cls(
+            spec.fetch, AddressGuard.from_spec(spec, **guard_hooks),
+            spec.scraper.allowed_content_types,
+        )
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
@@ -58,26 +87,51 @@ class Fetcher:
             # No proxies, .netrc credentials or CA bundles from the environment: a crawl must not
             # send a user's credentials to the sites it visits.
             session.trust_env = False
-            session.max_redirects = self.spec.max_redirects
             session.headers["User-Agent"] = self.spec.user_agent
+            if self.guard is not None:
+                for prefix in ("http://", "https://"):
+                    session.mount(prefix, guarded_adapter(self.guard))
             self._local.session = session
         return session
 
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
         raises :class:`FetchError` for anything else, never an exception of requests or urllib3."""
-        try:
-            scheme = urlsplit(url).scheme.lower()
-        except ValueError as exc:
-            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
-        if scheme not in ("http", "https"):
-            raise FetchError(f"not an http(s) URL: {url}", retryable=False)
+        _check_scheme(url)
         spec = self.spec
         deadline = time.monotonic() + spec.total_timeout
+        visited = {urldefrag(url)[0]}
+        current = url
+        for _hop in range(spec.max_redirects + 1):
+            target = self._get_one(current, deadline)
+            if isinstance(target, Download):
+                return target
+            if target in visited:
+                raise FetchError(
+                    f"redirect loop: {current} redirects to {target}, already visited "
+                    f"(starting from {url})", retryable=False,
+                )
+            visited.add(target)
+            current = target
+            if time.monotonic() > deadline:
+                raise FetchError(
+                    f"timed out after {spec.total_timeout:g}s (total_timeout) following "
+                    f"redirects from {url}", retryable=True,
+                )
+        raise FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
+
+    def _get_one(self, url: str, deadline: float) -> "Download | str":
+        """One request: the download, or the URL its redirect points to."""
+        spec = self.spec
         timeout = (spec.connect_timeout, _read_timeout(spec))
         try:
-            with self._session().get(url, stream=True, timeout=timeout) as response:
+            session = self._session()
+            with session.get(url, stream=True, timeout=timeout, allow_redirects=False) as response:
+                location = _redirect_target(session, response)
+                if location is not None:
+                    return location
                 _check_status(response)
+                self._check_type(response)
                 body = self._read_body(response, deadline)
                 return Download(
                     url=response.url,
@@ -85,10 +139,22 @@ class Fetcher:
                     content_type=response.headers.get("Content-Type", ""),
                     body=body,
                 )
+        except AddressRefused as exc:
+            raise FetchError(f"{exc}: {url}", retryable=False) from None
         except requests.RequestException as exc:
             raise _request_error(exc, url, spec) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise _urllib3_error(exc, url, spec) from exc
+
+    def _check_type(self, response: requests.Response) -> None:
+        if self.content_types is None:
+            return
+        media_type = media_type_of(response.headers.get("Content-Type", ""))
+        if not any(fnmatch.fnmatchcase(media_type, p) for p in self.content_types):
+            raise FetchError(
+                f"content type {media_type or '(none)'} of {response.url} is not one of "
+                f"allowed_content_types", retryable=False,
+            )
 
     def _read_body(self, response: requests.Response, deadline: float) -> bytes:
         """The decoded body, read as it arrives so the deadline holds even against a slow drip
@@ -116,11 +182,65 @@ def _read_timeout(spec: FetchSpec) -> float:
     return min(spec.read_timeout, spec.total_timeout)
 
 
+def media_type_of(content_type: str) -> str:
+    """The media type of a Content-Type header, lowercased, without parameters."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _check_scheme(url: str) -> None:
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:
+        raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
+    if scheme not in ("http", "https"):
+        raise FetchError(f"not an http(s) URL: {url}", retryable=False)
+
+
+def _redirect_target(session: requests.Session, response: requests.Response) -> Optional[str]:
+    """The absolute URL a redirect response points to (fragment dropped), or None."""
+    if response.status_code not in _REDIRECT_STATUSES:
+        return None
+    location = session.get_redirect_target(response)
+    if location is None:
+        return None  # a redirect status without a Location is returned as it is
+    try:
+        target = urldefrag(requests.utils.requote_uri(urljoin(response.url, location)))[0]
+        scheme = urlsplit(target).scheme
+    except ValueError as exc:
+        raise FetchError(f"invalid URL {response.url}: bad redirect: {exc}", retryable=False)
+    if scheme not in ("http", "https"):
+        raise FetchError(
+            f"invalid URL {response.url}: redirect to a non-http(s) URL {target}", retryable=False
+        )
+    return target
+
+
 def _check_status(response: requests.Response) -> None:
     status = response.status_code
     if status >= 400:
-        retryable = status >= 500 or status in (408, 429)
-        raise FetchError(f"HTTP {status} for {response.url}", retryable=retryable)
+        retryable = status >= 500 or status in _RETRY_STATUSES
+        after = retry_after(response.headers.get("Retry-After")) if retryable else None
+        message = f"HTTP {status} for {response.url}"
+        if after is not None:
+            message += f" (Retry-After {after:g}s)"
+        raise FetchError(message, retryable=retryable, retry_after=after)
+
+
+def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP-date); None when
+    absent or unreadable. A date in the past is 0."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def _request_error(exc: requests.RequestException, url: str, spec: FetchSpec) -> FetchError:
@@ -131,8 +251,6 @@ def _request_error(exc: requests.RequestException, url: str, spec: FetchSpec) ->
         )
     if isinstance(exc, requests.ReadTimeout):
         return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
-    if isinstance(exc, requests.TooManyRedirects):
-        return FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
     if isinstance(
         exc,
         (

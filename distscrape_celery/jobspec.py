@@ -14,7 +14,7 @@ from pydantic import (
 
 from .errors import ConfigError
 from .settings import format_validation_error
-from .urls import normalize_url
+from .urls import DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, normalize_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,8 +34,43 @@ class FetchSpec(_Strict):
     total_timeout: float = Field(60.0, gt=0, le=3600, description="Whole download, body included.")
     max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest body kept, after decoding.")
     max_redirects: int = Field(5, ge=0, le=30)
-    user_agent: str = "distscrape-celery/0.1"
+    user_agent: str = Field(
+        "distscrape-celery/0.1",
+        min_length=1, description="Sent with every request, and matched against robots.txt.",
+    )
+    obey_robots: bool = Field(True, description="Fetch nothing robots.txt disallows.")
+    robots_cache_seconds: float = Field(
+        86400.0, gt=0, description="How long a host's robots.txt is kept (in Redis) before it "
+        "is fetched again.",
+    )
+    allow_private: bool = Field(
+        False,
+        description="Let the job reach private, loopback, link-local and reserved addresses. "
+        "Without it only the addresses its seeds resolve to are allowed of those.",
+    )
 
+    @field_validator("user_agent")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be one line of printable characters")
+        return value
+
+
+# Links to files a crawler has no use for (Scrapy's IGNORED_EXTENSIONS, without js).
+DEFAULT_DENY_EXTENSIONS: tuple[str, ...] = (
+    "7z", "7zip", "bz2", "rar", "tar", "tar.gz", "xz", "zip", "gz", "tgz",
+    "mng", "pct", "bmp", "gif", "jpg", "jpeg", "png", "pst", "psp", "tif", "tiff", "ai", "drw",
+    "dxf", "eps", "ps", "svg", "cdr", "ico", "webp", "avif", "heic",
+    "mp3", "wma", "ogg", "wav", "ra", "aac", "mid", "au", "aiff", "flac", "opus",
+    "3gp", "asf", "asx", "avi", "mov", "mp4", "mpg", "mpeg", "qt", "rm", "swf", "wmv", "m4a",
+    "m4v", "flv", "webm", "mkv",
+    "xls", "xlsm", "xlsx", "xltm", "xltx", "potm", "potx", "ppt", "pptm", "pptx", "pps", "doc",
+    "docb", "docm", "docx", "dotm", "dotx", "odt", "ods", "odg", "odp",
+    "css", "pdf", "exe", "bin", "rss", "dmg", "iso", "apk", "jar", "msi", "deb", "rpm",
+    "woff", "woff2", "ttf", "otf", "eot",
+)
+_DOMAIN = re.compile(r"^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_-]{1,63}$|^[0-9a-f:.]+$")
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -55,9 +90,44 @@ class ScraperSpec(_Strict):
         "simple", description='"simple", or a custom Scraper class as "package.module:Class".'
     )
     link_regex: Optional[str] = Field(
-        None, description="Follow only links whose absolute URL matches (re.search); None: all."
+        None, description="Follow only links whose canonical URL matches this or one of "
+        "allow_regex (re.search); None: all."
     )
-    same_host: bool = Field(True, description="Follow only links to the seeds' hosts.")
+    same_host: bool = Field(
+        True,
+        description="Follow only links to the seeds' hosts (or to allowed_domains, if given); "
+        "false: any host.",
+    )
+    allowed_domains: Optional[list[str]] = Field(
+        None,
+        description="Follow only links to these domains and their subdomains; None: the seeds' "
+        "hosts exactly.",
+    )
+    allow_regex: list[str] = Field(
+        [], description="Follow only links whose canonical URL matches one of these (re.search)."
+    )
+    deny_regex: list[str] = Field(
+        [], description="Never follow links whose canonical URL matches one of these (re.search)."
+    )
+    deny_extensions: list[str] = Field(
+        list(DEFAULT_DENY_EXTENSIONS),
+        description="Never follow links whose path ends in one of these extensions (no dot, "
+        "case-insensitive).",
+    )
+    max_depth: Optional[int] = Field(
+        None, ge=0, description="Follow links only this many hops from a seed (0: the seeds "
+        "only); None: no limit.",
+    )
+    strip_params: list[str] = Field(
+        list(DEFAULT_TRACKING_PARAMS),
+        description="Query parameters dropped from every URL (names or fnmatch patterns), so "
+        "that tracking parameters do not make one page many items.",
+    )
+    allowed_content_types: Optional[list[str]] = Field(
+        None,
+        description="Keep only downloads of these media types (fnmatch patterns such as "
+        "'text/*'); others end dead before their body is read. None: any type.",
+    )
     id_regex: Optional[str] = Field(
         None,
         description="ids scraper: IDs are the matches of this regex (its first group, if it "
@@ -74,16 +144,34 @@ class ScraperSpec(_Strict):
     def _kind(cls, value: str) -> str:
         return _check_kind(value, ("simple", "ids"))
 
-    @field_validator("link_regex", "id_regex")
+    @field_validator("link_regex", "id_regex", "allow_regex", "deny_regex")
     @classmethod
-    def _compiles(cls, value: Optional[str]) -> Optional[str]:
-        if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+    def _compiles(cls, value: Any) -> Any:
+        for pattern in value if isinstance(value, list) else [value]:
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
         return value
 
+    @field_validator("allowed_domains")
+    @classmethod
+    def _domains(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        if value is None:
+            return value
+        out = []
+        for domain in value:
+            name = domain.strip().strip(".").lower()
+            if not _DOMAIN.match(name):
+                raise ValueError(f"{domain!r} is not a domain name (no scheme, port or path)")
+            out.append(name)
+        return out
+
+    @field_validator("deny_extensions")
+    @classmethod
+    def _extensions(cls, value: list[str]) -> list[str]:
+        return [ext.strip().lstrip(".").lower() for ext in value if ext.strip().lstrip(".")]
 
     @field_validator("download_url_fmt")
     @classmethod
@@ -112,6 +200,8 @@ class ScraperSpec(_Strict):
                 if getattr(self, n) is None
             ]
             raise ValueError(f"the ids scraper needs {' and '.join(missing)}")
+        if self.allowed_domains is not None and not self.same_host:
+            raise ValueError("allowed_domains and same_host = false (--all-hosts) exclude each other")
         return self
 
 
@@ -239,19 +329,35 @@ class JobSpec(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _seed_items(cls, data: Any) -> Any:
-        """Seeds are URLs, normalised; with the ids scraper they may also be IDs, kept as given."""
+        """Seeds are URLs, canonicalized as found links are; with the ids scraper they may also
+        be IDs, kept as given."""
         if not isinstance(data, dict) or not isinstance(data.get("seeds"), list):
             return data
-        scraper = data.get("scraper")
-        kind = scraper.get("kind") if isinstance(scraper, dict) else getattr(scraper, "kind", None)
+        scraper = data.get("scraper", ScraperSpec())
+        if isinstance(scraper, dict):
+            try:
+                scraper = ScraperSpec.model_validate(scraper)
+            except ValidationError:
+                return data  # reported by the field's own validation, under its name
+        if not isinstance(scraper, ScraperSpec):
+            return data
+        kind = scraper.kind
+        canonicalizer = Canonicalizer(scraper.strip_params)
         out: list[str] = []
         for seed in data["seeds"]:
             if not isinstance(seed, str):
                 raise ValueError(f"seed {seed!r} is not a string")
-            item = seed_item(seed, kind)
+            item = seed_item(seed, kind, canonicalizer)
             if item not in out:
                 out.append(item)
         return {**data, "seeds": out}
+
+    def origin_urls(self) -> list[str]:
+        """The URLs the job's owner named: its URL seeds, and the ids scraper's download URL."""
+        urls = [seed for seed in self.seeds if "://" in seed]
+        if self.scraper.download_url_fmt is not None:
+            urls.append(normalize_url(self.scraper.download_url_fmt.format("0", id="0")))
+        return urls
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -263,10 +369,11 @@ class JobSpec(_Strict):
 
 # IDs and URLs travel through the broker and the tracker; one this long is junk or an attack.
 MAX_ID_CHARS = 256
-MAX_URL_CHARS = 8192
 
 
-def seed_item(seed: str, scraper_kind: Optional[str]) -> str:
+def seed_item(
+    seed: str, scraper_kind: Optional[str], canonicalizer: Optional[Canonicalizer] = None
+) -> str:
     """The item a seed stands for: a normalised URL, or with the ids scraper an ID (stripped,
     printable, at most 256 characters) unless it is a URL. Raises ValueError saying why not."""
     if scraper_kind == "ids" and "://" not in seed:
@@ -279,7 +386,7 @@ def seed_item(seed: str, scraper_kind: Optional[str]) -> str:
     if len(seed) > MAX_URL_CHARS:
         raise ValueError(f"malformed seed URL {_shown(seed)}: longer than {MAX_URL_CHARS} characters")
     try:
-        return normalize_url(seed)
+        return normalize_url(seed, canonicalizer)
     except ValueError as exc:
         raise ValueError(f"malformed seed URL {_shown(seed)}: {exc}") from None
 

@@ -22,6 +22,9 @@ key                               type    holds
 ``P spec``                        string  the job spec as JSON
 ``P body:<token>``                string  a downloaded body staged for the save task (has a TTL)
 ``ds:jobs``                       set     names of every seeded job
+``ds:robots:<origin>``            string  a host's robots.txt record (JSON), shared by all jobs
+                                          (has a TTL); ``<origin>`` is ``scheme://host[:port]``
+``ds:robots-fetch:<origin>``      string  set while one worker fetches that robots.txt (TTL)
 ``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
 ``ds:{workers}:concurrency``      hash    worker ID -> concurrency
 ``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
@@ -45,6 +48,16 @@ WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
 HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
 WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
+
+
+def robots(origin: str) -> str:
+    """Where the robots.txt record of ``origin`` (``scheme://host[:port]``) is cached."""
+    return f"{PREFIX}:robots:{origin}"
+
+
+def robots_fetch(origin: str) -> str:
+    """The claim of the worker fetching ``origin``'s robots.txt right now."""
+    return f"{PREFIX}:robots-fetch:{origin}"
 
 
 def check_job_name(job: str) -> str:

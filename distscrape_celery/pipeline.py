@@ -69,6 +69,12 @@ class ItemPipeline:
         log.warning("%s %s: %s (%s)", job, item, reason, res.outcome.value)
         return res.outcome.value
 
+    def _check_robots(self, job: str, url: Optional[str]) -> None:
+        """Raise :class:`FetchError` if the job's robots.txt policy forbids fetching ``url``."""
+        robots = self.rt.robots(job)
+        if robots is not None and url is not None:
+            robots.check(url)
+
     def scrape(self, job: str, item: str) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task.
         Returns what happened (for logs and tests)."""
@@ -81,17 +87,22 @@ class ItemPipeline:
         token = co.token
         scraper = self.rt.scraper(job)
         try:
+            self._check_robots(job, scraper.url_for(item))
             download = scraper.download(item)
         except FetchError as exc:
             return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable)
         except Exception as exc:  # a scraper bug must cost one item, never the worker
             log.exception("%s %s: scraper download raised", job, item)
             return self._fail(job, item, token, f"download error: {exc!r}", fault=Fault.ITEM)
-        try:
-            found = scraper.find_items(item, download)
-        except Exception as exc:
-            log.exception("%s %s: scraper find_items raised", job, item)
-            return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
+        max_depth = spec.scraper.max_depth
+        if max_depth is not None and co.depth >= max_depth:
+            found: list[str] = []  # its links would be deeper than the job goes
+        else:
+            try:
+                found = scraper.find_items(item, download)
+            except Exception as exc:
+                log.exception("%s %s: scraper find_items raised", job, item)
+                return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
         # Staged before the item turns save-pending, so a pending save always has a body to take.
         self.rt.staging.stage(job, token, download.body)
         res = tracker.scraped(job, item, token, found, co.depth + 1)

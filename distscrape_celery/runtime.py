@@ -17,6 +17,7 @@ import redis
 
 from .components import build_saver, build_scraper
 from .jobspec import JobSpec
+from .robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
 from .savers import ItemSaver
 from .scrapers import Scraper
 from .settings import Settings
@@ -28,18 +29,21 @@ log = logging.getLogger(__name__)
 
 class Runtime:
     def __init__(
-        self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False
+        self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False,
+        robots_store: Optional[RobotsStore] = None,
     ) -> None:
         self.settings = settings
         self.tracker = tracker
         self.staging = staging
         self.in_memory = in_memory
+        self.robots_store = robots_store if robots_store is not None else MemoryRobotsStore()
         # Until the worker agent registers, leases name the process.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
         self._specs: dict[str, JobSpec] = {}
         self._scrapers: dict[str, Scraper] = {}
         self._savers: dict[str, ItemSaver] = {}
+        self._robots: dict[str, RobotsCache] = {}
 
     @classmethod
     def for_redis(cls, settings: Settings) -> "Runtime":
@@ -47,7 +51,10 @@ class Runtime:
         bodies = redis.Redis.from_url(
             settings.redis_url, socket_connect_timeout=5, socket_timeout=30
         )
-        return cls(settings, tracker, RedisBodyStaging(bodies, settings.body_ttl))
+        return cls(
+            settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
+            robots_store=RedisRobotsStore(bodies),
+        )
 
     @classmethod
     def in_memory_runtime(cls, settings: Settings) -> "Runtime":
@@ -67,6 +74,14 @@ class Runtime:
 
     def scraper(self, job: str) -> Scraper:
         return self._per_job(self._scrapers, job, build_scraper)
+
+    def robots(self, job: str) -> Optional[RobotsCache]:
+        """The job's robots.txt policy; None when the job ignores robots.txt."""
+        if not self.spec(job).fetch.obey_robots:
+            return None
+        return self._per_job(
+            self._robots, job, lambda spec: RobotsCache.from_spec(spec, self.robots_store)
+        )
 
     def saver(self, job: str) -> ItemSaver:
         def open_saver(spec: JobSpec) -> ItemSaver:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Optional
 
 from .jobspec import seed_item
+from .urls import Canonicalizer
 
 
 @dataclass(frozen=True)
@@ -22,15 +23,18 @@ class SeedFile:
     """The seeds of ``stream``, one a line, as items of a job whose scraper is ``scraper_kind``.
 
     Blank lines and whitespace around a seed are skipped; each seed is checked and normalised
-    like a spec's seeds (:func:`~distscrape_celery.jobspec.seed_item`). A line that is not a seed
+    like a spec's seeds (:func:`~distscrape_celery.jobspec.seed_item`, with the job's
+    ``canonicalizer``). A line that is not a seed
     (or not UTF-8) goes to ``on_bad`` and is skipped. ``bytes_read`` and ``bad`` grow as it is read.
     """
 
     def __init__(
-        self, stream: BinaryIO, scraper_kind: Optional[str], on_bad: Callable[[BadLine], None]
+        self, stream: BinaryIO, scraper_kind: Optional[str], on_bad: Callable[[BadLine], None],
+        canonicalizer: Optional[Canonicalizer] = None,
     ) -> None:
         self.stream = stream
         self.scraper_kind = scraper_kind
+        self.canonicalizer = canonicalizer
         self.on_bad = on_bad
         self.bytes_read = 0
         self.bad = 0
@@ -44,7 +48,7 @@ class SeedFile:
                 text = raw.decode("utf-8").strip()
                 if not text:
                     continue
-                item = seed_item(text, kind)
+                item = seed_item(text, kind, self.canonicalizer)
             except UnicodeDecodeError as exc:
                 self._bad(number, f"not UTF-8 text ({exc.reason} at byte {exc.start})")
                 continue

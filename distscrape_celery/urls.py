@@ -1,34 +1,93 @@
-"""URL checks and the one normalisation every item URL goes through before it is deduplicated."""
+"""URL canonicalization: the one form every item URL takes before it is deduplicated.
+
+w3lib does the hard part (safe percent-encoding, sorted query, dot segments, lower-case host, no
+fragment); on top of that default ports and tracking parameters go, so one page is one item.
+"""
 
 from __future__ import annotations
 
-from urllib.parse import urldefrag, urlsplit, urlunsplit
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable
+from typing import NamedTuple, Optional
+from urllib.parse import urlsplit, urlunsplit
 
+from w3lib.url import canonicalize_url
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_URL_PREFIXES = ("http://", "https://")
+_CACHED_URLS = 8192  # per job and process: about 3 MB
+# Longer URLs are junk or an attack (browsers and servers stop well before this).
+MAX_URL_CHARS = 8192
+
+# Query parameters that only say where a visitor came from (analytics and ad click IDs).
+DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
+    "utm_*", "gclid", "gclsrc", "gbraid", "wbraid", "dclid", "fbclid", "msclkid", "yclid",
+    "twclid", "igshid", "mc_cid", "mc_eid", "_ga", "_gl", "_hsenc", "_hsmi", "mkt_tok",
+)
 
 
-def normalize_url(url: str) -> str:
-    """Return the form of ``url`` used for dedup: fragment dropped, scheme and host lowercased,
-    default port dropped, empty path made ``/``. Raises ``ValueError`` when ``url`` is not an
-    absolute http(s) URL."""
-    url, _ = urldefrag(url.strip())
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    host = (parts.hostname or "").lower()
-    if not host:
-        raise ValueError(f"URL has no host: {url!r}")
-    port = parts.port  # raises ValueError on a malformed port
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host if port is None or port == _DEFAULT_PORTS[scheme] else f"{host}:{port}"
-    if parts.username or parts.password:
-        raise ValueError(f"URL carries credentials, refusing it: {url!r}")
-    return urlunsplit((scheme, netloc, parts.path or "/", parts.query, ""))
+class CanonicalURL(NamedTuple):
+    """A canonical URL and the parts the scope checks need, so nobody splits it again."""
+
+    url: str
+    host: str
+    path: str
+
+
+class Canonicalizer:
+    """Turns URLs into their canonical form, dropping the query parameters that match
+    ``strip_params`` (names or ``fnmatch`` patterns such as ``utm_*``, case-sensitive)."""
+
+    def __init__(self, strip_params: Iterable[str] = DEFAULT_TRACKING_PARAMS) -> None:
+        patterns = [fnmatch.translate(p) for p in strip_params]
+        self._strip = re.compile("|".join(patterns)).match if patterns else None
+        # Most links of a site are on every page (menus, footers): each is worked out once.
+        self.canonical = functools.lru_cache(maxsize=_CACHED_URLS)(self._canonical)
+
+    def _canonical(self, url: str) -> CanonicalURL:
+        """``url`` canonicalized. Raises ``ValueError`` unless it is an absolute http(s) URL
+        without credentials."""
+        try:
+            url = canonicalize_url(url.strip())
+        except (ValueError, UnicodeError) as exc:
+            raise ValueError(f"malformed URL {url!r}: {exc}") from None
+        parts = urlsplit(url)
+        scheme = parts.scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        host = parts.hostname or ""
+        if not host:
+            raise ValueError(f"URL has no host: {url!r}")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError(f"URL carries credentials, refusing it: {url!r}")
+        port = parts.port  # raises ValueError on a malformed port
+        netloc = f"[{host}]" if ":" in host else host
+        if port is not None and port != _DEFAULT_PORTS[scheme]:
+            netloc = f"{netloc}:{port}"
+        query = parts.query
+        if query and self._strip is not None:
+            query = "&".join(
+                pair for pair in query.split("&") if not self._strip(pair.partition("=")[0])
+            )
+        return CanonicalURL(urlunsplit((scheme, netloc, parts.path, query, "")), host, parts.path)
+
+
+_DEFAULT = Canonicalizer()
+
+
+def normalize_url(url: str, canonicalizer: Optional[Canonicalizer] = None) -> str:
+    """The canonical form of ``url`` (default tracking parameters dropped). Raises
+    ``ValueError`` when ``url`` is not an absolute http(s) URL, or carries credentials."""
+    return (canonicalizer or _DEFAULT).canonical(url).url
 
 
 def url_host(url: str) -> str:
     """The lowercased host of ``url`` (no port)."""
     return (urlsplit(url).hostname or "").lower()
+
+
+def is_url(item: str) -> bool:
+    """True when ``item`` is an http(s) URL (rather than an ID)."""
+    return item[:8].lower().startswith(_URL_PREFIXES)

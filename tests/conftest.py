@@ -144,6 +144,11 @@ class RouteServer:
         threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
         self.base = f"http://127.0.0.1:{self._httpd.server_address[1]}"
 
+    @property
+    def page_hits(self) -> list[str]:
+        """``hits`` without the crawler's robots.txt requests."""
+        return [path for path in self.hits if path != "/robots.txt"]
+
     def __enter__(self) -> "RouteServer":
         return self
 

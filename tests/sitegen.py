@@ -304,6 +304,7 @@ class SiteServer:
         self.delay = delay
         self._lock = threading.Lock()
         self._requests: list[str] = []
+        self._robots_requests = 0
         self._conns: set[socket.socket] = set()
         self._stopped = False
         self._httpd = _Server((host, 0), _Handler)
@@ -323,9 +324,16 @@ class SiteServer:
 
     @property
     def requests(self) -> list[str]:
-        """Copy of the request log: request paths (with query) in arrival order."""
+        """Copy of the request log: request paths (with query) in arrival order. A crawler's
+        ``/robots.txt`` requests are left out (see :attr:`robots_requests`)."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def robots_requests(self) -> int:
+        """How many times ``/robots.txt`` was requested (a site never has that page)."""
+        with self._lock:
+            return self._robots_requests
 
     def counts(self) -> collections.Counter:
         with self._lock:
@@ -355,7 +363,10 @@ class SiteServer:
     # -- internals used by the handler
     def _log(self, path: str) -> None:
         with self._lock:
-            self._requests.append(path)
+            if path == "/robots.txt":
+                self._robots_requests += 1
+            else:
+                self._requests.append(path)
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:

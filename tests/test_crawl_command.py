@@ -254,7 +254,9 @@ def test_a_second_signal_stops_the_worker_at_once(small_site, tmp_path):
         children: dict[int, int] = {}
         try:
             children = started_children(crawl)
-            wait_until(lambda: server.requests, 60, "the first download to start", crawl)
+            # The first download is robots.txt's (as slow as every page of this site).
+            wait_until(lambda: server.requests or server.robots_requests, 60,
+                       "the first download to start", crawl)
             crawl.proc.send_signal(signal.SIGTERM)
             time.sleep(2)
             assert crawl.proc.poll() is None, "the worker's running download was not waited for"
@@ -310,7 +312,7 @@ def test_worker_stop_lets_the_running_task_finish(redis_url, tmp_path):
             out = tmp_path / "out"
             manager = CrawlManager(tracker, publisher.scrape)
             manager.seed("warm", build_spec({"seeds": [site.base + "/"], "saver": {"output": str(out)}}))
-            wait_until(lambda: site.hits, 30, "the download to start")
+            wait_until(lambda: site.page_hits, 30, "the download to start")
             first.stop(timeout=20)
             assert not first.alive
             second = WorkerProcess(settings, name="warm-2", concurrency=1, log_dir=str(tmp_path)).start()
@@ -320,7 +322,7 @@ def test_worker_stop_lets_the_running_task_finish(redis_url, tmp_path):
             if second is not None:
                 second.stop(timeout=5)
     assert (stats.done, stats.dead) == (1, 0)
-    assert site.hits == ["/"], site.hits  # the first worker's download was not thrown away
+    assert site.page_hits == ["/"], site.hits  # the first worker's download was not thrown away
 
 
 def test_worker_stop_kills_a_worker_that_takes_too_long(redis_url, tmp_path):
@@ -334,7 +336,7 @@ def test_worker_stop_kills_a_worker_that_takes_too_long(redis_url, tmp_path):
             group = {}
             CrawlManager(tracker, publisher.scrape).seed(
                 "slow", build_spec({"seeds": [site.base + "/"], "saver": {"output": str(tmp_path / "o")}}))
-            wait_until(lambda: site.hits, 30, "the download to start")
+            wait_until(lambda: site.page_hits, 30, "the download to start")
             group = in_sessions({worker.proc.pid})
             started = time.monotonic()
             worker.stop(timeout=2)

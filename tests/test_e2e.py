@@ -41,6 +41,7 @@ def test_distributed_crawl_saves_exactly_the_reachable_set_once(
     counts = site_server.counts()
     assert set(counts) == site.reachable  # nothing unreachable, nothing off-site
     assert max(counts.values()) == 1, [p for p, n in counts.items() if n > 1]
+    assert site_server.robots_requests == 1  # once for the host, shared by both workers in Redis
 
 
 def run_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -81,9 +81,9 @@ def test_redelivered_duplicate_of_a_done_item_does_nothing(env):
     rt.tracker.add("p", [url])
     pipe.scrape("p", url)
     pipe.save(*rec.saves[0])
-    hits = len(server.hits)
+    hits = len(server.page_hits)
     assert pipe.scrape("p", url) == "done"
-    assert len(server.hits) == hits  # no second download
+    assert len(server.page_hits) == hits  # no second download
     assert len(rec.saves) == 1
 
 
@@ -93,7 +93,7 @@ def test_item_leased_elsewhere_is_not_fetched(env):
     rt.tracker.add("p", [url])
     rt.tracker.checkout("p", url, "another-worker", max_lost=1)
     assert pipe.scrape("p", url) == "busy"
-    assert server.hits == []
+    assert server.page_hits == []
 
 
 def test_http_404_is_dead_at_once_and_503_after_retries(env):
@@ -157,7 +157,7 @@ def test_redelivered_save_after_its_process_died_counts_and_ends_dead(env, tmp_p
         lease_runs_out(rt, job, item)
     assert pipe.save(job, item, token, meta) == "save-skipped-dead"
     assert "interrupted" in rt.tracker.dead_items("p")[url]
-    assert len(server.hits) == 1  # downloaded once; never looped back to a fetch
+    assert len(server.page_hits) == 1  # downloaded once; never looped back to a fetch
     s = rt.tracker.stats("p")
     assert (s.done, s.dead, s.finished) == (0, 1, True)
     saver.save = real_save
@@ -172,7 +172,7 @@ def test_redelivered_save_after_one_crash_still_saves(env, tmp_path):
     rt.tracker.begin_save(job, item, token, rt.worker_id, max_lost=5)  # ... then the process died
     lease_runs_out(rt, job, item)
     assert pipe.save(job, item, token, meta) == "saved"
-    assert len(server.hits) == 1
+    assert len(server.page_hits) == 1
     assert rt.tracker.stats("p").done == 1
 
 
@@ -214,7 +214,7 @@ def test_full_output_defers_the_save_without_counting(env, tmp_path, monkeypatch
     assert (s.done, s.dead, s.saving) == (0, 0, 1)
     monkeypatch.setattr(saver, "save", real_save)  # space came back
     assert pipe.save(*rec.saves[-1]) == "saved"
-    assert len(server.hits) == 1  # the body was kept: no second download
+    assert len(server.page_hits) == 1  # the body was kept: no second download
     assert rt.tracker.stats("p").done == 1
 
 

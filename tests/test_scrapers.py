@@ -13,6 +13,7 @@ import pytest
 from distscrape_celery.errors import FetchError
 from distscrape_celery.fetch import Download, Fetcher
 from distscrape_celery.jobspec import FetchSpec, build_spec
+from distscrape_celery.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 
 PAGE_URL = "http://site.invalid/dir/sub/page.html?old=1"
@@ -125,7 +126,7 @@ def test_malformed_base_href_falls_back_to_the_page_url() -> None:
 
 def test_offsite_links_dropped_when_hosts_are_restricted() -> None:
     html = '<a href="/on">on</a>' + OFFSITE + '<a href="http://SITE.invalid:8080/port">p</a>'
-    scraper = SimpleScraper(allowed_hosts=["Site.Invalid"])
+    scraper = SimpleScraper(LinkScope(hosts=["Site.Invalid"]))
     assert links(html, scraper) == ["http://site.invalid/on", "http://site.invalid:8080/port"]
 
 
@@ -137,7 +138,7 @@ def test_offsite_links_kept_without_host_restriction() -> None:
 def test_link_regex_filters_on_the_absolute_normalised_url() -> None:
     html = """<a href="/item/1">1</a><a href="/about">about</a><a href="item/2">rel</a>
         <a href="/ITEM/3">upper</a>"""
-    scraper = SimpleScraper(link_regex=r"^http://site\.invalid/.*item/\d+$")
+    scraper = SimpleScraper(LinkScope(allow=[r"^http://site\.invalid/.*item/\d+$"]))
     assert links(html, scraper) == [
         "http://site.invalid/item/1",
         "http://site.invalid/dir/sub/item/2",
@@ -203,10 +204,12 @@ def test_without_content_type_only_bodies_starting_like_html_are_scraped(
 def test_charset_from_content_type_decodes_hrefs() -> None:
     body = '<a href="/café">x</a>'.encode("latin-1")
     assert links(body, content_type="text/html; charset=ISO-8859-1") == [
-        "http://site.invalid/café"
+        "http://site.invalid/caf%C3%A9"
     ]
     utf8 = '<a href="/café">x</a>'.encode()
-    assert links(utf8, content_type='text/html; charset="utf-8"') == ["http://site.invalid/café"]
+    assert links(utf8, content_type='text/html; charset="utf-8"') == [
+        "http://site.invalid/caf%C3%A9"
+    ]
 
 
 def test_unknown_charset_does_not_stop_scraping() -> None:
@@ -288,8 +291,8 @@ def test_from_spec_wires_regex_hosts_and_fetch_limits() -> None:
         }
     )
     scraper = SimpleScraper.from_spec(spec)
-    assert scraper.allowed_hosts == frozenset({"site.invalid", "second.invalid"})
-    assert scraper.link_pattern is not None and scraper.link_pattern.pattern == "/keep/"
+    assert scraper.scope.hosts == frozenset({"site.invalid", "second.invalid"})
+    assert [p.pattern for p in scraper.scope.allow] == ["/keep/"]
     assert isinstance(scraper.fetcher, Fetcher)
     assert scraper.fetcher.spec == spec.fetch
     html = """<a href="/keep/1">1</a><a href="/drop/2">2</a>
@@ -304,8 +307,8 @@ def test_from_spec_wires_regex_hosts_and_fetch_limits() -> None:
 def test_from_spec_without_same_host_allows_every_host() -> None:
     spec = build_spec({"seeds": ["http://site.invalid/"], "scraper": {"same_host": False}})
     scraper = SimpleScraper.from_spec(spec)
-    assert scraper.allowed_hosts is None
-    assert scraper.link_pattern is None
+    assert scraper.scope.hosts is None and scraper.scope.domains is None
+    assert scraper.scope.allow == []
     assert links('<a href="/on">x</a>' + OFFSITE, scraper) == [
         "http://site.invalid/on",
         "http://example.invalid/elsewhere",

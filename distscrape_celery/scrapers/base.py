@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Optional
 
 from ..fetch import Download
 from ..jobspec import JobSpec
+from ..urls import is_url
 
 
 class Scraper(ABC):
@@ -15,6 +17,10 @@ class Scraper(ABC):
     @abstractmethod
     def from_spec(cls, spec: JobSpec) -> "Scraper":
         """Build the scraper a job's spec describes."""
+
+    def url_for(self, item: str) -> Optional[str]:
+        """The URL ``item`` is downloaded from, for the robots.txt check; None: not known."""
+        return item if is_url(item) else None
 
     @abstractmethod
     def download(self, item: str) -> Download:

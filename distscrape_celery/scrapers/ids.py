@@ -7,17 +7,12 @@ import re
 from typing import Optional
 from urllib.parse import quote
 
+from ..encoding import decode_html
 from ..fetch import Download, Fetcher
 from ..jobspec import MAX_ID_CHARS, FetchSpec, JobSpec
+from ..urls import is_url
 from .base import Scraper
-from .simple import _charset
 
-_URL_PREFIXES = ("http://", "https://")
-
-
-def is_url(item: str) -> bool:
-    """True when ``item`` is a URL (a listing page) rather than an ID."""
-    return item[:8].lower().startswith(_URL_PREFIXES)
 
 
 def id_url(download_url_fmt: str, item_id: str) -> str:
@@ -44,9 +39,10 @@ class IDScraper(Scraper):
         s = spec.scraper
         if s.id_regex is None or s.download_url_fmt is None:  # the spec validator requires both
             raise ValueError("IDScraper needs scraper.id_regex and scraper.download_url_fmt")
-        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher(spec.fetch))
+        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher.for_job(spec))
 
     def url_for(self, item: str) -> str:
+        """The URL ``item`` is downloaded from: itself if a URL, else made from the ID."""
         return item if is_url(item) else id_url(self.download_url_fmt, item)
 
     def download(self, item: str) -> Download:
@@ -55,7 +51,7 @@ class IDScraper(Scraper):
     def find_items(self, item: str, download: Download) -> list[str]:
         """IDs matched in ``download``, each once, in order of appearance. Never raises because
         of what the body contains."""
-        text = download.body.decode(_text_encoding(download.content_type), errors="replace")
+        text = decode_html(download.content_type, download.body)
         found: dict[str, None] = {}
         group = 1 if self.id_pattern.groups else 0
         for match in self.id_pattern.finditer(text):
@@ -63,14 +59,3 @@ class IDScraper(Scraper):
             if found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable():
                 found[found_id] = None
         return list(found)
-
-
-def _text_encoding(content_type: str) -> str:
-    charset = _charset(content_type)
-    if charset:
-        try:
-            "".encode(charset)
-            return charset
-        except LookupError:
-            pass
-    return "utf-8"

@@ -1,0 +1,174 @@
+"""SSRF guard: a job reaches private, loopback, link-local and reserved addresses only when its own
+seeds are there, or when it says ``allow_private``.
+
+The guard resolves every host a connection is made to, checks each address, and the connection
+then goes to an address it checked (:func:`guarded_adapter`), so a DNS answer that changes
+between the check and the connect (rebinding) cannot slip through.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from typing import Optional, Union
+
+import requests.adapters
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import NameResolutionError, NewConnectionError
+
+from .errors import DistscrapeError
+from .jobspec import JobSpec
+from .urls import url_host
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+# host -> the addresses it resolves to (strings); raises socket.gaierror when it does not resolve.
+Resolver = Callable[[str], list[str]]
+# (host, address) -> what kind of non-public address it is ("a loopback"), or None if public.
+Classifier = Callable[[str, IPAddress], Optional[str]]
+
+
+class AddressRefused(DistscrapeError):
+    """A host resolved to an address the job may not reach; permanent."""
+
+
+def system_resolver(host: str) -> list[str]:
+    """The addresses the system resolver gives for ``host``, in its order, each once."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def address_kind(host: str, ip: IPAddress) -> Optional[str]:
+    """What kind of non-public address ``ip`` is, for a message; None when it is public."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for kind, flag in (
+        ("a loopback", ip.is_loopback), ("a link-local", ip.is_link_local),
+        ("a multicast", ip.is_multicast), ("an unspecified", ip.is_unspecified),
+        ("a private", ip.is_private), ("a reserved", ip.is_reserved),
+    ):
+        if flag:
+            return kind
+    return None if ip.is_global else "a non-public"
+
+
+class AddressGuard:
+    """Resolves hosts for connections and refuses non-public addresses, except those the
+    ``trusted_hosts`` (the job's seeds) resolve to, or all of them with ``allow_private``."""
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        trusted_hosts: Iterable[str] = (),
+        resolver: Resolver = system_resolver,
+        classify: Classifier = address_kind,
+    ) -> None:
+        self.allow_private = allow_private
+        self.trusted_hosts = tuple(dict.fromkeys(trusted_hosts))
+        self.resolver = resolver
+        self.classify = classify
+        self._trusted: Optional[frozenset[IPAddress]] = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, **hooks) -> "AddressGuard":
+        """The guard of a job: its seeds' (and download URL's) hosts are trusted. ``hooks``:
+        ``resolver`` and ``classify``, for tests."""
+        return cls(
+            allow_private=spec.fetch.allow_private,
+            trusted_hosts=[url_host(url) for url in spec.origin_urls()], **hooks,
+        )
+
+    def addresses(self, host: str) -> list[str]:
+        """The addresses to connect to for ``host``, every one checked. Raises
+        :class:`AddressRefused`, or ``socket.gaierror`` when ``host`` does not resolve."""
+        resolved = self._resolve(host)
+        if not self.allow_private:
+            for ip in resolved:
+                kind = self.classify(host, ip)
+                if kind is not None and ip not in self._trusted_addresses():
+                    literal = str(ip) == host.strip("[]")
+                    where = f"{ip} is" if literal else f"{host} resolves to {ip},"
+                    raise AddressRefused(
+                        f"refused: {where} {kind} address (the job's seeds are not there; "
+                        "allow_private permits it)"
+                    )
+        return [str(ip) for ip in resolved]
+
+    def _resolve(self, host: str) -> list[IPAddress]:
+        host = host.strip("[]")
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            pass
+        resolved = [ipaddress.ip_address(a.partition("%")[0]) for a in self.resolver(host)]
+        if not resolved:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
+        return resolved
+
+    def _trusted_addresses(self) -> frozenset[IPAddress]:
+        """The non-public addresses the seeds resolve to, looked up once (a seed that does not
+        resolve now is looked up again next time)."""
+        if self._trusted is not None:
+            return self._trusted
+        with self._lock:
+            found: set[IPAddress] = set()
+            complete = True
+            for host in self.trusted_hosts:
+                try:
+                    found.update(ip for ip in self._resolve(host) if self.classify(host, ip))
+                except (OSError, ValueError):
+                    complete = False
+            trusted = frozenset(found)
+            if complete:
+                self._trusted = trusted
+            return trusted
+
+
+def guarded_adapter(guard: AddressGuard, **kwargs) -> requests.adapters.HTTPAdapter:
+    """A requests adapter whose every new connection goes to an address ``guard`` checked."""
+
+    class Connection(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            return _connect_checked(self, guard, HTTPConnection._new_conn)
+
+    class TLSConnection(HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            return _connect_checked(self, guard, HTTPSConnection._new_conn)
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class TLSPool(HTTPSConnectionPool):
+        ConnectionCls = TLSConnection
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args, **kw) -> None:
+            super().init_poolmanager(*args, **kw)
+            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
+
+    return Adapter(**kwargs)
+
+
+def _connect_checked(conn: HTTPConnection, guard: AddressGuard, connect) -> socket.socket:
+    """urllib3's own connect (and its error mapping), aimed at each checked address in turn.
+    The TLS server name and Host header still come from the host name, restored afterwards."""
+    name = conn._dns_host
+    try:
+        addresses = guard.addresses(name)
+    except socket.gaierror as exc:
+        raise NameResolutionError(conn.host, conn, exc) from exc
+    try:
+        for address in addresses[:-1]:
+            conn._dns_host = address
+            try:
+                return connect(conn)
+            except NewConnectionError:
+                continue  # the host's next address
+        conn._dns_host = addresses[-1]
+        return connect(conn)
+    finally:
+        conn._dns_host = name

@@ -1,0 +1,298 @@
+"""Hostile and tricky sites on 127.0.0.1, crawled through the real item pipeline and a real Redis
+tracker (and once through real Celery workers): every item ends done, or dead with its reason;
+robots.txt, canonical duplicates and the SSRF guard hold."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import socket
+import threading
+import time
+from collections import Counter, deque
+from http.server import BaseHTTPRequestHandler
+
+import pytest
+
+from conftest import crawl_settings
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.fetch import Fetcher
+from distscrape_celery.jobspec import JobSpec, build_spec
+from distscrape_celery.local import wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.pipeline import ItemPipeline
+from distscrape_celery.robots import RobotsCache
+from distscrape_celery.runtime import Runtime
+from distscrape_celery.savers import FileItemSaver
+from distscrape_celery.scope import LinkScope
+from distscrape_celery.scrapers import SimpleScraper
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+from test_fetch import reply, serve
+from test_policy import public_test_hooks
+
+HTML = {"Content-Type": "text/html"}  # no charset: the body decides
+TRAP_LINKS = 2000
+
+
+class InlinePublisher:
+    """Runs the tasks the pipeline publishes in this thread, in order, instead of via a broker."""
+
+    def __init__(self) -> None:
+        self.tasks: deque = deque()
+
+    def scrape(self, job, items):
+        self.tasks.extend(("scrape", job, item) for item in items)
+
+    def save(self, job, item, token, meta, delay=0):
+        self.tasks.append(("save", job, item, token, meta))
+
+
+def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500):
+    publish = InlinePublisher()
+    pipe = ItemPipeline(rt, publish)
+    rt.tracker.register_worker("inline", 1, 4)
+    CrawlManager(rt.tracker, publish.scrape).seed(job, spec)
+    for _ in range(max_tasks):
+        if not publish.tasks:
+            break
+        kind, *args = publish.tasks.popleft()
+        (pipe.scrape if kind == "scrape" else pipe.save)(*args)
+    stats = rt.tracker.stats(job)
+    assert stats.finished, stats
+    return stats
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def hostile_routes(refused: int) -> tuple[dict, Counter]:
+    """Routes of a site where every page misbehaves its own way, and a counter of requests."""
+    counts: Counter = Counter()
+    trap = "".join(f'<a href="/target?utm_source={n}&utm_medium=m#f{n}">t</a>' for n in range(TRAP_LINKS))
+    links = ["/huge", "/bomb", "/endless/0", "/loop-a", "/drip", "/lying-gzip", "/bad-bytes",
+             "/flaky", "/busy", "/private/secret", "/h/über", "/trap", "/gone",
+             f"http://127.0.0.1:{refused}/refused"]
+    index = "<html><body>" + "".join(f'<a href="{link}">x</a>' for link in links) + "</body></html>"
+
+    def counted(handler):
+        def route(h: BaseHTTPRequestHandler) -> None:
+            counts[h.path] += 1
+            handler(h)
+        return route
+
+    def drip(h):
+        h.send_response(200)
+        h.send_header("Content-Length", "1000")
+        h.end_headers()
+        try:
+            for _ in range(1000):
+                h.wfile.write(b"x")
+                h.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            pass  # the crawler gave up, as it should
+
+    def once_then(first, then):
+        def route(h):
+            (first if counts[h.path] == 1 else then)(h)
+        return route
+
+    ok = lambda body: lambda h: reply(h, 200, body, HTML)  # noqa: E731
+    routes = {
+        "/robots.txt": lambda h: reply(h, 200, b"User-agent: *\nDisallow: /private/\nCrawl-delay: 0.5\n",
+                                       {"Content-Type": "text/plain"}),
+        "/": ok(index.encode()),
+        "/huge": ok(b"x" * 3_000_000),
+        "/bomb": lambda h: reply(h, 200, gzip.compress(b"\0" * 50_000_000), {**HTML, "Content-Encoding": "gzip"}),
+        "/loop-a": lambda h: reply(h, 302, headers={"Location": "/loop-b"}),
+        "/loop-b": lambda h: reply(h, 302, headers={"Location": "/loop-a"}),
+        "/drip": drip,
+        "/lying-gzip": lambda h: reply(h, 200, b"not gzip at all", {**HTML, "Content-Encoding": "gzip"}),
+        "/bad-bytes": ok(b'<html><p>\xff\xfe\x80\xc3(</p><a href="/ok">ok</a>\xe2\x82</html>'),
+        "/ok": ok(b"fine"),
+        "/flaky": once_then(lambda h: reply(h, 500, b"oops"), ok(b"recovered")),
+        "/busy": once_then(lambda h: reply(h, 429, b"slow down", {"Retry-After": "1"}), ok(b"served")),
+        "/private/secret": ok(b"robots said no"),
+        "/h/%C3%BCber": ok(b"uber"),
+        "/trap": ok(f"<html>{trap}</html>".encode()),
+        "/target": ok(b"the one page behind every tracking link"),
+        "/gone": lambda h: reply(h, 404, b"no"),
+    }
+    for n in range(20):  # an endless chain of redirects
+        routes[f"/endless/{n}"] = (lambda n: lambda h: reply(h, 302, headers={"Location": f"/endless/{n + 1}"}))(n)
+    return {path: counted(route) for path, route in routes.items()}, counts
+
+
+def hostile_spec(base: str, out) -> JobSpec:
+    return build_spec({
+        "seeds": [base + "/"],
+        "saver": {"output": str(out)},
+        # Generous for a loaded machine; only the slow drip should hit total_timeout.
+        "fetch": {"connect_timeout": 5, "read_timeout": 5, "total_timeout": 5, "max_bytes": 1_000_000},
+        "max_retries": 1,
+    })
+
+
+def expected_outcomes(base: str, refused: int) -> tuple[set[str], dict[str, str]]:
+    done = {"/", "/bad-bytes", "/ok", "/flaky", "/busy", "/h/%C3%BCber", "/trap", "/target"}
+    dead = {
+        "/huge": "exceeds max_bytes=1000000",
+        "/bomb": "exceeds max_bytes=1000000",
+        "/endless/0": "more than 5 redirects",
+        "/loop-a": "redirect loop",
+        "/drip": "total_timeout",
+        "/lying-gzip": "cannot decode the body",
+        "/private/secret": "disallowed by robots.txt",
+        "/gone": "HTTP 404",
+    }
+    dead_urls = {base + path: why for path, why in dead.items()}
+    dead_urls[f"http://127.0.0.1:{refused}/refused"] = "connection refused"
+    return {base + path for path in done}, dead_urls
+
+
+def check_outcomes(tracker, job, base, refused, counts, out) -> None:
+    done, dead = expected_outcomes(base, refused)
+    reasons = tracker.dead_items(job)
+    assert set(reasons) == set(dead), reasons
+    for url, why in dead.items():
+        assert why in reasons[url], (url, reasons[url])
+    saver = FileItemSaver(out)
+    assert {url for url in done if (out / saver.name_for(url)).is_file()} == done
+    stats = tracker.stats(job)
+    assert (stats.done, stats.dead) == (len(done), len(dead))
+    assert counts["/private/secret"] == 0  # disallowed: never requested
+    assert counts["/target"] == 1  # 2,000 tracking variants: one item, fetched once
+    assert counts["/flaky"] == 2 and counts["/busy"] == 2  # failed once, then retried to done
+    assert counts["/robots.txt"] == 1  # once per host, then from Redis
+    assert counts["/drip"] == 2  # a timeout is retried (max_retries=1), then dead
+
+
+def test_hostile_site_through_the_pipeline(redis_url, tmp_path, caplog):
+    refused = closed_port()
+    routes, counts = hostile_routes(refused)
+    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+    out = tmp_path / "out"
+    with serve(routes) as (base, _, log), caplog.at_level(logging.WARNING):
+        spec = hostile_spec(base, out)
+        crawl_inline(rt, "hostile", spec)
+        assert rt.robots("hostile").crawl_delay(base + "/") == 0.5  # for the tracker's pacing
+    check_outcomes(rt.tracker, "hostile", base, refused, counts, out)
+    # The 429's Retry-After reached the pipeline (the tracker's backoff will wait that long).
+    assert "HTTP 429 for " + base + "/busy (Retry-After 1s)" in caplog.text
+    # Connection refused was retried (each attempt asks the closed port's robots.txt first).
+    assert caplog.text.count(f"http://127.0.0.1:{refused}/refused: robots.txt unavailable") == 2
+    assert not any("%C3%83" in entry["path"] for entry in log)  # über never requested as Ã¼ber
+
+
+def test_hostile_site_through_real_workers(redis_url, workers, tmp_path):
+    settings = crawl_settings(redis_url, lease_seconds=10)
+    procs = [workers(settings, f"hostile-{i}", concurrency=3) for i in range(2)]
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, 2, procs=procs)
+    configure_app(settings)
+    refused = closed_port()
+    routes, counts = hostile_routes(refused)
+    out = tmp_path / "out"
+    with serve(routes) as (base, _, _log):
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed("hostile", hostile_spec(base, out))
+
+        def alive():
+            for p in procs:
+                p.check()  # no worker died of what it was sent
+
+        manager.wait("hostile", timeout=120, check=alive)
+    check_outcomes(tracker, "hostile", base, refused, counts, out)
+    alive()
+
+
+def test_max_depth_stops_the_crawl(redis_url, tmp_path):
+    chain = {f"/d{n}": (lambda n: lambda h: reply(h, 200, f'<a href="/d{n + 1}">next</a>'.encode(), HTML))(n)
+             for n in range(10)}
+    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+    with serve(chain) as (base, _, log):
+        spec = build_spec({"seeds": [base + "/d0"], "saver": {"output": str(tmp_path / "o")},
+                           "scraper": {"max_depth": 3}})
+        stats = crawl_inline(rt, "deep", spec)
+    assert (stats.done, stats.dead, stats.seen) == (4, 0, 4)  # /d0 (depth 0) to /d3
+    assert [e["path"] for e in log if e["path"] != "/robots.txt"] == ["/d0", "/d1", "/d2", "/d3"]
+
+
+def test_ignore_robots_and_robots_status_rules(redis_url, tmp_path):
+    disallow_all = lambda h: reply(h, 200, b"User-agent: *\nDisallow: /\n")  # noqa: E731
+    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+    for job, robots, obey, outcome in [
+        ("obeyed", disallow_all, True, "disallowed by robots.txt"),
+        ("ignored", disallow_all, False, None),
+        ("missing", lambda h: reply(h, 404, b""), True, None),  # 4xx: everything allowed
+        ("erroring", lambda h: reply(h, 503, b""), True, "robots.txt unavailable"),  # 5xx: nothing yet
+    ]:
+        routes = {"/robots.txt": robots, "/page": lambda h: reply(h, 200, b"page", HTML)}
+        with serve(routes) as (base, _, log):
+            spec = build_spec({"seeds": [base + "/page"], "saver": {"output": str(tmp_path / job)},
+                               "fetch": {"obey_robots": obey}, "max_retries": 1})
+            stats = crawl_inline(rt, job, spec)
+        dead = rt.tracker.dead_items(job)
+        if outcome is None:
+            assert (stats.done, dead) == (1, {}), job
+        else:
+            assert outcome in dead[base + "/page"], (job, dead)
+            assert "/page" not in [e["path"] for e in log], job
+        if not obey:
+            assert "/robots.txt" not in [e["path"] for e in log]
+
+
+def test_robots_txt_is_cached_in_redis_for_every_worker(redis_url, redis_client):
+    hits = []
+    routes = {"/robots.txt": lambda h: (hits.append(1), reply(h, 200, b"User-agent: *\nDisallow: /x\n"))}
+    with serve(routes) as (base, _, _log):
+        spec = build_spec({"seeds": [base + "/"], "fetch": {"robots_cache_seconds": 30}})
+        workers = [Runtime.for_redis(crawl_settings(redis_url)) for _ in range(3)]  # as 3 processes
+        results = []
+        threads = [threading.Thread(target=lambda r=r: results.append(
+            RobotsCache.from_spec(spec, r.robots_store).allowed(base + "/x/1"))) for r in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert results == [False, False, False]
+    assert len(hits) == 1  # fetched by one worker, the others waited for its record
+    ttl = redis_client.pttl(f"ds:robots:{base}")
+    assert 0 < ttl <= 30_000
+
+
+def test_public_seed_cannot_reach_loopback_or_metadata(redis_url, tmp_path):
+    """A "public" site (public.invalid, served on 127.0.0.1 but classified as public by the
+    guard's injected resolver) links and redirects to 127.0.0.1 and 169.254.169.254: both are
+    refused after resolution, and nothing is requested there."""
+    routes: dict = {}
+    with serve(routes) as (base, _, log):
+        port = base.rsplit(":", 1)[1]
+        public = f"http://public.invalid:{port}"
+        page = (f'<a href="{base}/secret">a</a><a href="http://169.254.169.254/latest/meta-data/">b</a>'
+                f'<a href="/go">c</a><a href="http://[::ffff:127.0.0.1]:{port}/secret">d</a>')
+        routes.update({
+            "/": lambda h: reply(h, 200, page.encode(), HTML),
+            "/go": lambda h: reply(h, 302, headers={"Location": f"{base}/secret"}),
+            "/secret": lambda h: reply(h, 200, b"internal"),
+        })
+        spec = build_spec({"seeds": [public + "/"], "scraper": {"same_host": False},
+                           "saver": {"output": str(tmp_path / "o")}, "max_retries": 0})
+        rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+        hooks = public_test_hooks({"public.invalid": "127.0.0.1"})
+        # The job's components, built as the runtime would but with the injected resolver.
+        rt._scrapers["ssrf"] = SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks))
+        rt._robots["ssrf"] = RobotsCache.from_spec(spec, rt.robots_store, **hooks)
+        crawl_inline(rt, "ssrf", spec)
+    dead = rt.tracker.dead_items("ssrf")
+    assert "refused: 127.0.0.1 is a loopback address" in dead[f"{base}/secret"]
+    assert "refused: 127.0.0.1 is a loopback address" in dead[f"{public}/go"]
+    assert "refused: ::ffff:7f00:1 is a loopback address" in dead[f"http://[::ffff:7f00:1]:{port}/secret"]
+    assert "refused: 169.254.169.254 is a link-local address" in dead["http://169.254.169.254/latest/meta-data/"]
+    assert sorted(e["path"] for e in log) == ["/", "/go", "/robots.txt"]
+    assert all(e["headers"]["Host"] == f"public.invalid:{port}" for e in log)

@@ -1,0 +1,363 @@
+"""Crawl policy, unit by unit: canonical URLs, page encodings, link scope, the SSRF guard, failure
+classification and the policy options of the command line. Fast; HTTP only on 127.0.0.1."""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import ipaddress
+import socket
+import time
+
+import pytest
+from distscrape_celery.encoding import decode_html
+from distscrape_celery.errors import ConfigError, FetchError
+from distscrape_celery.fetch import Download, Fetcher, retry_after
+from distscrape_celery.jobspec import FetchSpec, JobSpec, build_spec
+from distscrape_celery.scope import LinkScope
+from distscrape_celery.scrapers import SimpleScraper
+from distscrape_celery.ssrf import AddressGuard, AddressRefused, address_kind
+from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.urls import Canonicalizer, normalize_url
+from test_cli import assert_one_line_error, run
+from test_fetch import reply, serve
+
+
+# -- canonical URLs -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("url", "canonical"),
+    [
+        ("HTTP://Example.COM:80/a/./b/../c?z=1&a=2#frag", "http://example.com/a/c?a=2&z=1"),
+        ("https://example.com:443", "https://example.com/"),
+        ("https://example.com:8443/x", "https://example.com:8443/x"),
+        ("http://example.com/p?utm_source=3&utm_medium=x&id=7&fbclid=1&gclid=2#f",
+         "http://example.com/p?id=7"),
+        ("http://example.com/p?utm_source=1", "http://example.com/p"),
+        ("http://example.com/p?mc_cid=1&mc_eid=2&q=a+b", "http://example.com/p?q=a+b"),
+        ("http://example.com/h/über", "http://example.com/h/%C3%BCber"),
+        ("http://[::0:1]:8080/x", "http://[::1]:8080/x"),
+    ],
+)
+def test_canonical_form(url: str, canonical: str) -> None:
+    assert normalize_url(url) == canonical
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://example.com/x", "not an http(s) URL"),
+        ("mailto:a@example.com", "not an http(s) URL"),
+        ("http://user:pw@example.com/", "credentials"),
+        ("http:///path", "no host"),
+        ("http://example.com:99999/", "Port out of range"),
+    ],
+)
+def test_non_crawlable_urls_are_value_errors(url: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        normalize_url(url)
+
+
+def test_tracking_parameters_are_configurable() -> None:
+    keep_utm = Canonicalizer(["sessionid", "ref_*"])
+    assert keep_utm.canonical("http://e.invalid/?utm_source=1&sessionid=9&ref_a=1").url == (
+        "http://e.invalid/?utm_source=1"
+    )
+    assert Canonicalizer([]).canonical("http://e.invalid/?gclid=1").url == "http://e.invalid/?gclid=1"
+    spec = build_spec({"seeds": ["http://e.invalid/?sessionid=1&x=2"],
+                       "scraper": {"strip_params": ["sessionid"]}})
+    assert spec.seeds == ["http://e.invalid/?x=2"]  # seeds go through the job's own rules
+
+
+def test_two_thousand_tracking_variants_of_one_page_are_one_link() -> None:
+    hrefs = "".join(f'<a href="/page?utm_source={n}&utm_campaign=c#f{n}">x</a>' for n in range(2000))
+    body = f"<html><body>{hrefs}<a href='/page#top'>again</a></body></html>".encode()
+    download = Download("http://site.invalid/", 200, "text/html", body)
+    assert SimpleScraper().find_items(download.url, download) == ["http://site.invalid/page"]
+
+
+# -- encodings ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("text/html", '<a href="/h/über">'.encode()),  # no charset anywhere: UTF-8 first
+        ("", '<a href="/h/über">'.encode()),
+        ("text/html", '<a href="/h/über">'.encode("latin-1")),  # not UTF-8: windows-1252
+        ("text/html", '<meta charset="iso-8859-1"><a href="/h/über">'.encode("latin-1")),
+        ("text/html; charset=latin-1", '<a href="/h/über">'.encode("latin-1")),
+        ("text/html; charset=iso-8859-1", b"\xef\xbb\xbf" + '<a href="/h/über">'.encode()),  # BOM wins
+        ("text/html; charset=no-such-codec", '<a href="/h/über">'.encode()),
+    ],
+)
+def test_pages_are_decoded_as_browsers_do(content_type: str, body: bytes) -> None:
+    assert '<a href="/h/über">' in decode_html(content_type, body)
+
+
+def test_utf8_link_without_charset_is_requested_as_utf8() -> None:
+    body = '<html><a href="/h/über">über</a></html>'.encode()
+    download = Download("http://site.invalid/", 200, "text/html", body)
+    assert SimpleScraper().find_items(download.url, download) == [
+        "http://site.invalid/h/%C3%BCber"  # not /h/%C3%83%C2%BCber (Ã¼)
+    ]
+
+
+# -- scope ----------------------------------------------------------------------------------------
+
+def scope_of(**scraper) -> LinkScope:
+    return LinkScope.from_spec(build_spec({"seeds": ["http://www.site.invalid/"], "scraper": scraper}))
+
+
+def test_default_scope_is_the_seeds_hosts_exactly() -> None:
+    scope = scope_of()
+    assert scope.accept("http://WWW.site.invalid/a#x") == "http://www.site.invalid/a"
+    assert scope.accept("https://www.site.invalid:8443/a") == "https://www.site.invalid:8443/a"
+    assert scope.accept("http://sub.www.site.invalid/a") is None
+    assert scope.accept("http://other.invalid/a") is None
+
+
+def test_allowed_domains_take_their_subdomains() -> None:
+    scope = scope_of(allowed_domains=["Site.Invalid"])
+    assert scope.accept("http://site.invalid/") == "http://site.invalid/"
+    assert scope.accept("http://a.b.site.invalid/") == "http://a.b.site.invalid/"
+    assert scope.accept("http://evilsite.invalid/") is None
+    assert scope.accept("http://site.invalid.evil.invalid/") is None
+
+
+def test_allow_and_deny_regexes_and_link_regex() -> None:
+    # link_regex is one more allow pattern: a link must match one of them, and no deny pattern.
+    scope = scope_of(allow_regex=["/docs/", "/blog/"], deny_regex=["/draft"], link_regex="/news/")
+    assert scope.accept("http://www.site.invalid/docs/2024/a") is not None
+    assert scope.accept("http://www.site.invalid/news/today") is not None
+    assert scope.accept("http://www.site.invalid/blog/2023/draft-1") is None
+    assert scope.accept("http://www.site.invalid/shop/2024/") is None
+
+
+@pytest.mark.parametrize(
+    ("path", "followed"),
+    [("/a.PNG", False), ("/x.tar.gz", False), ("/doc.pdf?download=1", False), ("/page.html", True),
+     ("/dir.png/", True), ("/archive.gz.html", True), ("/noext", True)],
+)
+def test_denied_extensions(path: str, followed: bool) -> None:
+    assert (scope_of().accept("http://www.site.invalid" + path) is not None) is followed
+    assert scope_of(deny_extensions=[]).accept("http://www.site.invalid" + path) is not None
+
+
+def test_scope_spec_errors_name_the_field() -> None:
+    for scraper, field in [
+        ({"allowed_domains": ["https://x.invalid/"]}, "scraper.allowed_domains"),
+        ({"allow_regex": ["(unclosed"]}, "scraper.allow_regex"),
+        ({"deny_regex": ["["]}, "scraper.deny_regex"),
+        ({"max_depth": -1}, "scraper.max_depth"),
+        ({"allowed_domains": ["x.invalid"], "same_host": False}, "scraper"),
+    ]:
+        with pytest.raises(ConfigError, match=field):
+            build_spec({"seeds": ["http://x.invalid/"], "scraper": scraper})
+
+
+# -- SSRF guard -----------------------------------------------------------------------------------
+
+def resolver(table: dict[str, list[str]]):
+    def resolve(host: str) -> list[str]:
+        if host not in table:
+            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
+        return table[host]
+
+    return resolve
+
+
+@pytest.mark.parametrize(
+    ("address", "kind"),
+    [("127.0.0.1", "a loopback"), ("169.254.169.254", "a link-local"), ("10.1.2.3", "a private"),
+     ("192.168.0.1", "a private"), ("::1", "a loopback"), ("fe80::1", "a link-local"),
+     ("::ffff:127.0.0.1", "a loopback"), ("0.0.0.0", "an unspecified"), ("224.0.0.1", "a multicast"),
+     ("100.64.0.1", "a non-public"), ("93.184.216.34", None), ("2606:4700::1111", None)],
+)
+def test_address_kinds(address: str, kind: str | None) -> None:
+    assert address_kind("h", ipaddress.ip_address(address)) == kind
+
+
+def test_guard_refuses_private_addresses_by_name_and_literal() -> None:
+    guard = AddressGuard(
+        trusted_hosts=["public.invalid"],
+        resolver=resolver({"public.invalid": ["93.184.216.34"], "meta.invalid": ["169.254.169.254"],
+                           "mixed.invalid": ["93.184.216.35", "10.0.0.1"]}),
+    )
+    assert guard.addresses("public.invalid") == ["93.184.216.34"]
+    with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local address"):
+        guard.addresses("169.254.169.254")
+    with pytest.raises(AddressRefused, match="meta.invalid resolves to 169.254.169.254, a link-local"):
+        guard.addresses("meta.invalid")
+    with pytest.raises(AddressRefused, match="10.0.0.1, a private"):  # one bad answer is enough
+        guard.addresses("mixed.invalid")
+    with pytest.raises(AddressRefused, match="loopback"):
+        guard.addresses("[::1]")
+    with pytest.raises(socket.gaierror):
+        guard.addresses("nowhere.invalid")
+
+
+def test_guard_trusts_the_addresses_of_the_seeds_only() -> None:
+    spec = build_spec({"seeds": ["http://intranet.invalid/"]})
+    guard = AddressGuard.from_spec(
+        spec, resolver=resolver({"intranet.invalid": ["10.0.0.5"], "db.invalid": ["10.0.0.6"]})
+    )
+    assert guard.addresses("intranet.invalid") == ["10.0.0.5"]
+    assert guard.addresses("10.0.0.5") == ["10.0.0.5"]
+    with pytest.raises(AddressRefused, match="10.0.0.6"):
+        guard.addresses("db.invalid")
+    with pytest.raises(AddressRefused, match="169.254.169.254"):
+        guard.addresses("169.254.169.254")
+    allowed = AddressGuard.from_spec(
+        build_spec({"seeds": ["http://intranet.invalid/"], "fetch": {"allow_private": True}}),
+        resolver=resolver({"db.invalid": ["10.0.0.6"]}),
+    )
+    assert allowed.addresses("db.invalid") == ["10.0.0.6"]
+
+
+def public_test_hooks(port_hosts: dict[str, str]) -> dict:
+    """Guard hooks under which each name in ``port_hosts`` resolves to 127.0.0.1 but counts as a
+    public address: a "public" site that is really served on loopback."""
+    def classify(host: str, ip) -> str | None:
+        return None if host in port_hosts else address_kind(host, ip)
+
+    return {"resolver": resolver({h: ["127.0.0.1"] for h in port_hosts}), "classify": classify}
+
+
+def test_guarded_fetcher_connects_to_the_checked_address_and_refuses_every_hop() -> None:
+    secret_hits: list[str] = []
+    routes = {
+        "/page": lambda h: reply(h, 200, b"public page", {"Content-Type": "text/html"}),
+        "/to-loopback": None,  # filled in below, once the port is known
+        "/to-metadata": lambda h: reply(h, 302, headers={"Location": "http://169.254.169.254/latest/"}),
+        "/secret": lambda h: (secret_hits.append(h.path), reply(h, 200, b"secret")),
+    }
+    with serve(routes) as (base, _, log):
+        port = base.rsplit(":", 1)[1]
+        routes["/to-loopback"] = lambda h: reply(h, 302, headers={"Location": f"{base}/secret"})
+        spec = build_spec({"seeds": [f"http://public.invalid:{port}/page"],
+                           "fetch": {"connect_timeout": 2, "read_timeout": 2}})
+        fetch = Fetcher.for_job(spec, **public_test_hooks({"public.invalid": "127.0.0.1"}))
+        got = fetch.get(f"http://public.invalid:{port}/page")
+        assert (got.status, got.body) == (200, b"public page")
+        assert log[0]["headers"]["Host"] == f"public.invalid:{port}"  # the name, not the address
+        for path, address in [("/to-loopback", "127.0.0.1 is a loopback"),
+                              ("/to-metadata", "169.254.169.254 is a link-local")]:
+            with pytest.raises(FetchError, match=f"^refused: {address} address") as info:
+                fetch.get(f"http://public.invalid:{port}{path}")
+            assert info.value.retryable is False
+        with pytest.raises(FetchError, match="127.0.0.1 is a loopback"):
+            fetch.get(f"{base}/secret")
+    assert secret_hits == []
+    assert [entry["path"] for entry in log] == ["/page", "/to-loopback", "/to-metadata"]
+
+
+def test_a_loopback_seed_may_crawl_its_own_address() -> None:
+    with serve({"/": lambda h: reply(h, 200, b"home")}) as (base, _, _log):
+        spec = build_spec({"seeds": [base + "/"]})
+        assert Fetcher.for_job(spec).get(base + "/").body == b"home"
+
+
+# -- failures -------------------------------------------------------------------------------------
+
+def test_retry_after_seconds_and_http_date() -> None:
+    now = 1_700_000_000.0
+    assert retry_after("120", now) == 120.0
+    assert retry_after(email.utils.formatdate(now + 30, usegmt=True), now) == pytest.approx(30)
+    assert retry_after(email.utils.formatdate(now - 30, usegmt=True), now) == 0.0
+    assert retry_after("soon", now) is None
+    assert retry_after(None, now) is None
+    assert retry_after("-5", now) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "retryable", "after"),
+    [(429, {"Retry-After": "7"}, True, 7.0), (503, {"Retry-After": "2"}, True, 2.0),
+     (500, {}, True, None), (408, {}, True, None), (404, {"Retry-After": "5"}, False, None),
+     (403, {}, False, None), (410, {}, False, None)],
+)
+def test_status_classification_carries_retry_after(status, headers, retryable, after) -> None:
+    with serve({"/x": lambda h: reply(h, status, b"no", headers)}) as (base, _, _log):
+        with pytest.raises(FetchError) as info:
+            Fetcher(FetchSpec(read_timeout=2)).get(base + "/x")
+    assert (info.value.retryable, info.value.retry_after) == (retryable, after)
+
+
+def test_dns_failure_is_retryable() -> None:
+    spec = build_spec({"seeds": ["http://nowhere.invalid/"]})
+    with pytest.raises(FetchError, match="cannot resolve host") as info:
+        Fetcher.for_job(spec, resolver=resolver({})).get("http://nowhere.invalid/")
+    assert info.value.retryable is True
+
+
+def test_redirect_loop_is_named() -> None:
+    routes = {
+        "/a": lambda h: reply(h, 302, headers={"Location": "/b"}),
+        "/b": lambda h: reply(h, 301, headers={"Location": "/a#again"}),
+    }
+    with serve(routes) as (base, _, log):
+        with pytest.raises(FetchError, match="^redirect loop: ") as info:
+            Fetcher(FetchSpec(read_timeout=2, max_redirects=10)).get(base + "/a")
+    assert info.value.retryable is False
+    assert len(log) == 2
+
+
+def test_total_timeout_covers_a_chain_of_slow_redirects() -> None:
+    def slow_hop(h) -> None:
+        n = int(h.path.rsplit("/", 1)[1])
+        time.sleep(0.4)
+        reply(h, 302, headers={"Location": f"/hop/{n + 1}"})
+
+    routes = {f"/hop/{n}": slow_hop for n in range(20)}
+    with serve(routes) as (base, _, log):
+        fetch = Fetcher(FetchSpec(read_timeout=5, total_timeout=1, max_redirects=20))
+        with pytest.raises(FetchError, match="total_timeout.* following redirects") as info:
+            fetch.get(base + "/hop/0")
+    assert info.value.retryable is True
+    assert len(log) <= 4  # not all 20 hops of read_timeout each
+
+
+def test_allowed_content_types_are_checked_before_the_body_is_read() -> None:
+    big = b"\x89PNG" + b"\0" * 1_000_000
+    routes = {"/img": lambda h: reply(h, 200, big, {"Content-Type": "image/png"}),
+              "/page": lambda h: reply(h, 200, b"<p>", {"Content-Type": "text/html; charset=utf-8"})}
+    spec = build_spec({"seeds": ["http://127.0.0.1/"],
+                       "scraper": {"allowed_content_types": ["text/*", "application/xhtml+xml"]}})
+    with serve(routes) as (base, _, _log):
+        fetch = Fetcher.for_job(spec)
+        assert fetch.get(base + "/page").body == b"<p>"
+        with pytest.raises(FetchError, match="content type image/png .* allowed_content_types") as info:
+            fetch.get(base + "/img")
+    assert info.value.retryable is False
+
+
+# -- command line ---------------------------------------------------------------------------------
+
+def test_policy_options_reach_the_spec(redis_url, tmp_path) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text('[fetch]\nuser_agent = "from-file/1"\n[scraper]\nmax_depth = 5\n')
+    common = ["http://www.site.invalid/", "--output", str(tmp_path / "o"), "--config", str(config),
+              "--redis-url", redis_url]
+    res = run("seed", "flags", *common, "--ignore-robots", "--user-agent", "bot/2 (+x)",
+              "--max-depth", "2", "--allow-domain", "site.invalid", "--allow-domain",
+              "other.invalid", "--allow-private")
+    assert res.returncode == 0, res.stderr
+    tracker = RedisTracker.from_url(redis_url)
+    spec = JobSpec.from_json(tracker.load_spec("flags"))
+    assert (spec.fetch.obey_robots, spec.fetch.user_agent, spec.fetch.allow_private) == (
+        False, "bot/2 (+x)", True)
+    assert (spec.scraper.max_depth, spec.scraper.allowed_domains) == (
+        2, ["site.invalid", "other.invalid"])
+    assert run("seed", "file", *common).returncode == 0
+    spec = JobSpec.from_json(tracker.load_spec("file"))  # without flags, the file's values stand
+    assert (spec.fetch.obey_robots, spec.fetch.user_agent, spec.scraper.max_depth) == (
+        True, "from-file/1", 5)
+    assert spec.fetch.allow_private is False and spec.scraper.allowed_domains is None
+
+
+def test_bad_policy_options_are_one_line_errors(redis_url) -> None:
+    for args, fragment in [
+        (["--allow-domain", "http://x.invalid/"], "scraper.allowed_domains"),
+        (["--allow-domain", "x.invalid", "--all-hosts"], "exclude each other"),
+    ]:
+        res = run("seed", "bad", "http://x.invalid/", *args, "--redis-url", redis_url)
+        assert_one_line_error(res, fragment)
