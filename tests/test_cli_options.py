@@ -402,7 +402,7 @@ def test_seeds_added_to_an_existing_job_are_crawled_and_a_changed_spec_refused(
         assert_one_line_error(res, "(scraper.link_regex differs)")
     assert (stats.done, stats.dead, stats.seen) == (6, 0, 6)
     assert tracker.stats("site").seen == 6
-    assert sorted(server.hits) == sorted(routes)  # each page downloaded once
+    assert sorted(server.page_hits) == sorted(routes)  # each page downloaded once
     names = FileItemSaver(out)
     assert saved_files(out) == {str(names.name_for(server.base + p)): routes[p][1] for p in routes}
     assert stored_spec(redis_url, "site").seeds == [server.base + "/a/"]

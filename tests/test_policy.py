@@ -356,7 +356,7 @@ def test_policy_options_reach_the_spec(redis_url, tmp_path) -> None:
 
 def test_bad_policy_options_are_one_line_errors(redis_url) -> None:
     for args, fragment in [
-        (["--allow-domain", "http://x.invalid/"], "scraper.allowed_domains"),
+        (["--allow-domain", "http://x.invalid/"], "--allow-domain: 'http://x.invalid/' is not a domain name"),
         (["--allow-domain", "x.invalid", "--all-hosts"], "exclude each other"),
     ]:
         res = run("seed", "bad", "http://x.invalid/", *args, "--redis-url", redis_url)
