@@ -26,7 +26,7 @@ def _settings(redis_url: Optional[str], lease_seconds: Optional[float] = None) -
 
 def _spec(
     seeds: tuple[str, ...], config: Optional[str], link_regex: Optional[str],
-    output: Optional[str], all_hosts: bool = False,
+    output: Optional[str], all_hosts: bool = False, politeness: Optional[dict[str, Any]] = None,
 ) -> JobSpec:
     data: dict[str, Any] = load_config_file(config) if config else {}
     data = merge(
@@ -35,6 +35,7 @@ def _spec(
             "seeds": list(seeds) or None,
             "scraper": {"link_regex": link_regex, "same_host": False if all_hosts else None},
             "saver": {"output": output},
+            "politeness": politeness or {},
         },
     )
     if not data.get("seeds"):
@@ -76,6 +77,25 @@ def with_spec_options(fn):
     return fn
 
 
+# The job spec's `politeness` section; each option's value lands under its own name.
+politeness_options = [
+    click.option("--max-rate", type=click.FloatRange(0, min_open=True), metavar="N",
+                  help="Most requests per second to one domain, across all workers."),
+    click.option("--per-domain-concurrency", type=click.IntRange(1), metavar="N",
+                  help="Most requests in flight to one domain, across all workers (default 8)."),
+    click.option("--max-pages", type=click.IntRange(1), metavar="N",
+                  help="Stop adding items once the job holds N."),
+    click.option("--max-pages-per-domain", type=click.IntRange(1), metavar="N",
+                  help="Stop adding items of a domain once the job holds N of it."),
+]
+
+
+def with_politeness_options(fn):
+    for option in reversed(politeness_options):
+        fn = option(fn)
+    return fn
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """Distributed web crawler on Celery and Redis."""
@@ -85,10 +105,11 @@ def cli() -> None:
 @click.argument("job")
 @click.argument("seeds", nargs=-1)
 @with_spec_options
+@with_politeness_options
 @redis_url_option
-def seed(job, seeds, link_regex, output, config, all_hosts, redis_url) -> None:
+def seed(job, seeds, link_regex, output, config, all_hosts, redis_url, **politeness) -> None:
     """Create JOB (or add to it) and queue its SEED URLs for the workers."""
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    spec = _spec(seeds, config, link_regex, output, all_hosts, politeness)
     tracker, manager = _redis_runtime(_settings(redis_url))
     live = [w for w in tracker.workers() if w.alive]
     if live and all(w.host == socket.gethostname() for w in live):
@@ -115,7 +136,38 @@ def status(job, as_json, redis_url) -> None:
     if as_json:
         click.echo(json.dumps({"job": job, **stats.to_dict()}))
         return
-    _print_stats(job, stats, tracker.dead_items(job, limit=10))
+    _print_stats(job, stats, tracker.dead_items(job, limit=STATUS_DEAD_SHOWN))
+
+
+STATUS_DEAD_SHOWN = 10
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line: item, reason.")
+@redis_url_option
+def dead(job, as_json, redis_url) -> None:
+    """List every dead item of JOB with the reason it was given up on, one a line."""
+    tracker, _ = _redis_runtime(_settings(redis_url))
+    for item, reason in tracker.iter_dead(job):
+        if as_json:
+            click.echo(json.dumps({"item": item, "reason": reason}))
+        else:
+            click.echo(f"{item}\t{reason}")
+
+
+@cli.command("retry-dead")
+@click.argument("job")
+@redis_url_option
+def retry_dead(job, redis_url) -> None:
+    """Queue every dead item of JOB again, its failure counts reset."""
+    tracker, _ = _redis_runtime(_settings(redis_url))
+    from .tasks import publisher
+
+    res = tracker.retry_dead(job)
+    if res.dispatch:
+        publisher.scrape(job, res.dispatch)
+    click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
 
 
 def _print_stats(job, stats, dead: dict[str, str]) -> None:
@@ -129,12 +181,15 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
     console.print(table)
     for item, reason in dead.items():
         console.print(f"[red]dead[/red] {item}: {reason}")
+    if stats.dead > len(dead):
+        console.print(f"{stats.dead - len(dead)} more: see distscrape dead {job}")
 
 
 @cli.command()
 @click.argument("seeds", nargs=-1)
 @click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
+@with_politeness_options
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Concurrent downloads.")
@@ -147,7 +202,7 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 @click.option("--fresh", is_flag=True, help="Delete the crawl's state first and start over.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-          lease_seconds, state_dir, fresh, quiet) -> None:
+          lease_seconds, state_dir, fresh, quiet, **politeness) -> None:
     """Crawl from SEED URLs on this machine, start to finish, and exit.
 
     Without --redis-url an embedded Redis is started and stopped again; real Celery worker
@@ -157,17 +212,17 @@ def crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurre
     """
     with stop_signals():
         _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency,
-               in_memory, lease_seconds, state_dir, fresh, quiet)
+               in_memory, lease_seconds, state_dir, fresh, quiet, politeness)
 
 
 def _crawl(seeds, job, link_regex, output, config, all_hosts, redis_url, concurrency, in_memory,
-           lease_seconds, state_dir, fresh, quiet) -> None:
+           lease_seconds, state_dir, fresh, quiet, politeness) -> None:
     from .crawl import (
         check_local_output, default_job_name, default_state_dir, run_in_memory_crawl,
         run_local_crawl, state_directory,
     )
 
-    spec = _spec(seeds, config, link_regex, output, all_hosts)
+    spec = _spec(seeds, config, link_regex, output, all_hosts, politeness)
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
     if (state_dir or fresh) and (in_memory or redis_url):

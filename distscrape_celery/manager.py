@@ -32,7 +32,7 @@ class CrawlManager:
         Seeding the same job with the same spec again adds nothing and is harmless."""
         check_job_name(job)
         check_components(spec)
-        created = self.tracker.create_job(job, spec.to_json())
+        created = self.tracker.create_job(job, spec.to_json(), spec.crawl_limits())
         res = self.tracker.add(job, spec.seeds, depth=0)
         if res.dispatch:
             self.publish(job, res.dispatch)

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Optional, Protocol
 
+from .backoff import Backoff
 from .errors import FetchError
 from .fetch import Download
 from .runtime import Runtime
@@ -58,12 +59,13 @@ class ItemPipeline:
             self.publisher.scrape(job, items)
 
     def _fail(
-        self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True,
+        delay: float = 0.0,
     ) -> str:
         spec = self.rt.spec(job)
         res = self.rt.tracker.fail(
             job, item, token, reason, fault=fault, max_retries=spec.max_retries,
-            max_lost=spec.max_lost, retryable=retryable,
+            max_lost=spec.max_lost, retryable=retryable, delay=delay,
         )
         self._dispatch(job, res.dispatch)
         log.warning("%s %s: %s (%s)", job, item, reason, res.outcome.value)
@@ -77,13 +79,21 @@ class ItemPipeline:
         co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
         self._dispatch(job, co.dispatch)
         if co.status is not LeaseStatus.OK:
-            return co.status.value  # done, dead, busy elsewhere, or unknown: nothing to do
+            # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
+            # the domain's slot opens): nothing to do here, and this worker's slot is free now.
+            return co.status.value
         token = co.token
         scraper = self.rt.scraper(job)
         try:
             download = scraper.download(item)
         except FetchError as exc:
-            return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable)
+            # A transient failure waits out its backoff in the tracker, not in a worker or broker.
+            delay = Backoff.from_spec(spec.politeness).delay(
+                co.failed_attempts, getattr(exc, "retry_after", None)
+            ) if exc.retryable else 0.0
+            return self._fail(
+                job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable, delay=delay
+            )
         except Exception as exc:  # a scraper bug must cost one item, never the worker
             log.exception("%s %s: scraper download raised", job, item)
             return self._fail(job, item, token, f"download error: {exc!r}", fault=Fault.ITEM)
