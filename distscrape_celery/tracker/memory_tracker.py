@@ -225,10 +225,11 @@ class InMemoryTracker(Tracker):
         out: list[str] = []
         if room <= 0:
             return out
-        # Longest waiting first, ties by name: a Redis zset's order.
-        doms = [d for _, d in sorted((s, d) for d, s in j.domains.items() if s <= now)][:room]
-        while room > 0 and doms:
-            again = []
+        while room > 0:
+            # Longest waiting first, ties by name: a Redis zset's order.
+            doms = [d for _, d in sorted((s, d) for d, s in j.domains.items() if s <= now)][:room]
+            if not doms:
+                break
             for dom in doms:
                 if room == 0:
                     break
@@ -247,9 +248,6 @@ class InMemoryTracker(Tracker):
                     j.domains.pop(dom, None)
                 else:
                     j.domains[dom] = now + interval
-                    if interval <= 0:
-                        again.append(dom)
-            doms = again
         return out
 
     def _clear_inflight(self, j: _Job, item: str, now: float) -> None:

@@ -192,10 +192,11 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   if room > max_batch then room = max_batch end
   if room <= 0 then return out end
   local now = redis_now()
-  local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', now, 'LIMIT', 0, room)
   local taken = 0
-  while room > 0 and #doms > 0 do
-    local again = {}
+  -- Each round serves every ready domain once (or drops it, its queue empty), so it ends.
+  while room > 0 do
+    local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', now, 'LIMIT', 0, room)
+    if #doms == 0 then break end
     for _, dom in ipairs(doms) do
       if room == 0 then break end
       local item, depth = pop_queued(dom)
@@ -213,11 +214,9 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
           redis.call('ZREM', K_DOMAINS, dom)
         else
           redis.call('ZADD', K_DOMAINS, now + interval, dom)
-          if interval <= 0 then again[#again + 1] = dom end
         end
       end
     end
-    doms = again
   end
   if taken > 0 then redis.call('HINCRBY', K_STATS, 'queued', -taken) end
   return out
