@@ -10,7 +10,7 @@ from .jobspec import PolitenessSpec
 
 
 class Backoff:
-    """Exponential backoff with equal jitter, at least the server's Retry-After, never past a cap."""
+    """Exponential backoff with equal jitter, at least the server's Retry-After, at most a cap."""
 
     def __init__(self, base: float, cap: float, rand: Callable[[], float] = random.random) -> None:
         self.base, self.cap, self.rand = base, cap, rand

@@ -178,7 +178,7 @@ class PolitenessSpec(_Strict):
         8, ge=1, le=100000, description="Most requests in flight to one domain, across all workers."
     )
     domain_overrides: dict[str, DomainOverride] = Field(
-        default_factory=dict,
+        default_factory=dict, max_length=1000,
         description='Per-domain max_rate and concurrency, e.g. {"example.org:8080" = {max_rate = 1}}.',
     )
     max_pages: Optional[int] = Field(

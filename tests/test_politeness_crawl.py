@@ -3,16 +3,14 @@ measured by the servers' own request timestamps."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
-import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from conftest import crawl_settings
+from conftest import RouteServer, crawl_settings
 
 from distscrape_celery.celery_app import configure_app
 from distscrape_celery.jobspec import build_spec
@@ -26,58 +24,15 @@ TESTS_DIR = Path(__file__).parent
 Response = tuple[int, bytes, dict, float]
 
 
-class TimedSite:
-    """Answers every GET with ``respond(path, n)`` (n: how many times the path was asked for
-    before) and logs (monotonic arrival time, path) of each request."""
-
-    def __init__(self, respond: Callable[[str, int], Response]) -> None:
-        self.log: list[tuple[float, str]] = []
-        lock = threading.Lock()
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                with lock:
-                    n = sum(1 for _, p in site.log if p == self.path)
-                    site.log.append((time.monotonic(), self.path))
-                status, body, headers, delay = respond(self.path, n)
-                if delay:
-                    time.sleep(delay)
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
-        self.base = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-
-    def times(self, path: str | None = None) -> list[float]:
-        return sorted(t for t, p in self.log if path is None or p == path)
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+def times(server: RouteServer, path: str | None = None) -> list[float]:
+    """When the server received the requests (for ``path``), in order."""
+    return sorted(t for t, p in server.log if path is None or p == path)
 
 
 @pytest.fixture
 def sites():
-    started: list[TimedSite] = []
-
-    def start(respond) -> TimedSite:
-        started.append(TimedSite(respond))
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.close()
+    with contextlib.ExitStack() as stack:
+        yield lambda respond: stack.enter_context(RouteServer(respond))
 
 
 def fan_out(pages: int, delay: float = 0.0) -> Callable[[str, int], Response]:
@@ -130,7 +85,7 @@ def test_rate_limit_holds_across_two_workers(sites, crawl):
     site = sites(fan_out(40))
     stats = crawl("rate", [site.base + "/"], politeness={"max_rate": 5})
     assert (stats.done, stats.dead) == (41, 0)
-    t = site.times()
+    t = times(site)
     assert len(t) == 41  # each page once
     # At 5 requests/s no 1-second window holds more than 5: any 6 in a row span a second or
     # more (less a tolerance for the time between the tracker granting a fetch and its arrival).
@@ -146,11 +101,11 @@ def test_a_slow_site_does_not_starve_a_fast_one(sites, crawl):
     assert (stats.done, stats.dead) == (42, 0)
     # Six worker slots, at most two on the slow site: the fast site's pages all came while the
     # slow one had served only a few of its 20 (each takes 0.5 s, two at a time).
-    fast_done = fast.times()[-1]
-    slow_by_then = sum(1 for t in slow.times() if t <= fast_done)
+    fast_done = times(fast)[-1]
+    slow_by_then = sum(1 for t in times(slow) if t <= fast_done)
     assert slow_by_then <= 8, slow_by_then
     # Never more than two of the slow site's requests in flight at once.
-    starts = slow.times()[1:]  # the root answers at once
+    starts = times(slow)[1:]  # the root answers at once
     assert all(b - a >= 0.5 - 0.1 for a, b in zip(starts, starts[2:])), starts
 
 
@@ -165,7 +120,7 @@ def test_500_then_200_ends_done(sites, crawl):
     site = sites(respond)
     stats = crawl("flaky", [site.base + "/"], politeness={"backoff_base": 0.2})
     assert (stats.done, stats.dead) == (2, 0)
-    assert len(site.times("/flaky")) == 2
+    assert len(times(site, "/flaky")) == 2
 
 
 def test_429_retry_after_is_honoured(sites, crawl):
@@ -181,7 +136,7 @@ def test_429_retry_after_is_honoured(sites, crawl):
         "kind": "plugins.retry_after:RetryAfterScraper", "same_host": False,
     }, politeness={"backoff_base": 0.1})
     assert (stats.done, stats.dead) == (2, 0)
-    first, second = site.times("/busy")
+    first, second = times(site, "/busy")
     assert second - first >= 2.0, second - first  # measured by the server
 
 
@@ -189,4 +144,4 @@ def test_max_pages_stops_the_crawl_at_the_count(sites, crawl):
     site = sites(fan_out(40))
     stats = crawl("ten", [site.base + "/"], politeness={"max_pages": 10})
     assert (stats.seen, stats.done, stats.dead) == (10, 10, 0)
-    assert len(site.times()) == 10
+    assert len(times(site)) == 10

@@ -1,7 +1,8 @@
 -- fail: the holder of an item reports a failed attempt; queue the item again or, past its retries,
 -- make it dead with the reason. A retry with a delay (backoff, Retry-After) waits in the delayed set
--- on Redis's clock, never in a broker countdown. Only the current holder (same fencing token) changes anything: a
--- worker whose lease already expired cannot touch a live lease or a finished item.
+-- on Redis's clock, never in a broker countdown. Only the current holder (same fencing token)
+-- changes anything: a worker whose lease already expired cannot touch a live lease or a finished
+-- item.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
 -- ARGV[2] token

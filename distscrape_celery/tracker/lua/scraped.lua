@@ -1,6 +1,7 @@
 -- scraped: a worker downloaded its leased item and staged the body. Queue the items found in it
--- (deduplicated, within the page limits) and, if the caller still holds the lease, make the item save-pending: it then
--- waits for its save message for up to save_timeout, and no other worker scrapes it meanwhile.
+-- (deduplicated, within the page limits) and, if the caller still holds the lease, make the item
+-- save-pending: it then waits for its save message for up to save_timeout, and no other worker
+-- scrapes it meanwhile.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
