@@ -176,8 +176,9 @@ class InMemoryTracker(Tracker):
         return max(lim.interval, j.crawl_delays.get(dom, 0.0)), lim.concurrency
 
     def _schedule(self, j: _Job, dom: str, now: float) -> None:
-        if j.inflight.get(dom, 0) < self._limits(j, dom)[1]:
-            j.domains.setdefault(dom, max(now, j.slots.get(dom, 0.0)))
+        interval, cap = self._limits(j, dom)
+        if j.inflight.get(dom, 0) < cap:
+            j.domains.setdefault(dom, max(now, j.slots.get(dom, 0.0)) if interval > 0 else now)
 
     def _vacate(self, j: _Job, dom: str, now: float) -> None:
         n = j.inflight.get(dom, 0) - 1

@@ -94,22 +94,25 @@ local function inflight(dom)
   return tonumber(redis.call('HGET', K_INFLIGHT, dom) or '0')
 end
 
--- `dom` has queued items: list it for dispatch if it has room under its cap, keeping a turn it
--- already has; a new turn comes when its fetch slot opens.
-local function schedule(dom)
-  local _, cap = limits(dom)
-  if inflight(dom) < cap then
+-- `dom` has queued items: list it for dispatch if it has room under its cap (`n` in flight, if
+-- the caller knows), keeping a turn it already has; a new turn comes when its fetch slot opens.
+local function schedule(dom, n)
+  local interval, cap = limits(dom)
+  if (n or inflight(dom)) < cap then
     local at = redis_now()
-    local slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0')
-    if slot > at then at = slot end
+    if interval > 0 then
+      local slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0')
+      if slot > at then at = slot end
+    end
     redis.call('ZADD', K_DOMAINS, 'NX', at, dom)
   end
 end
 
 -- A d or l item of `dom` left flight: that may open room under the domain's cap.
 local function vacate(dom)
-  if redis.call('HINCRBY', K_INFLIGHT, dom, -1) <= 0 then redis.call('HDEL', K_INFLIGHT, dom) end
-  if redis.call('LLEN', K_QUEUES .. dom) > 0 then schedule(dom) end
+  local n = redis.call('HINCRBY', K_INFLIGHT, dom, -1)
+  if n <= 0 then redis.call('HDEL', K_INFLIGHT, dom) end
+  if redis.call('LLEN', K_QUEUES .. dom) > 0 then schedule(dom, n) end
 end
 
 -- An item of `dom` went into flight (dispatched, or leased straight from its queue).
