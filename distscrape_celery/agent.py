@@ -5,7 +5,8 @@ interval it (1) records that the worker lives, (2) extends the deadlines of the 
 reserved or is running, and (3) for every job, reclaims items whose deadline passed and tops the
 broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
 When a domain's turn or a backoff ends sooner than the next heartbeat (rate limits), (3) runs
-again then, so a throttled domain is served at its rate even while no task frees a slot.
+again then, so a throttled domain is served at its rate even while no task frees a slot; while
+items are dispatched or leased, at least every second, since a failure may start a short backoff.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from distscrape_celery.tracker import (
     LeaseStatus,
     RedisTracker,
 )
+from distscrape_celery.tracker.base import WAKE_WHILE_LEASED
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 UNCAPPED = DomainLimits(concurrency=10_000)
@@ -135,6 +136,9 @@ def test_delayed_retry_comes_back_when_due_and_not_before(tracker_factory):
     t = tracker_factory()
     w = job(t, CrawlLimits())
     (item,) = t.add("j", ["http://a.invalid/"]).dispatch
+    # While an item is in flight its failure may start a short backoff: the agent is asked to
+    # look again within WAKE_WHILE_LEASED, not only at its next heartbeat.
+    assert t.maintain("j", max_lost=1).wake == pytest.approx(WAKE_WHILE_LEASED, abs=0.01)
     token = t.checkout("j", item, w, max_lost=1).token
     failed = time.monotonic()
     res = t.fail("j", item, token, "HTTP 503", fault=Fault.ITEM, max_retries=3, max_lost=1,

@@ -43,6 +43,9 @@ MAX_ADD_BATCH = 500
 MAX_DISPATCH_BATCH = 200
 # Most items reclaimed from one in-flight set by one maintenance call.
 MAX_RECLAIM_BATCH = 1000
+# While items are dispatched or leased, maintain wakes its caller at least this often (seconds): a failure may
+# start a backoff shorter than the heartbeat interval.
+WAKE_WHILE_LEASED = 1.0
 # Reasons kept for dead items are cut to this many characters.
 MAX_REASON = 500
 

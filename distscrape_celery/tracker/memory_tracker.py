@@ -16,6 +16,7 @@ from .base import (
     MAX_DISPATCH_BATCH,
     MAX_REASON,
     MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
     AddResult,
     Checkout,
     CompleteResult,
@@ -551,6 +552,8 @@ class InMemoryTracker(Tracker):
             wake = None
             if self._bound_locked() - len(j.dispatched) - len(j.pending) > 0:
                 times = list(j.domains.values()) + list(j.delayed.values())
+                if j.leased or j.dispatched:
+                    times.append(now + WAKE_WHILE_LEASED)
                 wake = max(min(times) - now, 0.0) if times else None
             return MaintainResult(dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake)
 

@@ -19,6 +19,7 @@ from .base import (
     MAX_REASON,
     MAX_DISPATCH_BATCH,
     MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
     AddResult,
     Checkout,
     CompleteResult,
@@ -315,7 +316,10 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
-        res = self._run("maintain", job, [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost])
+        res = self._run(
+            "maintain", job,
+            [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED],
+        )
         return MaintainResult(
             dispatch=list(res[3:]), reclaimed=int(res[0]), died=int(res[1]),
             wake=float(res[2]) if res[2] else None,
