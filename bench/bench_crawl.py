@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import hashlib
 import json
@@ -414,6 +415,7 @@ class Bench:
         from distscrape_celery.celery_app import configure_app
         from distscrape_celery.embedded import EmbeddedRedis
         from distscrape_celery.settings import Settings
+        from distscrape_celery.errors import JobNotFound
         from distscrape_celery.tracker import RedisTracker
 
         self.args = args
@@ -435,7 +437,8 @@ class Bench:
         self.br_info = redis.Redis.from_url(self.broker_redis.url)
         # Commands one `tracker.stats()` poll of the driver costs, subtracted from the tracker's.
         before = redis_snapshot(self.tr_info)
-        self.tracker.stats("bench-probe")
+        with contextlib.suppress(JobNotFound):  # the probe job does not exist; the poll ran
+            self.tracker.stats("bench-probe")
         self.poll_cost = redis_diff(before, redis_snapshot(self.tr_info))["commands"]
         self.sha_names = script_names()
 

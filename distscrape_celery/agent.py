@@ -4,6 +4,9 @@ Each worker process runs one agent thread (in the pool's parent for prefork). Ev
 interval it (1) records that the worker lives, (2) extends the deadlines of the items the worker has
 reserved or is running, and (3) for every job, reclaims items whose deadline passed and tops the
 broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
+When a domain's turn or a backoff ends sooner than the next heartbeat (rate limits), (3) runs
+again then, so a throttled domain is served at its rate even while no task frees a slot; while
+items are dispatched or leased, at least every second, since a failure may start a short backoff.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Optional
@@ -25,6 +29,10 @@ from .runtime import Runtime
 from .tracker import RedisTracker
 
 log = logging.getLogger(__name__)
+
+# Least wait between two dispatch rounds, so a domain whose turn has come does not spin the agent.
+MIN_WAKE = 0.05
+
 
 class Held:
     """What one worker holds of one job, from Celery's own books."""
@@ -88,30 +96,47 @@ class WorkerAgent:
         log.info("registered as worker %s", worker_id)
         return worker_id
 
-    def tick(self) -> None:
-        """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch."""
+    def tick(self) -> Optional[float]:
+        """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch.
+        Returns the seconds until dispatch can hand out more (None: not by time alone)."""
         tracker = self.rt.tracker
         tracker.heartbeat(self.rt.worker_id)
         for job, held in self.held_items().items():
             tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
-        for job in tracker.jobs():
+        return self.maintain_all()
+
+    def maintain_all(self) -> Optional[float]:
+        """Maintain every job; the soonest wake of any (see :meth:`tick`)."""
+        wake: Optional[float] = None
+        for job in self.rt.tracker.jobs():
             try:
-                self._maintain(job)
+                w = self._maintain(job)
             except Exception:  # one broken job must not stop recovery of the others
                 log.exception("maintenance of job %s failed", job)
+                continue
+            if w is not None and (wake is None or w < wake):
+                wake = w
+        return wake
 
-    def _maintain(self, job: str) -> None:
+    def _maintain(self, job: str) -> Optional[float]:
         res = self.rt.tracker.maintain(job, max_lost=self.rt.spec(job).max_lost)
         if res.reclaimed or res.died:
             log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
         if res.dispatch:
             self.publish(job, res.dispatch)
+        return res.wake
 
     def _run(self) -> None:
         failing = False
+        next_beat = 0.0
         while True:
+            wake: Optional[float] = None
             try:
-                self.tick()
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.interval
+                    wake = self.tick()
+                else:
+                    wake = self.maintain_all()
                 if failing:
                     log.warning("worker heartbeat works again")
                 failing = False
@@ -123,7 +148,10 @@ class WorkerAgent:
             except Exception:  # a bug must not end the heartbeat for good either
                 log.exception("worker heartbeat failed; retrying")
                 failing = True
-            if self._stop.wait(self.interval):
+            wait = next_beat - time.monotonic()
+            if wake is not None and not failing:
+                wait = min(wait, max(wake, MIN_WAKE))
+            if self._stop.wait(max(wait, 0.0)):
                 return
 
     def start(self) -> None:

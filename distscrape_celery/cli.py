@@ -139,6 +139,17 @@ policy_options = [
                  help="Let links reach private, loopback and link-local addresses (by default "
                       "only the seeds' own addresses)."),
 ]
+# How hard a job may hit each site, across all workers (see the README's Politeness).
+politeness_options = [
+    click.option("--max-rate", type=click.FloatRange(0, min_open=True), metavar="N",
+                 help="Most requests per second to one domain, across all workers."),
+    click.option("--per-domain-concurrency", type=click.IntRange(1), metavar="N",
+                 help="Most requests in flight to one domain, across all workers (default 8)."),
+    click.option("--max-pages", type=click.IntRange(1), metavar="N",
+                 help="Stop adding items once the job holds N."),
+    click.option("--max-pages-per-domain", type=click.IntRange(1), metavar="N",
+                 help="Stop adding items of a domain once the job holds N of it."),
+]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
 SPEC_FLAGS = {
@@ -154,6 +165,10 @@ SPEC_FLAGS = {
     "max_depth": ("--max-depth", "scraper.max_depth"),
     "allow_domains": ("--allow-domain", "scraper.allowed_domains"),
     "allow_private": ("--allow-private", "fetch.allow_private"),
+    "max_rate": ("--max-rate", "politeness.max_rate"),
+    "per_domain_concurrency": ("--per-domain-concurrency", "politeness.per_domain_concurrency"),
+    "max_pages": ("--max-pages", "politeness.max_pages"),
+    "max_pages_per_domain": ("--max-pages-per-domain", "politeness.max_pages_per_domain"),
 }
 # On/off flags: the value a given flag sets its field to (not given, the field is left alone).
 FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
@@ -167,7 +182,9 @@ def with_spec_options(fn):
         flags = {param: kwargs.pop(param) for param in (*SPEC_FLAGS, "config")}
         return fn(*args, spec_flags=flags, **kwargs)
 
-    for option in reversed(spec_options + scraper_saver_options + policy_options):
+    for option in reversed(
+        spec_options + scraper_saver_options + policy_options + politeness_options
+    ):
         command = option(command)
     return command
 
@@ -368,7 +385,38 @@ def status(job, as_json, redis_url) -> None:
     if as_json:
         click.echo(json.dumps({"job": job, **stats.to_dict()}))
         return
-    _print_stats(job, stats, tracker.dead_items(job, limit=10))
+    _print_stats(job, stats, tracker.dead_items(job, limit=STATUS_DEAD_SHOWN))
+
+
+STATUS_DEAD_SHOWN = 10
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line: item, reason.")
+@redis_url_option
+def dead(job, as_json, redis_url) -> None:
+    """List every dead item of JOB with the reason it was given up on, one a line."""
+    tracker, _ = _redis_runtime(_settings(redis_url))
+    for item, reason in tracker.iter_dead(job):
+        if as_json:
+            click.echo(json.dumps({"item": item, "reason": reason}))
+        else:
+            click.echo(f"{item}\t{reason}")
+
+
+@cli.command("retry-dead")
+@click.argument("job")
+@redis_url_option
+def retry_dead(job, redis_url) -> None:
+    """Queue every dead item of JOB again, its failure counts reset."""
+    tracker, _ = _redis_runtime(_settings(redis_url))
+    from .tasks import publisher
+
+    res = tracker.retry_dead(job)
+    if res.dispatch:
+        publisher.scrape(job, res.dispatch)
+    click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
 
 
 def _print_stats(job, stats, dead: dict[str, str]) -> None:
@@ -382,6 +430,8 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
     console.print(table)
     for item, reason in dead.items():
         console.print(f"[red]dead[/red] {item}: {reason}")
+    if stats.dead > len(dead):
+        console.print(f"{stats.dead - len(dead)} more: see distscrape dead {job}")
 
 
 @cli.command()

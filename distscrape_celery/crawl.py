@@ -215,7 +215,8 @@ def run_local_crawl(
         resumed = job in tracker.jobs()
         released = 0
         if resumed:
-            tracker.create_job(job, spec.to_json())  # a different spec: JobConflict, nothing changed
+            # A different spec: JobConflict, nothing changed.
+            tracker.create_job(job, spec.to_json(), spec.crawl_limits())
         if state_dir is not None:
             _check_no_other_unfinished_job(tracker, job, state_dir)
             if resumed:

@@ -13,7 +13,9 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .keys import NO_DOMAIN, domain_of
 from .settings import format_validation_error
+from .tracker.base import CrawlLimits, DomainLimits
 from .urls import DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, normalize_url
 
 if sys.version_info >= (3, 11):
@@ -306,6 +308,63 @@ class SaverSpec(_Strict):
         return value
 
 
+_DOMAIN = re.compile(r"^(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?$")
+
+
+class DomainOverride(_Strict):
+    """One domain's own limits; an unset one is the job's."""
+
+    max_rate: Optional[float] = Field(None, gt=0, le=10000)
+    concurrency: Optional[int] = Field(None, ge=1, le=100000)
+
+
+class PolitenessSpec(_Strict):
+    """How hard the whole cluster may hit each domain, how far the job may grow, how failed
+    downloads back off. A domain is a URL's host, with ``:port`` if the URL names one."""
+
+    max_rate: Optional[float] = Field(
+        None, gt=0, le=10000,
+        description="Most requests per second to one domain, across all workers; None: no limit.",
+    )
+    per_domain_concurrency: int = Field(
+        8, ge=1, le=100000, description="Most requests in flight to one domain, across all workers."
+    )
+    domain_overrides: dict[str, DomainOverride] = Field(
+        default_factory=dict, max_length=1000,
+        description='Per-domain max_rate and concurrency, e.g. {"example.org:8080" = {max_rate = 1}}.',
+    )
+    max_pages: Optional[int] = Field(
+        None, ge=1, description="Most items the job ever holds (seeds and dead items count)."
+    )
+    max_pages_per_domain: Optional[int] = Field(None, ge=1, description="The same, per domain.")
+    backoff_base: float = Field(
+        1.0, gt=0, le=3600,
+        description="A retried download waits about base x 2^(failed attempts) seconds (with jitter).",
+    )
+    backoff_max: float = Field(
+        600.0, gt=0, le=86400, description="Longest wait before a retry, Retry-After included."
+    )
+
+    @field_validator("domain_overrides")
+    @classmethod
+    def _domains(cls, value: dict[str, DomainOverride]) -> dict[str, DomainOverride]:
+        out = {}
+        for domain, override in value.items():
+            key = domain.lower()
+            if not _DOMAIN.match(key):
+                raise ValueError(f"{domain!r} is not a host or host:port")
+            out[key] = override
+        return out
+
+    def limits_for(self, override: Optional[DomainOverride] = None) -> DomainLimits:
+        rate = override.max_rate if override and override.max_rate else self.max_rate
+        concurrency = override.concurrency if override and override.concurrency else None
+        return DomainLimits(
+            interval=1.0 / rate if rate else 0.0,
+            concurrency=concurrency or self.per_domain_concurrency,
+        )
+
+
 class JobSpec(_Strict):
     """Everything a worker needs to process a job's items, shared through the tracker."""
 
@@ -313,6 +372,7 @@ class JobSpec(_Strict):
     scraper: ScraperSpec = ScraperSpec()
     saver: SaverSpec = SaverSpec()
     fetch: FetchSpec = FetchSpec()
+    politeness: PolitenessSpec = PolitenessSpec()
     max_retries: int = Field(
         3, ge=0, le=100,
         description="Failed attempts that were the item's fault (its download or save raised) "
@@ -361,6 +421,17 @@ class JobSpec(_Strict):
 
     def to_json(self) -> str:
         return self.model_dump_json()
+
+    def crawl_limits(self) -> CrawlLimits:
+        """The limits the tracker enforces for this job."""
+        p = self.politeness
+        fmt = self.scraper.download_url_fmt
+        return CrawlLimits(
+            default=p.limits_for(),
+            overrides={d: p.limits_for(o) for d, o in p.domain_overrides.items()},
+            max_pages=p.max_pages, max_pages_per_domain=p.max_pages_per_domain,
+            id_domain=domain_of(fmt.format("x", id="x")) if fmt else NO_DOMAIN,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "JobSpec":

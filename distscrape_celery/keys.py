@@ -6,10 +6,20 @@ Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live
 ================================  ======  ===================================================
 key                               type    holds
 ================================  ======  ===================================================
-``P items``                       hash    item -> state letter + depth (``q``ueued, ``d``ispatched,
-                                          ``l``eased, ``s``ave pending, ``S``aving, ``D``one,
-                                          ``X`` dead); doubles as the dedup set
-``P frontier``                    list    items waiting to be dispatched (stale entries skipped)
+``P items``                       hash    item -> state letter + depth (``q``ueued, ``w``aiting
+                                          out a backoff, ``d``ispatched, ``l``eased, ``s``ave
+                                          pending, ``S``aving, ``D``one, ``X`` dead); doubles as
+                                          the dedup set
+``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
+                                          (stale entries skipped); :meth:`JobKeys.domain_queue`
+``P domains``                     zset    domain -> when it may next be dispatched: the domains
+                                          with queued items and room under their in-flight cap
+``P inflight``                    hash    domain -> its dispatched and leased items
+``P slots``                       hash    domain -> when its next fetch may start (rate limit)
+``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
+``P delayed``                     zset    item -> when its backoff ends (``w``aiting items)
+``P policy``                      hash    the job's crawl limits (see tracker/lua/_lib.lua) and
+                                          each domain's robots.txt Crawl-delay
 ``P dispatched``                  zset    item -> deadline; a scrape message for it exists
 ``P leased``                      zset    item -> deadline; a worker scrapes or saves it
 ``P pending``                     zset    item -> deadline; its save message waits in the broker
@@ -30,6 +40,12 @@ key                               type    holds
 ``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
 ``ds:{workers}:seq``              string  counter that hands out worker IDs
 ================================  ======  ===================================================
+
+An item's domain is its URL's host, with ``:port`` if the URL names one; items that are not URLs
+(IDs) share one pseudo-domain, the host of the job's ``download_url_fmt``. The item scripts take
+the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
+same rule as :meth:`JobKeys.domain_queue` and :func:`domain_of`, which mirror ``domain_of`` in
+tracker/lua/_lib.lua.
 """
 
 from __future__ import annotations
@@ -43,6 +59,10 @@ PREFIX = "ds"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 JOBS = f"{PREFIX}:jobs"
+# The authority of an absolute URL; the same pattern as domain_of in tracker/lua/_lib.lua.
+_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
+# The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
+NO_DOMAIN = "-"
 # One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
 WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
@@ -70,6 +90,16 @@ def check_job_name(job: str) -> str:
     return job
 
 
+def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
+    """The domain ``item`` is fetched from: its URL's ``host[:port]`` in ASCII lower case (user
+    info dropped), or ``id_domain`` for an item that is not a URL."""
+    m = _AUTHORITY.match(item)
+    if m is None:
+        return id_domain
+    # bytes.lower() folds ASCII only, as Lua's string.lower does in Redis.
+    return m.group(1).rsplit("@", 1)[-1].encode().lower().decode()
+
+
 @dataclass(frozen=True)
 class JobKeys:
     """The keys of one job."""
@@ -88,8 +118,36 @@ class JobKeys:
         return self.prefix + "items"
 
     @property
-    def frontier(self) -> str:
-        return self.prefix + "frontier"
+    def queues(self) -> str:
+        """The prefix of every domain queue key (the scripts append the domain)."""
+        return self.prefix + "q:"
+
+    def domain_queue(self, domain: str) -> str:
+        return self.queues + domain
+
+    @property
+    def domains(self) -> str:
+        return self.prefix + "domains"
+
+    @property
+    def inflight(self) -> str:
+        return self.prefix + "inflight"
+
+    @property
+    def slots(self) -> str:
+        return self.prefix + "slots"
+
+    @property
+    def domain_seen(self) -> str:
+        return self.prefix + "dseen"
+
+    @property
+    def delayed(self) -> str:
+        return self.prefix + "delayed"
+
+    @property
+    def policy(self) -> str:
+        return self.prefix + "policy"
 
     @property
     def dispatched(self) -> str:
@@ -130,8 +188,9 @@ class JobKeys:
     def item_keys(self) -> tuple[str, ...]:
         """The KEYS every item script takes, in the order the scripts name them."""
         return (
-            self.items, self.frontier, self.dispatched, self.leased, self.owners, self.stats,
-            self.fails, self.dead, self.pending, self.lost, self.spec,
+            self.items, self.queues, self.dispatched, self.leased, self.owners, self.stats,
+            self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
+            self.slots, self.domain_seen, self.delayed, self.policy,
         )
 
     def body(self, token: int) -> str:

@@ -44,7 +44,7 @@ class CrawlManager:
         ``on_progress(items taken, new)`` is called after each round trip."""
         check_job_name(job)
         check_components(spec)
-        created = self.tracker.create_job(job, spec.to_json())
+        created = self.tracker.create_job(job, spec.to_json(), spec.crawl_limits())
         stored = spec if created else JobSpec.from_json(self.tracker.load_spec(job))
         counter = _HostCounter(stored)
         taken = added = dispatched = 0

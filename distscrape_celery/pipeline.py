@@ -15,8 +15,10 @@ import logging
 from collections.abc import Sequence
 from typing import Optional, Protocol
 
+from .backoff import Backoff
 from .errors import FetchError
 from .fetch import Download
+from .keys import domain_of
 from .runtime import Runtime
 from .tracker import Fault, LeaseStatus, SaveStart
 
@@ -24,6 +26,9 @@ log = logging.getLogger(__name__)
 
 # A saver failing with one of these cannot store anything right now; the item is not to blame.
 _OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The longest robots.txt Crawl-delay obeyed: a larger one (or a hostile one) would all but stop
+# the domain; this still keeps to one request a minute.
+MAX_CRAWL_DELAY = 60.0
 
 
 class Publisher(Protocol):
@@ -52,28 +57,38 @@ class ItemPipeline:
     def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
         self.rt = runtime
         self.publisher = publisher
+        self._crawl_delays: dict[tuple[str, str], float] = {}
 
     def _dispatch(self, job: str, items: Sequence[str]) -> None:
         if items:
             self.publisher.scrape(job, items)
 
     def _fail(
-        self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True,
+        delay: float = 0.0,
     ) -> str:
         spec = self.rt.spec(job)
         res = self.rt.tracker.fail(
             job, item, token, reason, fault=fault, max_retries=spec.max_retries,
-            max_lost=spec.max_lost, retryable=retryable,
+            max_lost=spec.max_lost, retryable=retryable, delay=delay,
         )
         self._dispatch(job, res.dispatch)
         log.warning("%s %s: %s (%s)", job, item, reason, res.outcome.value)
         return res.outcome.value
 
     def _check_robots(self, job: str, url: Optional[str]) -> None:
-        """Raise :class:`FetchError` if the job's robots.txt policy forbids fetching ``url``."""
+        """Raise :class:`FetchError` if the job's robots.txt policy forbids fetching ``url``;
+        else pass the host's Crawl-delay on to the tracker, which paces the domain with it."""
         robots = self.rt.robots(job)
-        if robots is not None and url is not None:
-            robots.check(url)
+        if robots is None or url is None:
+            return
+        robots.check(url)
+        delay = min(robots.crawl_delay(url) or 0.0, MAX_CRAWL_DELAY)
+        domain = domain_of(url)
+        if self._crawl_delays.get((job, domain)) != delay:
+            # Once per domain and process (again if robots.txt changes): it is the same for all.
+            self.rt.tracker.set_domain_delay(job, domain, delay)
+            self._crawl_delays[(job, domain)] = delay
 
     def scrape(self, job: str, item: str) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task.
@@ -83,14 +98,22 @@ class ItemPipeline:
         co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
         self._dispatch(job, co.dispatch)
         if co.status is not LeaseStatus.OK:
-            return co.status.value  # done, dead, busy elsewhere, or unknown: nothing to do
+            # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
+            # the domain's slot opens): nothing to do here, and this worker's slot is free now.
+            return co.status.value
         token = co.token
         scraper = self.rt.scraper(job)
         try:
             self._check_robots(job, scraper.url_for(item))
             download = scraper.download(item)
         except FetchError as exc:
-            return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable)
+            # A transient failure waits out its backoff in the tracker, not in a worker or broker.
+            delay = Backoff.from_spec(spec.politeness).delay(
+                co.failed_attempts, getattr(exc, "retry_after", None)
+            ) if exc.retryable else 0.0
+            return self._fail(
+                job, item, token, str(exc), fault=Fault.ITEM, retryable=exc.retryable, delay=delay
+            )
         except Exception as exc:  # a scraper bug must cost one item, never the worker
             log.exception("%s %s: scraper download raised", job, item)
             return self._fail(job, item, token, f"download error: {exc!r}", fault=Fault.ITEM)

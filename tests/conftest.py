@@ -118,21 +118,36 @@ def expected_files(server, site, output) -> dict[str, bytes]:
 
 class RouteServer:
     """Fixed responses on 127.0.0.1: ``routes`` maps a path to (status, body) or
-    (status, body, seconds to wait first); anything else is a 404. ``hits`` logs request paths."""
+    (status, body, seconds to wait first); anything else is a 404. Or ``routes`` is a function of
+    (path, times it was asked for before) returning (status, body, headers, seconds to wait).
+    ``hits`` logs request paths; ``log`` (monotonic arrival time, path) of each request."""
 
-    def __init__(self, routes: dict) -> None:
+    def __init__(self, routes) -> None:
         self.hits: list[str] = []
+        self.log: list[tuple[float, str]] = []
+        lock = threading.Lock()
         server = self
+
+        def respond(path: str) -> tuple:
+            with lock:
+                n = server.hits.count(path)
+                server.hits.append(path)
+                server.log.append((time.monotonic(), path))
+            if callable(routes):
+                return routes(path, n)
+            status, body, *delay = routes.get(path, (404, b""))
+            return status, body, {}, delay[0] if delay else 0
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                server.hits.append(self.path)
-                status, body, *delay = routes.get(self.path, (404, b""))
+                status, body, headers, delay = respond(self.path)
                 if delay:
-                    time.sleep(delay[0])
+                    time.sleep(delay)
                 self.send_response(status)
                 self.send_header("Content-Type", "text/html")
                 self.send_header("Content-Length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
 

@@ -101,6 +101,13 @@ def test_http_404_is_dead_at_once_and_503_after_retries(env):
     rt.tracker.add("p", [server.base + "/gone", server.base + "/flaky"])
     assert pipe.scrape("p", server.base + "/gone") == "dead"
     assert pipe.scrape("p", server.base + "/flaky") == "retry"
+    # It waits out its backoff in the tracker: a message for it meanwhile fetches nothing.
+    assert rt.tracker.stats("p").delayed == 1
+    hits = len(server.hits)
+    assert pipe.scrape("p", server.base + "/flaky") == "busy"
+    assert len(server.hits) == hits
+    rt.tracker.client.zadd(JobKeys("p").delayed, {server.base + "/flaky": 0}, xx=True)  # due now
+    assert rt.tracker.maintain("p", max_lost=10).dispatch == [server.base + "/flaky"]
     assert pipe.scrape("p", server.base + "/flaky") == "dead"  # max_retries=1
     dead = rt.tracker.dead_items("p")
     assert "404" in dead[server.base + "/gone"] and "503" in dead[server.base + "/flaky"]

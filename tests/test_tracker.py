@@ -10,6 +10,8 @@ import pytest
 from distscrape_celery.errors import JobConflict, JobNotFound
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
+    CrawlLimits,
+    DomainLimits,
     FailOutcome,
     Fault,
     LeaseStatus,
@@ -501,7 +503,8 @@ def _race(url, barrier, results, worker_no):
 
 def test_many_processes_race_for_items_each_leased_once(redis_url):
     tracker = RedisTracker.from_url(redis_url)
-    tracker.create_job("race", SPEC)
+    # No in-flight cap for the one domain of these IDs: every item may be leased at once.
+    tracker.create_job("race", SPEC, CrawlLimits(default=DomainLimits(concurrency=1000)))
     tracker.add("race", [f"item{i}" for i in range(100)])
     n = 8
     ctx = multiprocessing.get_context("spawn")

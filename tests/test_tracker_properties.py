@@ -3,6 +3,12 @@ worker deaths, expiries and stale tokens, on InMemoryTracker and on RedisTracker
 Redis from conftest, each step checked against a small Python model of the item life cycle
 (tracker/base.py) that follows the rules of lua/_lib.lua (retry_or_dead) and the item scripts.
 
+Politeness is in the model too: items belong to domains with in-flight caps (dispatch never takes
+a domain past its cap, and takes every item it may up to the broker's room), one domain whose fetch
+slot was taken for an hour (every checkout of its items is throttled and hands the item back),
+retries with a delay that wait in the delayed set until their backoff ends, max_pages and
+max_pages_per_domain, and retry_dead.
+
 Nothing sleeps. Leases are long (an hour), so nothing expires unless a rule forces it: the
 in-memory tracker runs on a fake clock that ticks a second per step, and an expiry rewrites the
 item's deadline to a moment long past, in the tracker's dict or the job's Redis zset
@@ -31,6 +37,8 @@ from hypothesis.stateful import (
 
 from distscrape_celery import keys
 from distscrape_celery.tracker import (
+    CrawlLimits,
+    DomainLimits,
     FailOutcome,
     Fault,
     InMemoryTracker,
@@ -44,13 +52,22 @@ from distscrape_celery.tracker.base import MAX_DISPATCH_BATCH, MAX_REASON
 JOB = "props"
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 LEASE = 3600.0  # nothing expires by itself during an example
-UNIVERSE = [f"u{n}" for n in range(12)]  # every item an example may add: duplicates are frequent
+# Every item an example may add (duplicates are frequent), on three domains: IDs (the job's
+# pseudo-domain), a.invalid and b.invalid; SLOW's items are added by the set-up only.
+UNIVERSE = (
+    [f"u{n}" for n in range(4)] + [f"http://a.invalid/{n}" for n in range(4)]
+    + [f"http://B.invalid/{n}" for n in range(4)]
+)
+SLOW = "slow.invalid"  # its fetch slot is taken for an hour at the start
+SLOW_ITEMS = [f"http://{SLOW}/1", f"http://{SLOW}/2"]
+DOMAINS = sorted({keys.domain_of(i) for i in UNIVERSE + SLOW_ITEMS})
 GHOST = "ghost"  # never added: operations on it meet an unknown item
 PAST = 1000.0  # forced deadlines and heartbeats are PAST + n: long gone on either clock
 EXPIRED_BELOW = PAST + 1_000_000  # a deadline below this was forced; every real one is above
 BOGUS_TOKEN = 10**9  # never handed out
 REASONS = ["boom", "HTTP 500", "x" * (MAX_REASON + 50)]  # the last one is cut to MAX_REASON
 IN_FLIGHT = {"d": "dispatched", "l": "leased", "S": "leased", "s": "pending"}  # state -> set
+TIMED = {**IN_FLIGHT, "w": "delayed"}  # every state with a deadline or due time
 HELD = "lsS"  # states with a holder (worker, token)
 MAX_WORKERS = 12  # registered in one example, dead ones included
 
@@ -72,13 +89,13 @@ def force_expire(tracker: Tracker, job: str, item: str, when: float) -> None:
     """Make ``item``'s deadline in whichever in-flight set holds it ``when`` (a past moment)."""
     if isinstance(tracker, InMemoryTracker):
         j = tracker._jobs[job]
-        holders = [d for d in (j.dispatched, j.leased, j.pending) if item in d]
+        holders = [d for d in (j.dispatched, j.leased, j.pending, j.delayed) if item in d]
         assert len(holders) == 1, f"{item} is in {len(holders)} in-flight sets"
         holders[0][item] = when
         return
     k = keys.JobKeys(job)
     pipe = tracker.client.pipeline(transaction=True)
-    for zset in (k.dispatched, k.leased, k.pending):
+    for zset in (k.dispatched, k.leased, k.pending, k.delayed):
         pipe.zadd(zset, {item: when}, xx=True)  # XX: only where it is
     pipe.execute()
 
@@ -97,10 +114,13 @@ class Snapshot:
 
     states: dict[str, str]  # item -> state letter
     depths: dict[str, int]
-    frontier: list[str]
+    queues: dict[str, list[str]]  # domain -> its queue (empty ones left out)
+    listed: set[str]  # domains listed for dispatch
+    inflight: dict[str, int]
     dispatched: dict[str, float]  # item -> deadline
     leased: dict[str, float]
     pending: dict[str, float]
+    delayed: dict[str, float]
     owners: dict[str, tuple[str, int]]
     fails: dict[str, int]
     lost: dict[str, int]
@@ -112,8 +132,10 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     if isinstance(tracker, InMemoryTracker):
         j = tracker._jobs[job]
         return Snapshot(
-            states=dict(j.state), depths=dict(j.depth), frontier=list(j.frontier),
-            dispatched=dict(j.dispatched), leased=dict(j.leased), pending=dict(j.pending),
+            states=dict(j.state), depths=dict(j.depth),
+            queues={d: list(q) for d, q in j.queues.items() if q}, listed=set(j.domains),
+            inflight=dict(j.inflight), dispatched=dict(j.dispatched), leased=dict(j.leased),
+            pending=dict(j.pending), delayed=dict(j.delayed),
             owners={i: (w, int(t)) for i, (w, t) in j.owners.items()},
             fails={i: n for i, n in j.fails.items() if n},
             lost={i: n for i, n in j.lost.items() if n},
@@ -122,17 +144,25 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     k = keys.JobKeys(job)
     pipe = tracker.client.pipeline(transaction=True)
     pipe.hgetall(k.items)
-    pipe.lrange(k.frontier, 0, -1)
-    for zset in (k.dispatched, k.leased, k.pending):
+    for domain in DOMAINS:
+        pipe.lrange(k.domain_queue(domain), 0, -1)
+    pipe.zrange(k.domains, 0, -1)
+    pipe.hgetall(k.inflight)
+    for zset in (k.dispatched, k.leased, k.pending, k.delayed):
         pipe.zrange(zset, 0, -1, withscores=True)
     for h in (k.owners, k.fails, k.lost, k.dead):
         pipe.hgetall(h)
     pipe.hget(k.stats, "queued")
-    items, frontier, dispatched, leased, pending, owners, fails, lost, dead, queued = pipe.execute()
+    items, *rest = pipe.execute()
+    queues, rest = dict(zip(DOMAINS, rest)), rest[len(DOMAINS):]
+    listed, inflight, dispatched, leased, pending, delayed, owners, fails, lost, dead, queued = rest
     return Snapshot(
         states={i: v[0] for i, v in items.items()},
         depths={i: int(v[1:]) for i, v in items.items()},
-        frontier=frontier, dispatched=dict(dispatched), leased=dict(leased), pending=dict(pending),
+        queues={d: q for d, q in queues.items() if q}, listed=set(listed),
+        inflight={d: int(n) for d, n in inflight.items()},
+        dispatched=dict(dispatched), leased=dict(leased), pending=dict(pending),
+        delayed=dict(delayed),
         owners={i: (o.split(" ")[0], int(o.split(" ")[1])) for i, o in owners.items()},
         fails={i: int(n) for i, n in fails.items() if int(n)},
         lost={i: int(n) for i, n in lost.items() if int(n)},
@@ -145,12 +175,12 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
 
 @dataclass
 class Item:
-    state: str  # q queued, d dispatched, l leased, s save pending, S saving, D done, X dead
+    state: str  # q queued, w delayed, d dispatched, l leased, s save pending, S saving, D done, X dead
     depth: int
     fails: int = 0  # attempts that were the item's fault
     lost: int = 0  # holders that vanished
     owner: Optional[tuple[str, int]] = None  # (worker, token) of an l, s or S item
-    expired: bool = False  # its deadline in its in-flight set was forced into the past
+    expired: bool = False  # its deadline (or due time) was forced into the past
     tokens: list[int] = field(default_factory=list)  # every token it was ever leased under
     reason: Optional[str] = None  # why it is dead
     cause: Optional[str] = None  # what made it dead: item, lost, or refused (not retryable)
@@ -192,6 +222,23 @@ class TrackerMachine(RuleBasedStateMachine):
     def count(self, states: str) -> int:
         return sum(it.state in states for it in self.items.values())
 
+    @staticmethod
+    def dom(item: str) -> str:
+        return keys.domain_of(item)
+
+    def in_domain(self, dom: str, states: str) -> int:
+        return sum(it.state in states and self.dom(i) == dom for i, it in self.items.items())
+
+    def inflight(self, dom: str) -> int:
+        return self.in_domain(dom, "dl")  # messages and fetches under way
+
+    def dispatchable(self, dom: str) -> int:
+        """How many of the domain's items a dispatch may take: up to its cap, none of the slow
+        domain's once its slot is taken (its turn is an hour away)."""
+        if dom == SLOW and self.slow_closed:
+            return 0
+        return max(0, min(self.in_domain(dom, "q"), self.caps[dom] - self.inflight(dom)))
+
     def in_state(self, states: str) -> list[str]:
         return sorted(i for i, it in self.items.items() if it.state in states)
 
@@ -203,19 +250,32 @@ class TrackerMachine(RuleBasedStateMachine):
 
     def add_model(self, found: list[str], depth: int) -> int:
         added = 0
+        room = self.max_pages - len(self.items) if self.max_pages is not None else None
         for item in found:
+            if room is not None and added >= room:
+                break
+            seen = sum(self.dom(i) == self.dom(item) for i in self.items)
+            if self.per_domain is not None and seen >= self.per_domain:
+                continue
             if item not in self.items:
                 self.items[item] = Item("q", depth)
                 added += 1
         return added
 
     def took(self, dispatch: list[str]) -> None:
-        """Check what a call handed out for dispatch: exactly enough queued items to fill the
-        broker up to the bound, each once; they become dispatched."""
+        """Check what a call handed out for dispatch: first, backed-off items whose time came are
+        queued again; then exactly enough queued items to fill the broker up to the bound, as
+        far as the domains' caps allow, each once; they become dispatched."""
+        for it in self.items.values():
+            if it.state == "w" and it.expired:
+                it.state, it.expired = "q", False
         room = min(self.bound() - self.count("d") - self.count("s"), MAX_DISPATCH_BATCH)
-        want = max(0, min(room, self.count("q")))
-        assert len(dispatch) == want, (dispatch, want, self.bound())
+        able = {d: self.dispatchable(d) for d in DOMAINS}
+        want = max(0, min(room, sum(able.values())))
+        assert len(dispatch) == want, (dispatch, want, self.bound(), able)
         assert len(set(dispatch)) == len(dispatch), dispatch
+        for dom, n in Counter(self.dom(i) for i in dispatch).items():
+            assert n <= able[dom], (dom, n, able)
         for item in dispatch:
             it = self.items[item]
             assert it.state == "q", (item, it)
@@ -231,7 +291,7 @@ class TrackerMachine(RuleBasedStateMachine):
         self.final[item] = "X"
 
     def retry_or_dead(self, item: str, fault: Fault, retryable: bool, max_retries: int,
-                      reason: str) -> str:
+                      reason: str, delay: float = 0.0) -> str:
         """retry_or_dead of _lib.lua."""
         it = self.items[item]
         over = False
@@ -243,6 +303,8 @@ class TrackerMachine(RuleBasedStateMachine):
             over = it.lost > self.max_lost
         if retryable and not over:
             self.requeue(it)
+            if delay > 0:
+                it.state = "w"  # waits out its backoff in the delayed set
             return "retry"
         self.give_up(item, reason, fault.value if over else "refused")
         return "dead"
@@ -269,18 +331,42 @@ class TrackerMachine(RuleBasedStateMachine):
         concurrency=st.lists(st.integers(1, 2), min_size=1, max_size=3),
         factor=st.integers(1, 2), max_retries=st.integers(0, 2), max_lost=st.integers(0, 2),
         seeds=st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=6),
+        cap=st.integers(1, 3), b_cap=st.integers(1, 3),
+        max_pages=st.sampled_from([None, None, 6, 10]), per_domain=st.sampled_from([None, None, 2, 3]),
     )
-    def start(self, concurrency, factor, max_retries, max_lost, seeds):
+    def start(self, concurrency, factor, max_retries, max_lost, seeds, cap, b_cap, max_pages,
+              per_domain):
         self.factor, self.max_retries, self.max_lost = factor, max_retries, max_lost
+        self.max_pages, self.per_domain = max_pages, per_domain
+        self.caps = {d: cap for d in DOMAINS}
+        self.caps.update({"b.invalid": b_cap, SLOW: 2})
+        self.slow_closed = False
+        limits = CrawlLimits(
+            default=DomainLimits(concurrency=cap),
+            overrides={"b.invalid": DomainLimits(concurrency=b_cap), SLOW: DomainLimits(concurrency=2)},
+            max_pages=max_pages, max_pages_per_domain=per_domain,
+        )
         if self.redis_url:
             self.t = RedisTracker.from_url(
                 self.redis_url, lease_seconds=LEASE, dispatch_factor=factor, bound_refresh_seconds=0
             )
         else:
             self.t = InMemoryTracker(lease_seconds=LEASE, dispatch_factor=factor, clock=self.clock)
-        assert self.t.create_job(JOB, SPEC)
+        assert self.t.create_job(JOB, SPEC, limits)
         for c in concurrency:
             self.workers[self.t.register_worker("host", next(self.hosts), c)] = [c, True]
+        # The slow domain's two items go out; then its robots.txt asks for an hour between
+        # fetches, and the first fetch takes its slot: every later checkout of it is throttled.
+        helper = self.t.register_worker("host", next(self.hosts), 2)
+        self.workers[helper] = [2, True]
+        res = self.t.add(JOB, SLOW_ITEMS)
+        assert res.added == self.add_model(SLOW_ITEMS, 0)
+        self.took(res.dispatch)
+        assert sorted(res.dispatch) == sorted(SLOW_ITEMS)
+        self.t.set_domain_delay(JOB, SLOW, LEASE)
+        self.do_checkout(SLOW_ITEMS[0], helper)
+        self.slow_closed = True
+        assert self.items[SLOW_ITEMS[0]].state == "l"
         res = self.t.add(JOB, seeds)
         assert res.added == self.add_model(seeds, 0)
         self.took(res.dispatch)
@@ -384,7 +470,8 @@ class TrackerMachine(RuleBasedStateMachine):
         if it.state == "d":
             self.do_checkout(item, w)
         elif it.state == "l" and flaky:
-            self.do_fail(item, it.owner[1], Fault.ITEM, True, "HTTP 503")
+            self.do_fail(item, it.owner[1], Fault.ITEM, True, "HTTP 503",
+                         delay=data.draw(st.sampled_from([0.0, LEASE]), label="delay"))
         elif it.state == "l":
             self.do_scraped(item, it.owner[1], found, depth)
         elif it.state == "s":
@@ -448,6 +535,7 @@ class TrackerMachine(RuleBasedStateMachine):
         assert (co.depth, co.failed_attempts) == (it.depth, it.fails), (co, it)
         expected = {
             "D": LeaseStatus.DONE, "X": LeaseStatus.DEAD, "s": LeaseStatus.BUSY,
+            "w": LeaseStatus.BUSY,  # waits out its backoff
         }.get(it.state)
         if it.state in "lS":
             if not it.expired:
@@ -459,6 +547,17 @@ class TrackerMachine(RuleBasedStateMachine):
                 expected = LeaseStatus.DEAD
         if expected is not None:
             assert (co.status, co.token, co.dispatch) == (expected, 0, []), (co, it)
+            return
+        dom = self.dom(item)
+        if (dom == SLOW and self.slow_closed) or (
+            it.state == "q" and self.inflight(dom) >= self.caps[dom]
+        ):
+            # Its domain's slot is taken, or (leased straight from its queue) its domain is at
+            # its cap: it goes back to the head of its queue, the caller's slot is free.
+            assert (co.status, co.token) == (LeaseStatus.THROTTLED, 0), (co, it)
+            assert (co.wait > 0) is (dom == SLOW), co
+            it.state, it.expired = "q", False
+            self.took(co.dispatch)
             return
         assert co.status is LeaseStatus.OK, (co, it)
         assert co.token > self.last_token, (co.token, self.last_token)  # a new fencing token
@@ -519,18 +618,23 @@ class TrackerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.in_state(HELD))
     @rule(data=st.data(), fault=st.sampled_from(Fault),
-          retryable=st.sampled_from([True] * 3 + [False]), reason=st.sampled_from(REASONS))
-    def fail(self, data, fault, retryable, reason):
+          retryable=st.sampled_from([True] * 3 + [False]), reason=st.sampled_from(REASONS),
+          delay=st.sampled_from([0.0, 0.0, LEASE]))
+    def fail(self, data, fault, retryable, reason, delay):
+        """A failed attempt, retried at once or (backoff) after a delay longer than any example."""
         self.step()
         item = self.draw_item(data, self.in_state(HELD))
-        self.do_fail(item, self.draw_token(data, item), fault, retryable, reason)
+        self.do_fail(item, self.draw_token(data, item), fault, retryable, reason, delay)
 
-    def do_fail(self, item: str, token: int, fault: Fault, retryable: bool, reason: str) -> None:
+    def do_fail(self, item: str, token: int, fault: Fault, retryable: bool, reason: str,
+                delay: float = 0.0) -> None:
         res = self.t.fail(JOB, item, token, reason, fault=fault, max_retries=self.max_retries,
-                          max_lost=self.max_lost, retryable=retryable)
+                          max_lost=self.max_lost, retryable=retryable, delay=delay)
         want = FailOutcome.IGNORED
         if item in self.items and self.items[item].state in HELD and self.holds(item, token):
-            want = FailOutcome(self.retry_or_dead(item, fault, retryable, self.max_retries, reason))
+            want = FailOutcome(
+                self.retry_or_dead(item, fault, retryable, self.max_retries, reason, delay)
+            )
         assert res.outcome is want, (res, self.items.get(item))
         self.took(res.dispatch)
 
@@ -643,6 +747,33 @@ class TrackerMachine(RuleBasedStateMachine):
         self.step()
         self.do_maintain()
 
+    @precondition(lambda self: any(not self.items[i].expired for i in self.in_state("w")))
+    @rule(data=st.data(), maintain=st.booleans())
+    def backoff_ends(self, data, maintain):
+        """A delayed retry's time comes: the next dispatch (of any call) queues it again."""
+        self.step()
+        item = data.draw(st.sampled_from(
+            [i for i in self.in_state("w") if not self.items[i].expired]), label="item")
+        self.expire(item)
+        if maintain:
+            self.do_maintain()
+
+    @precondition(lambda self: self.in_state("X"))
+    @rule()
+    def retry_dead(self):
+        """distscrape retry-dead: every dead item is queued again with fresh counters."""
+        self.step()
+        res = self.t.retry_dead(JOB)
+        dead = self.in_state("X")
+        assert res.requeued == len(dead)
+        for item in dead:
+            it = self.items[item]
+            self.requeue(it)
+            it.fails = it.lost = 0
+            it.reason = it.cause = None
+            del self.final[item]
+        self.took(res.dispatch)
+
     # -- invariants ------------------------------------------------------------------------
 
     @invariant()
@@ -651,23 +782,33 @@ class TrackerMachine(RuleBasedStateMachine):
             return
         snap = snapshot(self.t, JOB)
         assert set(snap.states) == set(self.items), "an item was lost or made up"
-        sets = {"dispatched": snap.dispatched, "leased": snap.leased, "pending": snap.pending}
+        sets = {"dispatched": snap.dispatched, "leased": snap.leased, "pending": snap.pending,
+                "delayed": snap.delayed}
         for item, it in self.items.items():
             assert (snap.states[item], snap.depths[item]) == (it.state, it.depth), (item, it)
             where = [name for name, members in sets.items() if item in members]
-            assert where == ([IN_FLIGHT[it.state]] if it.state in IN_FLIGHT else []), (item, where)
+            assert where == ([TIMED[it.state]] if it.state in TIMED else []), (item, where)
             if where:
                 expired = sets[where[0]][item] < EXPIRED_BELOW
                 assert expired is it.expired, (item, it, sets[where[0]][item])
             if it.state == "q":
-                assert item in snap.frontier, item
+                assert item in snap.queues.get(self.dom(item), []), item
             assert snap.owners.get(item) == it.owner, (item, snap.owners.get(item), it)
             assert it.owner is None or it.owner[1] == it.tokens[-1], it  # one valid token
             assert (snap.fails.get(item, 0), snap.lost.get(item, 0)) == (it.fails, it.lost), it
             if item in self.final:  # done and dead are final
                 assert snap.states[item] == self.final[item], (item, it)
-        assert set(snap.frontier) <= set(self.items)
+        for dom, queue in snap.queues.items():
+            assert {self.dom(i) for i in queue} == {dom}, (dom, queue)
+            assert set(queue) <= set(self.items)
         assert snap.queued == self.count("q")
+        # In-flight counts per domain, and the domains listed for dispatch: exactly those with
+        # a queue and room under their cap.
+        assert snap.inflight == {d: self.inflight(d) for d in DOMAINS if self.inflight(d)}
+        for dom in DOMAINS:
+            listed = dom in snap.queues and self.inflight(dom) < self.caps[dom]
+            assert (dom in snap.listed) is listed, (dom, snap.listed, snap.queues)
+            assert self.inflight(dom) <= self.caps[dom], dom
         assert set(snap.owners) == set(self.in_state(HELD))
 
     @invariant()
@@ -694,13 +835,16 @@ class TrackerMachine(RuleBasedStateMachine):
             return
         s = self.t.stats(JOB)
         assert s.seen == len(self.items)
-        by_state = (self.count("q"), self.count("d"), self.count("lS"), self.count("s"),
-                    self.count("D"), self.count("X"))
-        assert (s.frontier, s.dispatched, s.leased, s.saving, s.done, s.dead) == by_state, s
-        assert s.frontier + s.dispatched + s.leased + s.saving + s.done + s.dead == s.seen
-        assert s.finished is (s.seen > 0 and self.count("qdlsS") == 0)
+        by_state = (self.count("q"), self.count("w"), self.count("d"), self.count("lS"),
+                    self.count("s"), self.count("D"), self.count("X"))
+        assert (s.frontier, s.delayed, s.dispatched, s.leased, s.saving, s.done, s.dead) == \
+            by_state, s
+        assert (s.frontier + s.delayed + s.dispatched + s.leased + s.saving + s.done + s.dead
+                == s.seen)
+        assert s.finished is (s.seen > 0 and self.count("qwdlsS") == 0)
         dead = {i: it.reason for i, it in self.items.items() if it.state == "X"}
-        assert self.t.dead_items(JOB, limit=len(UNIVERSE)) == dead
+        assert self.t.dead_items(JOB, limit=100) == dead
+        assert dict(self.t.iter_dead(JOB)) == dead
         assert self.t.dispatch_bound() == self.bound()
 
 

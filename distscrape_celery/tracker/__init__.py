@@ -5,12 +5,15 @@ from .base import (
     AddResult,
     Checkout,
     CompleteResult,
+    CrawlLimits,
+    DomainLimits,
     FailOutcome,
     FailResult,
     Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    RetryDeadResult,
     SaveBegin,
     SaveStart,
     ScrapedResult,
@@ -21,8 +24,9 @@ from .memory_tracker import InMemoryTracker
 from .redis_tracker import RedisTracker
 
 __all__ = [
-    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "FailOutcome", "FailResult", "Fault",
-    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "SaveBegin", "SaveStart",
+    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",
+    "FailOutcome", "FailResult", "Fault",
+    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart",
     "ScrapedResult", "Tracker",
     "WorkerInfo",
 ]

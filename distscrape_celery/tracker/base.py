@@ -3,11 +3,17 @@
 Item life cycle (every seen item is in exactly one state, so none can be lost)::
 
     add -> queued -(dispatch)-> dispatched -(checkout)-> leased -(scraped)-> save pending
-              ^                                                                  |
-              |                                                            (begin_save)
-              |                                                                  v
-              +---- fail with retries left, or reclaim (deadline passed) ---- saving -(complete)-> done
+            ^ ^ ^                     |                                          |
+            | | +-- throttled --------+                                    (begin_save)
+            | |                                                                  v
+            | +---- fail with retries left, or reclaim (deadline passed) ---- saving -(complete)-> done
+            +--- delayed <- fail with retries left and a delay (backoff)
                     fail past max_retries, or lost past max_lost ------------------------------> dead
+
+Politeness is the tracker's, shared by every worker: each item belongs to a domain (its URL's
+``host[:port]``, see :func:`~distscrape_celery.keys.domain_of`) with its own queue; dispatch takes
+turns among domains under their in-flight cap, and a checkout takes the domain's fetch slot
+(rate limit) or hands the item back, throttled. :class:`CrawlLimits` holds a job's limits.
 
 Every in-flight item carries a deadline on the tracker's clock. A live worker's heartbeat extends
 the deadlines of the items it holds; any worker's maintenance reclaims items whose deadline passed.
@@ -24,14 +30,15 @@ vanished holder (killed, hung or cut-off worker, lost save message) against the 
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 from abc import ABC, abstractmethod
-import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..errors import JobConflict
+from ..keys import NO_DOMAIN
 
 # A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
 MAX_ADD_BATCH = 500
@@ -41,6 +48,9 @@ ADD_STREAM_PIPELINE = 20
 MAX_DISPATCH_BATCH = 200
 # Most items reclaimed from one in-flight set by one maintenance call.
 MAX_RECLAIM_BATCH = 1000
+# While items are dispatched or leased, maintain wakes its caller at least this often (seconds): a failure may
+# start a backoff shorter than the heartbeat interval.
+WAKE_WHILE_LEASED = 1.0
 # Reasons kept for dead items are cut to this many characters.
 MAX_REASON = 500
 
@@ -49,7 +59,8 @@ class LeaseStatus(str, enum.Enum):
     """Result of :meth:`Tracker.checkout`."""
 
     OK = "ok"  # the caller holds the lease now
-    BUSY = "busy"  # another worker holds a live lease
+    BUSY = "busy"  # another worker holds a live lease, or it waits out a backoff
+    THROTTLED = "throttled"  # its domain's fetch slot is not open: it went back to its queue
     DONE = "done"  # already done: a redelivered duplicate, nothing to do
     DEAD = "dead"  # given up on
     UNKNOWN = "unknown"  # never added to this job
@@ -117,6 +128,7 @@ class Checkout:
     failed_attempts: int
     token: int = 0  # the lease's fencing token (0 unless status is OK)
     dispatch: list[str] = field(default_factory=list)
+    wait: float = 0.0  # THROTTLED: seconds until the domain's next fetch slot opens
 
 
 @dataclass(frozen=True)
@@ -157,12 +169,58 @@ class FailResult(Dispatchable):
 class MaintainResult(Dispatchable):
     reclaimed: int = 0
     died: int = 0
+    # Seconds until a domain's turn or a backoff ends while the broker has room (None: nothing
+    # waits for time): maintaining again then dispatches more.
+    wake: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class RetryDeadResult(Dispatchable):
+    requeued: int = 0
+
+
+@dataclass(frozen=True)
+class DomainLimits:
+    """One domain's limits: least seconds between two fetch starts, most items in flight."""
+
+    interval: float = 0.0
+    concurrency: int = 8
+
+
+@dataclass(frozen=True)
+class CrawlLimits:
+    """A job's politeness and size limits, enforced by the tracker across the whole cluster.
+    ``max_pages`` and ``max_pages_per_domain`` count items when they are added (dead ones too)."""
+
+    default: DomainLimits = DomainLimits()
+    overrides: Mapping[str, DomainLimits] = field(default_factory=dict)
+    max_pages: Optional[int] = None
+    max_pages_per_domain: Optional[int] = None
+    id_domain: str = NO_DOMAIN  # the domain of items that are not URLs (IDs)
+
+    def for_domain(self, domain: str) -> DomainLimits:
+        return self.overrides.get(domain, self.default)
+
+    def policy_fields(self) -> dict[str, Any]:
+        """The fields of the Redis ``policy`` hash (see tracker/lua/_lib.lua)."""
+        out: dict[str, Any] = {
+            "interval": self.default.interval, "concurrency": self.default.concurrency,
+            "id_domain": self.id_domain,
+        }
+        for domain, lim in self.overrides.items():
+            out[f"i:{domain}"], out[f"c:{domain}"] = lim.interval, lim.concurrency
+        if self.max_pages is not None:
+            out["max_pages"] = self.max_pages
+        if self.max_pages_per_domain is not None:
+            out["max_pages_per_domain"] = self.max_pages_per_domain
+        return out
 
 
 @dataclass(frozen=True)
 class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
-    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save."""
+    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
+    ``delayed`` items wait out a backoff before they are queued again."""
 
     seen: int
     frontier: int
@@ -171,6 +229,7 @@ class JobStats:
     done: int
     dead: int
     saving: int = 0
+    delayed: int = 0
 
     @property
     def queued(self) -> int:
@@ -182,7 +241,10 @@ class JobStats:
 
     @property
     def finished(self) -> bool:
-        return self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
+        return (
+            self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
+            and self.delayed == 0
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -192,6 +254,7 @@ class JobStats:
             "dispatched": self.dispatched,
             "leased": self.leased,
             "saving": self.saving,
+            "delayed": self.delayed,
             "done": self.done,
             "dead": self.dead,
             "finished": self.finished,
@@ -250,9 +313,10 @@ class Tracker(ABC):
     # -- jobs ------------------------------------------------------------------------------
 
     @abstractmethod
-    def create_job(self, job: str, spec_json: str) -> bool:
-        """Store a job's spec. True if created; False if it exists with the same spec, seeds aside
-        (the stored spec keeps its first seeds). Raises
+    def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
+        """Store a job's spec and its ``limits`` (default: :class:`CrawlLimits`). True if
+        created; False if it exists with the same spec, seeds aside (the stored spec keeps its
+        first seeds, and its limits are kept). Raises
         :class:`~distscrape_celery.errors.JobConflict` naming the fields if it differs otherwise."""
 
     @abstractmethod
@@ -262,6 +326,11 @@ class Tracker(ABC):
     @abstractmethod
     def jobs(self) -> list[str]:
         """Names of all seeded jobs."""
+
+    @abstractmethod
+    def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
+        """Make ``domain``'s fetches at least ``seconds`` apart in ``job`` (robots.txt
+        Crawl-delay), on top of the job's own interval; 0 removes it."""
 
     # -- items -----------------------------------------------------------------------------
 
@@ -309,10 +378,11 @@ class Tracker(ABC):
     @abstractmethod
     def fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
-        max_lost: int, retryable: bool = True,
+        max_lost: int, retryable: bool = True, delay: float = 0.0,
     ) -> FailResult:
-        """The holder of ``token`` reports a failed attempt: queue ``item`` again or make it dead
-        with ``reason``. Ignored unless ``token`` is the item's current one."""
+        """The holder of ``token`` reports a failed attempt: queue ``item`` again (after
+        ``delay`` seconds on the tracker's clock, if positive) or make it dead with ``reason``.
+        Ignored unless ``token`` is the item's current one."""
 
     @abstractmethod
     def extend(
@@ -326,7 +396,8 @@ class Tracker(ABC):
 
     @abstractmethod
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
-        """Reclaim items whose deadline passed and top up dispatch."""
+        """Reclaim items whose deadline passed, queue backed-off items whose time came, and top
+        up dispatch."""
 
     @abstractmethod
     def release(self, job: str, worker_id: Optional[str] = None) -> int:
@@ -338,9 +409,23 @@ class Tracker(ABC):
     def stats(self, job: str) -> JobStats:
         """Counts of the job's items by state."""
 
-    @abstractmethod
     def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:
         """Up to ``limit`` dead items with the reason each was given up on."""
+        out: dict[str, str] = {}
+        for item, reason in self.iter_dead(job):
+            if len(out) >= limit:
+                break
+            out[item] = reason
+        return out
+
+    @abstractmethod
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        """Every dead item with its reason, streamed (never the whole set at once). Raises
+        :class:`~distscrape_celery.errors.JobNotFound` for a job never created."""
+
+    @abstractmethod
+    def retry_dead(self, job: str) -> RetryDeadResult:
+        """Queue every dead item again with its fault counters reset, in atomic batches."""
 
     @abstractmethod
     def leased_by_worker(self, job: str) -> dict[str, int]:

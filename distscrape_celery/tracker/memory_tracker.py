@@ -5,25 +5,28 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import JobNotFound
-from ..keys import check_job_name
+from ..keys import check_job_name, domain_of
 from .base import (
     MAX_DISPATCH_BATCH,
     MAX_REASON,
     MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
     AddResult,
     Checkout,
     CompleteResult,
+    CrawlLimits,
     FailOutcome,
     FailResult,
     Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    RetryDeadResult,
     SaveBegin,
     SaveStart,
     ScrapedResult,
@@ -33,15 +36,26 @@ from .base import (
     spec_differences,
 )
 
-QUEUED, DISPATCHED, LEASED, SAVE_PENDING, SAVING, DONE, DEAD = "q", "d", "l", "s", "S", "D", "X"
+QUEUED, DELAYED, DISPATCHED, LEASED = "q", "w", "d", "l"
+SAVE_PENDING, SAVING, DONE, DEAD = "s", "S", "D", "X"
 
 
 @dataclass
 class _Job:
     spec: str
+    limits: CrawlLimits
     state: dict[str, str] = field(default_factory=dict)  # item -> state letter
     depth: dict[str, int] = field(default_factory=dict)
-    frontier: deque = field(default_factory=deque)  # may hold stale entries, as in Redis
+    # The structures of _lib.lua: domain queues (may hold stale entries, as in Redis; an empty
+    # one is removed), domain -> next turn (the domains with queued items and room), in-flight
+    # counts, fetch slots, items added per domain, robots.txt Crawl-delays, backed-off items.
+    queues: dict[str, deque] = field(default_factory=dict)
+    domains: dict[str, float] = field(default_factory=dict)
+    inflight: dict[str, int] = field(default_factory=dict)
+    slots: dict[str, float] = field(default_factory=dict)
+    dseen: dict[str, int] = field(default_factory=dict)
+    crawl_delays: dict[str, float] = field(default_factory=dict)
+    delayed: dict[str, float] = field(default_factory=dict)  # item -> due
     dispatched: dict[str, float] = field(default_factory=dict)  # item -> deadline
     leased: dict[str, float] = field(default_factory=dict)  # scraping or saving
     pending: dict[str, float] = field(default_factory=dict)  # save message waiting
@@ -49,7 +63,7 @@ class _Job:
     fails: dict[str, int] = field(default_factory=dict)
     lost: dict[str, int] = field(default_factory=dict)
     dead: dict[str, str] = field(default_factory=dict)
-    queued: int = 0  # frontier entries that are still queued
+    queued: int = 0  # items in state q
     done: int = 0
 
 
@@ -115,12 +129,12 @@ class InMemoryTracker(Tracker):
 
     # -- jobs ------------------------------------------------------------------------------
 
-    def create_job(self, job: str, spec_json: str) -> bool:
+    def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
         check_job_name(job)
         with self._lock:
             existing = self._jobs.get(job)
             if existing is None:
-                self._jobs[job] = _Job(spec=spec_json)
+                self._jobs[job] = _Job(spec=spec_json, limits=limits or CrawlLimits())
                 return True
             differences = spec_differences(existing.spec, spec_json)
             if differences:
@@ -141,49 +155,137 @@ class InMemoryTracker(Tracker):
         with self._lock:
             return sorted(self._jobs)
 
+    def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
+        with self._lock:
+            delays = self._job(job).crawl_delays
+            if seconds > 0:
+                delays[domain] = float(seconds)
+            else:
+                delays.pop(domain, None)
+
     # -- items -----------------------------------------------------------------------------
 
+    # The domain rules of _lib.lua, step for step.
+
+    @staticmethod
+    def _domain(j: _Job, item: str) -> str:
+        return domain_of(item, j.limits.id_domain)
+
+    @staticmethod
+    def _limits(j: _Job, dom: str) -> tuple[float, int]:
+        lim = j.limits.for_domain(dom)
+        return max(lim.interval, j.crawl_delays.get(dom, 0.0)), lim.concurrency
+
+    def _schedule(self, j: _Job, dom: str, now: float) -> None:
+        interval, cap = self._limits(j, dom)
+        if j.inflight.get(dom, 0) < cap:
+            j.domains.setdefault(dom, max(now, j.slots.get(dom, 0.0)) if interval > 0 else now)
+
+    def _vacate(self, j: _Job, dom: str, now: float) -> None:
+        n = j.inflight.get(dom, 0) - 1
+        if n <= 0:
+            j.inflight.pop(dom, None)
+        else:
+            j.inflight[dom] = n
+        if j.queues.get(dom):
+            self._schedule(j, dom, now)
+
+    def _occupy(self, j: _Job, dom: str) -> None:
+        j.inflight[dom] = j.inflight.get(dom, 0) + 1
+        if j.inflight[dom] >= self._limits(j, dom)[1]:
+            j.domains.pop(dom, None)
+
+    def _enqueue(self, j: _Job, item: str, front: bool, now: float) -> None:
+        dom = self._domain(j, item)
+        queue = j.queues.setdefault(dom, deque())
+        if front:
+            queue.appendleft(item)
+        else:
+            queue.append(item)
+        self._schedule(j, dom, now)
+
+    def _pop_queued(self, j: _Job, dom: str) -> Optional[str]:
+        queue = j.queues.get(dom)
+        item = None
+        while queue:
+            candidate = queue.popleft()
+            if j.state.get(candidate) == QUEUED:
+                item = candidate
+                break
+        if queue is not None and not queue:
+            del j.queues[dom]
+        return item
+
     def _take_for_dispatch(self, j: _Job, now: float) -> list[str]:
+        due = sorted((d, i) for i, d in j.delayed.items() if d <= now)[:MAX_DISPATCH_BATCH]
+        for _, item in due:
+            del j.delayed[item]
+            j.state[item] = QUEUED
+            j.queued += 1
+            self._enqueue(j, item, False, now)
         room = min(self._bound_locked() - len(j.dispatched) - len(j.pending), MAX_DISPATCH_BATCH)
         out: list[str] = []
-        while room > 0 and j.frontier:
-            item = j.frontier.popleft()
-            if j.state.get(item) == QUEUED:
+        if room <= 0:
+            return out
+        while room > 0:
+            # Longest waiting first, ties by name: a Redis zset's order.
+            doms = [d for _, d in sorted((s, d) for d, s in j.domains.items() if s <= now)][:room]
+            if not doms:
+                break
+            for dom in doms:
+                if room == 0:
+                    break
+                item = self._pop_queued(j, dom)
+                if item is None:
+                    j.domains.pop(dom, None)
+                    continue
                 j.state[item] = DISPATCHED
                 j.dispatched[item] = now + self.lease_seconds
                 j.queued -= 1
                 out.append(item)
                 room -= 1
+                interval, cap = self._limits(j, dom)
+                j.inflight[dom] = j.inflight.get(dom, 0) + 1
+                if j.inflight[dom] >= cap or not j.queues.get(dom):
+                    j.domains.pop(dom, None)
+                else:
+                    j.domains[dom] = now + interval
         return out
 
-    @staticmethod
-    def _clear_inflight(j: _Job, item: str) -> None:
+    def _clear_inflight(self, j: _Job, item: str, now: float) -> None:
         j.dispatched.pop(item, None)
         j.leased.pop(item, None)
         j.pending.pop(item, None)
+        j.delayed.pop(item, None)
         j.owners.pop(item, None)
+        if j.state[item] in (DISPATCHED, LEASED):
+            self._vacate(j, self._domain(j, item), now)
 
-    def _requeue(self, j: _Job, item: str, front: bool) -> None:
+    def _requeue(self, j: _Job, item: str, front: bool, now: float) -> None:
         if j.state[item] == QUEUED:
             return
-        self._clear_inflight(j, item)
+        self._clear_inflight(j, item, now)
         j.state[item] = QUEUED
-        if front:
-            j.frontier.appendleft(item)
-        else:
-            j.frontier.append(item)
         j.queued += 1
+        self._enqueue(j, item, front, now)
 
-    def _give_up(self, j: _Job, item: str, reason: str) -> None:
+    def _delay_until(self, j: _Job, item: str, due: float, now: float) -> None:
         if j.state[item] == QUEUED:
             j.queued -= 1
-        self._clear_inflight(j, item)
+        self._clear_inflight(j, item, now)
+        j.state[item] = DELAYED
+        j.delayed[item] = due
+
+    def _give_up(self, j: _Job, item: str, reason: str, now: float) -> None:
+        if j.state[item] == QUEUED:
+            j.queued -= 1
+        self._clear_inflight(j, item, now)
         j.state[item] = DEAD
         j.dead[item] = reason[:MAX_REASON]
 
     def _retry_or_dead(
         self, j: _Job, item: str, fault: Fault, *, retryable: bool, max_retries: int,
-        max_lost: int, reason: str, front: bool,
+        max_lost: int, reason: str, front: bool, now: float, delay: float = 0.0,
     ) -> FailOutcome:
         """The one retry-or-dead rule (as ``retry_or_dead`` in _lib.lua)."""
         over = False
@@ -194,25 +296,38 @@ class InMemoryTracker(Tracker):
             j.lost[item] = j.lost.get(item, 0) + 1
             over = j.lost[item] > max_lost
         if retryable and not over:
-            self._requeue(j, item, front)
+            if delay > 0:
+                self._delay_until(j, item, now + delay, now)
+            else:
+                self._requeue(j, item, front, now)
             return FailOutcome.RETRY
-        self._give_up(j, item, reason)
+        self._give_up(j, item, reason, now)
         return FailOutcome.DEAD
 
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
         with self._lock:
             j = self._job(job)
-            added = self._add_locked(j, items, depth)
-            return AddResult(dispatch=self._take_for_dispatch(j, self._clock()), added=added)
+            now = self._clock()
+            added = self._add_locked(j, items, depth, now)
+            return AddResult(dispatch=self._take_for_dispatch(j, now), added=added)
 
-    @staticmethod
-    def _add_locked(j: _Job, items: Sequence[str], depth: int) -> int:
+    def _add_locked(self, j: _Job, items: Sequence[str], depth: int, now: float) -> int:
+        """Queue the new ones among ``items``, within max_pages and max_pages_per_domain."""
+        max_pages, per_domain = j.limits.max_pages, j.limits.max_pages_per_domain
+        room = max_pages - len(j.state) if max_pages is not None else None
         added = 0
         for item in items:
+            if room is not None and added >= room:
+                break
+            dom = self._domain(j, item)
+            if per_domain is not None and j.dseen.get(dom, 0) >= per_domain:
+                continue
             if item not in j.state:
+                if per_domain is not None:
+                    j.dseen[dom] = j.dseen.get(dom, 0) + 1
                 j.state[item] = QUEUED
                 j.depth[item] = depth
-                j.frontier.append(item)
+                self._enqueue(j, item, False, now)
                 added += 1
         j.queued += added
         return added
@@ -228,7 +343,7 @@ class InMemoryTracker(Tracker):
                 return Checkout(LeaseStatus.DONE, depth, fails)
             if state == DEAD:
                 return Checkout(LeaseStatus.DEAD, depth, fails)
-            if state == SAVE_PENDING:
+            if state in (SAVE_PENDING, DELAYED):
                 return Checkout(LeaseStatus.BUSY, depth, fails)
             now = self._clock()
             if state in (LEASED, SAVING):
@@ -238,12 +353,32 @@ class InMemoryTracker(Tracker):
                 outcome = self._retry_or_dead(
                     j, item, Fault.LOST, retryable=True, max_retries=0, max_lost=max_lost,
                     reason=f"its worker vanished too often (last holder {was})", front=True,
+                    now=now,
                 )
                 if outcome is FailOutcome.DEAD:
                     return Checkout(LeaseStatus.DEAD, depth, fails)
                 state = QUEUED
+            dom = self._domain(j, item)
+            interval, cap = self._limits(j, dom)
+            slot = j.slots.get(dom, 0.0) if interval > 0 else 0.0
+            if slot > now or (state == QUEUED and j.inflight.get(dom, 0) >= cap):
+                if state == DISPATCHED:  # back to the head of its queue (as in checkout.lua)
+                    del j.dispatched[item]
+                    j.state[item] = QUEUED
+                    j.queued += 1
+                    j.queues.setdefault(dom, deque()).appendleft(item)
+                    self._vacate(j, dom, now)
+                if slot > now and dom in j.domains:
+                    j.domains[dom] = max(j.domains[dom], slot)
+                return Checkout(
+                    LeaseStatus.THROTTLED, depth, fails, dispatch=self._take_for_dispatch(j, now),
+                    wait=max(slot - now, 0.0),
+                )
+            if interval > 0:
+                j.slots[dom] = now + interval
             if state == QUEUED:
                 j.queued -= 1
+                self._occupy(j, dom)
             self._tokens += 1
             j.dispatched.pop(item, None)
             j.leased[item] = now + self.lease_seconds
@@ -261,11 +396,12 @@ class InMemoryTracker(Tracker):
     ) -> ScrapedResult:
         with self._lock:
             j = self._job(job)
-            added = self._add_locked(j, found, depth)
             now = self._clock()
+            added = self._add_locked(j, found, depth, now)
             held = j.state.get(item) == LEASED and self._holds(j, item, token)
             if held:
                 j.leased.pop(item, None)
+                self._vacate(j, self._domain(j, item), now)
                 j.pending[item] = now + self.save_timeout
                 j.owners[item] = ("-", int(token))  # its message is in the broker: no holder
                 j.state[item] = SAVE_PENDING
@@ -291,11 +427,13 @@ class InMemoryTracker(Tracker):
                 if lost > max_lost:
                     self._give_up(
                         j, item, f"its save was interrupted {lost} times: the worker process died "
-                        "while saving it (out of memory, or a crashing saver?)",
+                        "while saving it (out of memory, or a crashing saver?)", self._clock(),
                     )
                     return SaveBegin(status=SaveStart.DEAD, lost=lost)
             now = self._clock()
             j.pending.pop(item, None)
+            if state == LEASED:
+                self._vacate(j, self._domain(j, item), now)
             j.leased[item] = now + self.lease_seconds
             j.owners[item] = (worker_id, int(token))
             j.state[item] = SAVING
@@ -318,29 +456,31 @@ class InMemoryTracker(Tracker):
             j = self._job(job)
             state = j.state.get(item)
             changed = state is not None and state not in (DONE, DEAD)
+            now = self._clock()
             if changed:
                 if state == QUEUED:
                     j.queued -= 1
-                self._clear_inflight(j, item)
+                self._clear_inflight(j, item, now)
                 j.state[item] = DONE
                 j.fails.pop(item, None)
                 j.lost.pop(item, None)
                 j.done += 1
-            return CompleteResult(dispatch=self._take_for_dispatch(j, self._clock()), changed=changed)
+            return CompleteResult(dispatch=self._take_for_dispatch(j, now), changed=changed)
 
     def fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
-        max_lost: int, retryable: bool = True,
+        max_lost: int, retryable: bool = True, delay: float = 0.0,
     ) -> FailResult:
         with self._lock:
             j = self._job(job)
+            now = self._clock()
             outcome = FailOutcome.IGNORED
             if j.state.get(item) in (LEASED, SAVE_PENDING, SAVING) and self._holds(j, item, token):
                 outcome = self._retry_or_dead(
                     j, item, Fault(fault), retryable=retryable, max_retries=max_retries,
-                    max_lost=max_lost, reason=reason, front=False,
+                    max_lost=max_lost, reason=reason, front=False, now=now, delay=delay,
                 )
-            return FailResult(dispatch=self._take_for_dispatch(j, self._clock()), outcome=outcome)
+            return FailResult(dispatch=self._take_for_dispatch(j, now), outcome=outcome)
 
     def extend(
         self, job: str, items: Sequence[str], worker_id: str,
@@ -382,7 +522,9 @@ class InMemoryTracker(Tracker):
                 was, token = j.owners[item]
                 j.lost[item] = j.lost.get(item, 0) + 1
                 if j.lost[item] > max_lost:
-                    self._give_up(j, item, f"its save was interrupted too often (last holder {was})")
+                    self._give_up(
+                        j, item, f"its save was interrupted too often (last holder {was})", now
+                    )
                     died += 1
                 else:
                     del j.leased[item]
@@ -400,15 +542,20 @@ class InMemoryTracker(Tracker):
                     was = j.owners.get(item, ("?", 0))[0]
                     outcome = self._retry_or_dead(
                         j, item, fault, retryable=True, max_retries=0, max_lost=max_lost,
-                        reason=f"{why} too often (last holder {was})", front=True,
+                        reason=f"{why} too often (last holder {was})", front=True, now=now,
                     )
                     if outcome is FailOutcome.RETRY:
                         reclaimed += 1
                     else:
                         died += 1
-            return MaintainResult(
-                dispatch=self._take_for_dispatch(j, now), reclaimed=reclaimed, died=died
-            )
+            dispatch = self._take_for_dispatch(j, now)
+            wake = None
+            if self._bound_locked() - len(j.dispatched) - len(j.pending) > 0:
+                times = list(j.domains.values()) + list(j.delayed.values())
+                if j.leased or j.dispatched:
+                    times.append(now + WAKE_WHILE_LEASED)
+                wake = max(min(times) - now, 0.0) if times else None
+            return MaintainResult(dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake)
 
     def release(self, job: str, worker_id: Optional[str] = None) -> int:
         with self._lock:
@@ -418,12 +565,13 @@ class InMemoryTracker(Tracker):
                 for item in j.pending:
                     if j.owners.get(item, ("", 0))[0] == worker_id:
                         j.pending[item] = later
+            now = self._clock()
             sets = (j.leased,) if worker_id else (j.leased, j.pending, j.dispatched)
             n = 0
             for inflight in sets:
                 for item in list(inflight):
                     if worker_id is None or j.owners.get(item, ("", 0))[0] == worker_id:
-                        self._requeue(j, item, front=True)
+                        self._requeue(j, item, True, now)
                         n += 1
             return n
 
@@ -433,12 +581,25 @@ class InMemoryTracker(Tracker):
             return JobStats(
                 seen=len(j.state), frontier=j.queued, dispatched=len(j.dispatched),
                 leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
+                delayed=len(j.delayed),
             )
 
-    def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        with self._lock:
+            dead = list(self._job(job).dead.items())
+        yield from dead
+
+    def retry_dead(self, job: str) -> RetryDeadResult:
         with self._lock:
             j = self._job(job)
-            return dict(list(j.dead.items())[:limit])
+            now = self._clock()
+            items = list(j.dead)
+            for item in items:
+                del j.dead[item]
+                j.fails.pop(item, None)
+                j.lost.pop(item, None)
+                self._requeue(j, item, False, now)
+            return RetryDeadResult(dispatch=self._take_for_dispatch(j, now), requeued=len(items))
 
     def leased_by_worker(self, job: str) -> dict[str, int]:
         with self._lock:

@@ -21,15 +21,18 @@ from .base import (
     MAX_REASON,
     MAX_DISPATCH_BATCH,
     MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
     AddResult,
     Checkout,
     CompleteResult,
+    CrawlLimits,
     FailOutcome,
     FailResult,
     Fault,
     JobStats,
     LeaseStatus,
     MaintainResult,
+    RetryDeadResult,
     SaveBegin,
     SaveStart,
     ScrapedResult,
@@ -47,7 +50,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
-    "maintain", "release",
+    "maintain", "release", "retry_dead",
 )
 
 
@@ -194,9 +197,13 @@ class RedisTracker(Tracker):
     # -- jobs ------------------------------------------------------------------------------
 
     @_converts_redis_errors
-    def create_job(self, job: str, spec_json: str) -> bool:
+    def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
         k = keys.JobKeys(job)
-        created, existing = self._create_job_script(keys=[k.spec, keys.JOBS], args=[job, spec_json])
+        policy = (limits or CrawlLimits()).policy_fields()
+        created, existing = self._create_job_script(
+            keys=[k.spec, keys.JOBS, k.policy],
+            args=[job, spec_json, *(x for pair in policy.items() for x in pair)],
+        )
         # A stored spec never changes, so comparing the one the script read is comparing now.
         differences = [] if created else spec_differences(existing, spec_json)
         if differences:
@@ -213,6 +220,14 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def jobs(self) -> list[str]:
         return sorted(self.client.smembers(keys.JOBS))
+
+    @_converts_redis_errors
+    def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
+        policy = keys.JobKeys(job).policy
+        if seconds > 0:
+            self.client.hset(policy, f"delay:{domain}", float(seconds))
+        else:
+            self.client.hdel(policy, f"delay:{domain}")
 
     # -- items -----------------------------------------------------------------------------
 
@@ -258,7 +273,7 @@ class RedisTracker(Tracker):
         res = self._run("checkout", job, [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
-            token=int(res[3]), dispatch=list(res[4:]),
+            token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
         )
 
     @_converts_redis_errors
@@ -298,12 +313,12 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
-        max_lost: int, retryable: bool = True,
+        max_lost: int, retryable: bool = True, delay: float = 0.0,
     ) -> FailResult:
         res = self._run(
             "fail", job,
             [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
-             max_lost, *self._top_up_args()],
+             max_lost, *self._top_up_args(), max(float(delay), 0.0)],
         )
         return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
 
@@ -326,8 +341,14 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
-        res = self._run("maintain", job, [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost])
-        return MaintainResult(dispatch=list(res[2:]), reclaimed=int(res[0]), died=int(res[1]))
+        res = self._run(
+            "maintain", job,
+            [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED],
+        )
+        return MaintainResult(
+            dispatch=list(res[3:]), reclaimed=int(res[0]), died=int(res[1]),
+            wake=float(res[2]) if res[2] else None,
+        )
 
     @_converts_redis_errors
     def release(self, job: str, worker_id: Optional[str] = None) -> int:
@@ -341,24 +362,42 @@ class RedisTracker(Tracker):
         pipe.zcard(k.dispatched)
         pipe.zcard(k.leased)
         pipe.zcard(k.pending)
+        pipe.zcard(k.delayed)
         pipe.exists(k.spec)
-        counters, dispatched, leased, pending, exists = pipe.execute()
+        counters, dispatched, leased, pending, delayed, exists = pipe.execute()
         if not exists:
             raise JobNotFound(f"no job named {job!r} on {self.url}")
         c = {name: int(counters.get(name, 0)) for name in ("seen", "queued", "done", "dead")}
         return JobStats(
             seen=c["seen"], frontier=c["queued"], dispatched=dispatched, leased=leased,
-            done=c["done"], dead=c["dead"], saving=pending,
+            done=c["done"], dead=c["dead"], saving=pending, delayed=delayed,
         )
 
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        self.load_spec(job)  # JobNotFound for a job never seeded
+        try:
+            yield from self.client.hscan_iter(keys.JobKeys(job).dead, count=MAX_ADD_BATCH)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+
+    def retry_dead(self, job: str) -> RetryDeadResult:
+        n, dispatch = 0, []
+        batch: list[str] = []
+        # One pass of HSCAN sees every item dead when it began; each batch is one atomic call.
+        for item, _reason in self.iter_dead(job):
+            batch.append(item)
+            if len(batch) == MAX_ADD_BATCH:
+                n, dispatch = self._retry_dead_batch(job, batch, n, dispatch)
+                batch = []
+        n, dispatch = self._retry_dead_batch(job, batch, n, dispatch)
+        return RetryDeadResult(dispatch=dispatch, requeued=n)
+
     @_converts_redis_errors
-    def dead_items(self, job: str, limit: int = 100) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for item, reason in self.client.hscan_iter(keys.JobKeys(job).dead, count=limit):
-            out[item] = reason
-            if len(out) >= limit:
-                break
-        return out
+    def _retry_dead_batch(
+        self, job: str, batch: list[str], n: int, dispatch: list[str]
+    ) -> tuple[int, list[str]]:
+        res = self._run("retry_dead", job, [*self._top_up_args(), *batch])
+        return n + int(res[0]), dispatch + list(res[1:])
 
     @_converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:

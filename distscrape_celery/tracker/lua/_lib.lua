@@ -1,31 +1,51 @@
 -- Shared by every item script (prepended to each). The item scripts all take the same KEYS:
 --   KEYS[1]  items       hash  item -> state letter + depth:
---                              q queued (in the frontier)      d dispatched (a scrape message exists)
+--                              q queued (in its domain's queue) w waiting out a backoff (delayed)
+--                              d dispatched (a scrape message exists)
 --                              l leased (a worker scrapes it)  s save pending (its save message waits)
 --                              S saving (a worker saves it)    D done      X dead
---   KEYS[2]  frontier    list  queued items (entries whose state moved on are skipped when popped)
+--   KEYS[2]  queues      the prefix of the per-domain queue lists: `KEYS[2] .. domain` is a list
+--                        of the domain's queued items (entries whose state moved on are skipped
+--                        when popped); the same rule as JobKeys.domain_queue in keys.py
 --   KEYS[3]  dispatched  zset  d items -> deadline
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
---   KEYS[6]  stats       hash  counters: seen, queued (frontier), done, dead; tokens (last token)
+--   KEYS[6]  stats       hash  counters: seen, queued (q items), done, dead; tokens (last token)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
 --   KEYS[8]  dead        hash  item -> why it was given up on
 --   KEYS[9]  pending     zset  s items -> deadline (long: the save message may wait in the broker)
 --   KEYS[10] lost        hash  item -> times the worker holding it vanished
 --   KEYS[11] spec        string the job's spec: an item operation on a job without one is an error
+--   KEYS[12] domains     zset  domain -> when it may next be dispatched; exactly the domains whose
+--                              queue is not empty and whose in-flight count is under their cap
+--   KEYS[13] inflight    hash  domain -> its d and l items (messages and fetches under way)
+--   KEYS[14] slots       hash  domain -> when its next fetch may start (domains with an interval)
+--   KEYS[15] dseen       hash  domain -> items added (kept only with max_pages_per_domain)
+--   KEYS[16] delayed     zset  w items -> when their backoff ends
+--   KEYS[17] policy      hash  the job's crawl limits, written once by create_job: interval and
+--                              concurrency (every domain's), i:<domain> and c:<domain> (one
+--                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
+--                              max_pages_per_domain, id_domain (the domain of items that are not
+--                              URLs); a missing field is no limit
 -- Every deadline is on Redis's clock (TIME), never a worker's.
 
-local K_ITEMS, K_FRONTIER, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
+local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+local K_DELAYED, K_POLICY = KEYS[16], KEYS[17]
 
 if redis.call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
 
+local now_cache = nil
 local function redis_now()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+  if not now_cache then
+    local t = redis.call('TIME')
+    now_cache = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  end
+  return now_cache
 end
 
 local function split_state(v)
@@ -40,25 +60,164 @@ local function holder(item)
   return string.sub(o, 1, sp - 1), string.sub(o, sp + 1)
 end
 
--- Move queued items from the frontier to `dispatched` until the broker holds `bound` messages of
--- this job, scrape and save messages together (at most `max_batch` per call), and return them;
--- the caller publishes one scrape task for each. Stale frontier entries are dropped on the way.
+-- -- domains ----------------------------------------------------------------------------------
+
+local id_domain = nil
+-- The domain `item` is fetched from: its URL's host[:port], lower case, user info dropped; or the
+-- job's id_domain for an item that is not a URL (keys.domain_of is the same rule in Python).
+local function domain_of(item)
+  local authority = string.match(item, '^%a[%w+.-]*://([^/?#]*)')
+  if not authority then
+    if not id_domain then id_domain = redis.call('HGET', K_POLICY, 'id_domain') or '-' end
+    return id_domain
+  end
+  return string.lower((string.gsub(authority, '^.*@', '')))
+end
+
+local limits_cache = {}
+-- The domain's least seconds between two fetch starts, and its in-flight cap.
+local function limits(dom)
+  local l = limits_cache[dom]
+  if not l then
+    local p = redis.call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. dom, 'c:' .. dom,
+      'delay:' .. dom)
+    local interval = tonumber(p[3] or p[1] or '0')
+    local delay = tonumber(p[5] or '0')
+    if delay > interval then interval = delay end
+    l = {interval, tonumber(p[4] or p[2] or '') or math.huge}
+    limits_cache[dom] = l
+  end
+  return l[1], l[2]
+end
+
+local function inflight(dom)
+  return tonumber(redis.call('HGET', K_INFLIGHT, dom) or '0')
+end
+
+-- `dom` has queued items: list it for dispatch if it has room under its cap (`n` in flight, if
+-- the caller knows), keeping a turn it already has; a new turn comes when its fetch slot opens.
+local function schedule(dom, n)
+  local interval, cap = limits(dom)
+  if (n or inflight(dom)) < cap then
+    local at = redis_now()
+    if interval > 0 then
+      local slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0')
+      if slot > at then at = slot end
+    end
+    redis.call('ZADD', K_DOMAINS, 'NX', at, dom)
+  end
+end
+
+-- A d or l item of `dom` left flight: that may open room under the domain's cap.
+local function vacate(dom)
+  local n = redis.call('HINCRBY', K_INFLIGHT, dom, -1)
+  if n <= 0 then redis.call('HDEL', K_INFLIGHT, dom) end
+  if redis.call('LLEN', K_QUEUES .. dom) > 0 then schedule(dom, n) end
+end
+
+-- An item of `dom` went into flight (dispatched, or leased straight from its queue).
+local function occupy(dom)
+  local _, cap = limits(dom)
+  if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap then redis.call('ZREM', K_DOMAINS, dom) end
+end
+
+-- Put `item` (queued now) in its domain's queue: at its head when `front`.
+local function enqueue(item, front)
+  local dom = domain_of(item)
+  if front then
+    redis.call('LPUSH', K_QUEUES .. dom, item)
+  else
+    redis.call('RPUSH', K_QUEUES .. dom, item)
+  end
+  schedule(dom)
+end
+
+-- Queue the new items among ARGV[first..] at `depth`, deduplicated, within the job's max_pages
+-- and max_pages_per_domain (an item over a limit is dropped, not remembered). Returns how many.
+local function add_items(first, depth)
+  local p = redis.call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
+  local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
+  local room = math.huge
+  if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
+  local added, listed = 0, {}
+  for i = first, #ARGV do
+    if added >= room then break end
+    local item = ARGV[i]
+    local dom = domain_of(item)
+    if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
+      -- HSETNX is the dedup decision: 1 means never seen in this job.
+      if redis.call('HSETNX', K_ITEMS, item, 'q' .. depth) == 1 then
+        if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
+        redis.call('RPUSH', K_QUEUES .. dom, item)
+        if not listed[dom] then schedule(dom); listed[dom] = true end
+        added = added + 1
+      end
+    end
+  end
+  if added > 0 then
+    redis.call('HINCRBY', K_STATS, 'seen', added)
+    redis.call('HINCRBY', K_STATS, 'queued', added)
+  end
+  return added
+end
+
+-- The next queued item of `dom` and its depth, stale entries dropped; nil if none.
+local function pop_queued(dom)
+  while true do
+    local item = redis.call('LPOP', K_QUEUES .. dom)
+    if not item then return nil end
+    local v = redis.call('HGET', K_ITEMS, item)
+    if v and string.sub(v, 1, 1) == 'q' then return item, string.sub(v, 2) end
+  end
+end
+
+-- Backed-off items whose time came go to the back of their domain's queue.
+local function promote_due(max_batch)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', redis_now(), 'LIMIT', 0, max_batch)
+  for _, item in ipairs(due) do
+    redis.call('ZREM', K_DELAYED, item)
+    local v = redis.call('HGET', K_ITEMS, item)
+    if v and string.sub(v, 1, 1) == 'w' then
+      redis.call('HSET', K_ITEMS, item, 'q' .. string.sub(v, 2))
+      redis.call('HINCRBY', K_STATS, 'queued', 1)
+      enqueue(item, false)
+    end
+  end
+end
+
+-- Move queued items to `dispatched` until the broker holds `bound` messages of this job, scrape
+-- and save messages together (at most `max_batch` per call), and return them; the caller
+-- publishes one scrape task for each. Domains take turns, those waiting longest first, one item
+-- per turn; a domain with an interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
+  promote_due(max_batch)
   local room = bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING)
   if room > max_batch then room = max_batch end
+  if room <= 0 then return out end
+  local now = redis_now()
   local taken = 0
+  -- Each round serves every ready domain once (or drops it, its queue empty), so it ends.
   while room > 0 do
-    local item = redis.call('LPOP', K_FRONTIER)
-    if not item then break end
-    local v = redis.call('HGET', K_ITEMS, item)
-    if v then
-      local state, depth = split_state(v)
-      if state == 'q' then
+    local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', now, 'LIMIT', 0, room)
+    if #doms == 0 then break end
+    for _, dom in ipairs(doms) do
+      if room == 0 then break end
+      local item, depth = pop_queued(dom)
+      if not item then
+        redis.call('ZREM', K_DOMAINS, dom)
+      else
         redis.call('HSET', K_ITEMS, item, 'd' .. depth)
         redis.call('ZADD', K_DISPATCHED, deadline, item)
         out[#out + 1] = item
         taken = taken + 1
         room = room - 1
+        local interval, cap = limits(dom)
+        if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap
+            or redis.call('LLEN', K_QUEUES .. dom) == 0 then
+          redis.call('ZREM', K_DOMAINS, dom)
+        else
+          redis.call('ZADD', K_DOMAINS, now + interval, dom)
+        end
       end
     end
   end
@@ -66,45 +225,37 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   return out
 end
 
--- Queue those of ARGV[first..] the job has never seen, at `depth`, and return how many there were.
--- HSETNX is the dedup decision. The caller sends at most one batch (MAX_ADD_BATCH), so a single
--- RPUSH takes every new item: one call less per item than pushing each.
-local function add_new(first, depth)
-  local state, new = 'q' .. depth, {}
-  for i = first, #ARGV do
-    if redis.call('HSETNX', K_ITEMS, ARGV[i], state) == 1 then
-      new[#new + 1] = ARGV[i]
-    end
-  end
-  if #new > 0 then
-    redis.call('RPUSH', K_FRONTIER, unpack(new))
-    redis.call('HINCRBY', K_STATS, 'seen', #new)
-    redis.call('HINCRBY', K_STATS, 'queued', #new)
-  end
-  return #new
-end
-
--- Take `item` out of whatever in-flight set holds it, and forget its holder.
-local function clear_inflight(item)
+-- Take `item` (in `state`) out of whatever in-flight or delayed set holds it, and forget its holder.
+local function clear_inflight(item, state)
   redis.call('ZREM', K_DISPATCHED, item)
   redis.call('ZREM', K_LEASED, item)
   redis.call('ZREM', K_PENDING, item)
+  redis.call('ZREM', K_DELAYED, item)
   redis.call('HDEL', K_OWNERS, item)
+  if state == 'd' or state == 'l' then vacate(domain_of(item)) end
 end
 
--- Leave whatever state `item` is in (`state`) for the frontier: at its head when `front`.
+-- Leave whatever state `item` is in (`state`) for its domain's queue: at its head when `front`.
 local function requeue(item, state, depth, front)
   if state == 'q' then return end
-  clear_inflight(item)
+  clear_inflight(item, state)
   redis.call('HSET', K_ITEMS, item, 'q' .. depth)
-  if front then redis.call('LPUSH', K_FRONTIER, item) else redis.call('RPUSH', K_FRONTIER, item) end
   redis.call('HINCRBY', K_STATS, 'queued', 1)
+  enqueue(item, front)
+end
+
+-- Leave whatever state `item` is in for the delayed set, until `due` (Redis time).
+local function delay_until(item, state, depth, due)
+  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
+  clear_inflight(item, state)
+  redis.call('HSET', K_ITEMS, item, 'w' .. depth)
+  redis.call('ZADD', K_DELAYED, due, item)
 end
 
 -- Give up on `item` for good, keeping `reason`.
 local function give_up(item, state, depth, reason)
   if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
-  clear_inflight(item)
+  clear_inflight(item, state)
   redis.call('HSET', K_ITEMS, item, 'X' .. depth)
   redis.call('HSET', K_DEAD, item, reason)
   redis.call('HINCRBY', K_STATS, 'dead', 1)
@@ -114,8 +265,10 @@ end
 --   'item'  its download or save raised: counts against max_retries
 --   'lost'  the worker holding it vanished (killed, hung, cut off): counts against max_lost
 --   'free'  neither (a hand-back, e.g. the broker refused the save): counts nothing
+-- A retry waits `delay` seconds in the delayed set first, if that is more than 0.
 -- Returns 'retry' or 'dead'.
-local function retry_or_dead(item, state, depth, mode, retryable, max_retries, max_lost, reason, front)
+local function retry_or_dead(item, state, depth, mode, retryable, max_retries, max_lost, reason,
+                             front, delay)
   local over = false
   if mode == 'item' then
     over = redis.call('HINCRBY', K_FAILS, item, 1) > max_retries
@@ -123,7 +276,11 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
     over = redis.call('HINCRBY', K_LOST, item, 1) > max_lost
   end
   if retryable and not over then
-    requeue(item, state, depth, front)
+    if delay and delay > 0 then
+      delay_until(item, state, depth, redis_now() + delay)
+    else
+      requeue(item, state, depth, front)
+    end
     return 'retry'
   end
   give_up(item, state, depth, reason)

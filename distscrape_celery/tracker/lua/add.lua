@@ -1,4 +1,5 @@
--- add: deduplicate a batch of items, queue the new ones, then top up dispatch.
+-- add: deduplicate a batch of items, queue the new ones (within the job's page limits), then top
+-- up dispatch.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] depth       depth of the new items
 -- ARGV[2] bound       most messages of this job the broker may hold
@@ -6,6 +7,7 @@
 -- ARGV[4] lease       seconds before an undelivered dispatch is reclaimed
 -- ARGV[5..] items     the batch (the caller keeps it small: one call is one block of Redis)
 -- Returns {added, dispatch_item...}
+local depth = ARGV[1]
 local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local out = {add_new(5, ARGV[1])}
+local out = {add_items(5, depth)}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

@@ -37,6 +37,7 @@ if state == 'S' then
   end
 end
 redis.call('ZREM', K_PENDING, item)
+if state == 'l' then vacate(domain_of(item)) end
 redis.call('ZADD', K_LEASED, now + lease, item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
 redis.call('HSET', K_ITEMS, item, 'S' .. depth)

@@ -1,44 +1,72 @@
 -- checkout: lease one item to a worker for scraping, under a new fencing token. Exactly one of many
 -- racing callers gets 'ok'; a done or dead item is never leased again, and an item whose save is
--- pending is not scraped again. A lease whose deadline passed may be taken over: its holder
--- vanished, which counts against max_lost.
+-- pending, or that waits out a backoff, is not scraped now. A lease whose deadline passed may be
+-- taken over: its holder vanished, which counts against max_lost.
+-- Politeness holds at fetch time, whatever the broker delivered when: the lease takes its
+-- domain's fetch slot (the next one opens an interval later, on Redis's clock). If the slot is not
+-- open yet, or (for an item leased straight from its queue) the domain is at its in-flight cap,
+-- the item goes back to the head of its domain's queue and the caller gets 'throttled' with the
+-- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
 -- ARGV[2] worker      id of the worker taking the lease
 -- ARGV[3] lease       lease length in seconds
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
--- Returns {status, depth, failed_attempts, token, dispatch_item...};
--- status is ok|busy|done|dead|unknown; token is 0 unless ok
+-- Returns {status, depth, failed_attempts, token, wait, dispatch_item...};
+-- status is ok|busy|throttled|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
+-- is how long a throttled item's domain waits for its next fetch slot
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = redis.call('HGET', K_ITEMS, item)
-if not v then return {'unknown', 0, 0, 0} end
+if not v then return {'unknown', 0, 0, 0, '0'} end
 local state, depth = split_state(v)
 local fails = tonumber(redis.call('HGET', K_FAILS, item) or '0')
-if state == 'D' then return {'done', tonumber(depth), fails, 0} end
-if state == 'X' then return {'dead', tonumber(depth), fails, 0} end
-if state == 's' then return {'busy', tonumber(depth), fails, 0} end
+if state == 'D' then return {'done', tonumber(depth), fails, 0, '0'} end
+if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0'} end
+if state == 's' or state == 'w' then return {'busy', tonumber(depth), fails, 0, '0'} end
 local now = redis_now()
 if state == 'l' or state == 'S' then
   local deadline = tonumber(redis.call('ZSCORE', K_LEASED, item) or '0')
-  if deadline > now then return {'busy', tonumber(depth), fails, 0} end
+  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0'} end
   local was = holder(item) or '?'
   if retry_or_dead(item, state, depth, 'lost', true, 0, max_lost,
-      'its worker vanished too often (last holder ' .. was .. ')', true) == 'dead' then
-    return {'dead', tonumber(depth), fails, 0}
+      'its worker vanished too often (last holder ' .. was .. ')', true, 0) == 'dead' then
+    return {'dead', tonumber(depth), fails, 0, '0'}
   end
   state = 'q'
 end
+local dom = domain_of(item)
+local interval, cap = limits(dom)
+local slot = 0
+if interval > 0 then slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0') end
+if slot > now or (state == 'q' and inflight(dom) >= cap) then
+  if state == 'd' then
+    -- Back to the head of its queue; vacate lists the domain again from its slot time.
+    redis.call('ZREM', K_DISPATCHED, item)
+    redis.call('HSET', K_ITEMS, item, 'q' .. depth)
+    redis.call('HINCRBY', K_STATS, 'queued', 1)
+    redis.call('LPUSH', K_QUEUES .. dom, item)
+    vacate(dom)
+  end
+  -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
+  if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', slot, dom) end
+  local wait = slot - now
+  if wait < 0 then wait = 0 end
+  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait)}
+  return take_for_dispatch(bound, max_batch, now + lease, out)
+end
+if interval > 0 then redis.call('HSET', K_SLOTS, dom, now + interval) end
 if state == 'q' then
-  -- Leased straight from the frontier (a redelivered message): its frontier entry goes stale.
+  -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
   redis.call('HINCRBY', K_STATS, 'queued', -1)
+  occupy(dom)
 end
 local token = redis.call('HINCRBY', K_STATS, 'tokens', 1)
 redis.call('ZREM', K_DISPATCHED, item)
 redis.call('ZADD', K_LEASED, now + lease, item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
 redis.call('HSET', K_ITEMS, item, 'l' .. depth)
-local out = {'ok', tonumber(depth), fails, token}
+local out = {'ok', tonumber(depth), fails, token, '0'}
 return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -13,7 +13,7 @@ if v then
   local state, depth = split_state(v)
   if state ~= 'D' and state ~= 'X' then
     if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
-    clear_inflight(item)
+    clear_inflight(item, state)
     redis.call('HSET', K_ITEMS, item, 'D' .. depth)
     redis.call('HDEL', K_FAILS, item)
     redis.call('HDEL', K_LOST, item)

@@ -8,9 +8,13 @@
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4] max_reclaim   most items reclaimed per in-flight set per call
 -- ARGV[5] max_lost      as in retry_or_dead
--- Returns {reclaimed, dead, dispatch_item...}
+-- ARGV[6] poll          wake at most this many seconds from now while items are dispatched or
+--                       leased (their failures may start backoffs that end before the next
+--                       heartbeat)
+-- Returns {reclaimed, dead, wake, dispatch_item...}; wake (a string, seconds; '' for none) is when
+-- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
 local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_reclaim, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = redis_now()
 local reclaimed, died = 0, 0
 
@@ -22,7 +26,7 @@ local function reclaim(zset, expected, mode, why)
     if state and string.find(expected, state, 1, true) then
       local was = holder(item) or '?'
       if retry_or_dead(item, state, depth, mode, true, 0, max_lost,
-          why .. ' too often (last holder ' .. was .. ')', true) == 'retry' then
+          why .. ' too often (last holder ' .. was .. ')', true, 0) == 'retry' then
         reclaimed = reclaimed + 1
       else
         died = died + 1
@@ -59,5 +63,16 @@ end
 reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 reclaim(K_DISPATCHED, 'd', 'free', '')
-local out = {reclaimed, died}
-return take_for_dispatch(bound, max_batch, now + lease, out)
+local out = {reclaimed, died, ''}
+take_for_dispatch(bound, max_batch, now + lease, out)
+if bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING) > 0 then
+  local wake = nil
+  for _, zset in ipairs({K_DOMAINS, K_DELAYED}) do
+    local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+    if first[2] and (not wake or tonumber(first[2]) < wake) then wake = tonumber(first[2]) end
+  end
+  local fetching = redis.call('ZCARD', K_LEASED) + redis.call('ZCARD', K_DISPATCHED) > 0
+  if fetching and (not wake or now + poll < wake) then wake = now + poll end
+  if wake then out[3] = string.format('%.3f', math.max(wake - now, 0)) end
+end
+return out

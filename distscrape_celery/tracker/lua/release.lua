@@ -1,4 +1,4 @@
--- release: put in-flight items back in the frontier at once, counting nothing: those held by a
+-- release: put in-flight items back in their domains' queues at once, counting nothing: those held by a
 -- worker that is stopping (ARGV[1] = its id), or every in-flight item of the job (ARGV[1] = '';
 -- only safe when no worker runs the job, e.g. when a stopped one-machine crawl resumes).
 -- A stopping worker's reserved save messages go back to the broker (late acknowledgement), so

@@ -1,6 +1,7 @@
 -- scraped: a worker downloaded its leased item and staged the body. Queue the items found in it
--- (deduplicated) and, if the caller still holds the lease, make the item save-pending: it then
--- waits for its save message for up to save_timeout, and no other worker scrapes it meanwhile.
+-- (deduplicated, within the page limits) and, if the caller still holds the lease, make the item
+-- save-pending: it then waits for its save message for up to save_timeout, and no other worker
+-- scrapes it meanwhile.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
@@ -13,7 +14,7 @@
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local added = add_new(8, depth)
+local added = add_items(8, depth)
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)
@@ -22,6 +23,7 @@ if v then
   local _, held = holder(item)
   if state == 'l' and held == token then
     redis.call('ZREM', K_LEASED, item)
+    vacate(domain_of(item))  -- its fetch is over
     redis.call('ZADD', K_PENDING, now + save_timeout, item)
     -- Its save message is in the broker now, not with any worker: no holder, same token.
     redis.call('HSET', K_OWNERS, item, '- ' .. token)

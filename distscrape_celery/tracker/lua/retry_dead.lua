@@ -1,0 +1,22 @@
+-- retry_dead: queue a batch of dead items again, with their fault counters reset; items that are
+-- not dead (any more) are left alone.
+-- KEYS: the item keys (see _lib.lua)
+-- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
+-- ARGV[4..] items (the caller sends at most one batch)
+-- Returns {requeued, dispatch_item...}
+local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local n = 0
+for i = 4, #ARGV do
+  local item = ARGV[i]
+  local v = redis.call('HGET', K_ITEMS, item)
+  if v and string.sub(v, 1, 1) == 'X' then
+    redis.call('HDEL', K_DEAD, item)
+    redis.call('HDEL', K_FAILS, item)
+    redis.call('HDEL', K_LOST, item)
+    redis.call('HINCRBY', K_STATS, 'dead', -1)
+    requeue(item, 'X', string.sub(v, 2), false)
+    n = n + 1
+  end
+end
+local out = {n}
+return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

@@ -1,0 +1,147 @@
+"""Politeness through real `celery worker` processes, real Redis and real HTTP on 127.0.0.1,
+measured by the servers' own request timestamps."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from conftest import RouteServer, crawl_settings
+
+from distscrape_celery.celery_app import configure_app
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.local import WorkerProcess, wait_for_workers
+from distscrape_celery.manager import CrawlManager
+from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker import RedisTracker
+
+TESTS_DIR = Path(__file__).parent
+# (status, body, extra headers, seconds to wait before answering)
+Response = tuple[int, bytes, dict, float]
+
+
+def times(server: RouteServer, path: str | None = None) -> list[float]:
+    """When the server received the requests (for ``path``), in order."""
+    return sorted(t for t, p in server.log if path is None or p == path)
+
+
+@pytest.fixture
+def sites():
+    with contextlib.ExitStack() as stack:
+        yield lambda respond: stack.enter_context(RouteServer(respond))
+
+
+def fan_out(pages: int, delay: float = 0.0) -> Callable[[str, int], Response]:
+    """A root linking to ``pages`` leaves, each answered after ``delay``."""
+    root = "".join(f'<a href="/p{i}">{i}</a>' for i in range(pages)).encode()
+
+    def respond(path: str, n: int) -> Response:
+        if path == "/":
+            return 200, root, {}, 0.0
+        if path.startswith("/p") and path[2:].isdigit() and int(path[2:]) < pages:
+            return 200, b"leaf", {}, delay
+        return 404, b"", {}, 0.0
+
+    return respond
+
+
+@pytest.fixture
+def crawl(redis_url, tmp_path):
+    """Start two real workers (concurrency 3 each), seed a job, wait for it to finish."""
+    procs: list[WorkerProcess] = []
+
+    def run(job: str, seeds: list[str], timeout: float = 120, **spec):
+        settings = crawl_settings(redis_url, lease_seconds=30)
+        tracker = RedisTracker.from_url(redis_url)
+        path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+        for i in range(2):
+            w = WorkerProcess(settings, name=f"{job}-{i}", concurrency=3, log_dir=str(tmp_path),
+                              loglevel="INFO", extra_env={"PYTHONPATH": path})
+            procs.append(w.start())
+        wait_for_workers(tracker, 2, procs=procs)
+        configure_app(settings)
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed(job, build_spec(
+            {"seeds": seeds, "saver": {"output": str(tmp_path / job)}, "scraper": {"same_host": False},
+             **spec}
+        ))
+
+        def check():
+            for p in procs:
+                p.check()
+
+        return manager.wait(job, timeout=timeout, check=check)
+
+    yield run
+    for p in procs:
+        p.stop(timeout=10)
+
+
+def test_rate_limit_holds_across_two_workers(sites, crawl):
+    site = sites(fan_out(40))
+    stats = crawl("rate", [site.base + "/"], politeness={"max_rate": 5})
+    assert (stats.done, stats.dead) == (41, 0)
+    t = times(site)
+    assert len(t) == 41  # each page once
+    # At 5 requests/s no 1-second window holds more than 5: any 6 in a row span a second or
+    # more (less a tolerance for the time between the tracker granting a fetch and its arrival).
+    spans = [b - a for a, b in zip(t, t[5:])]
+    assert min(spans) >= 1.0 - 0.15, min(spans)
+    assert t[-1] - t[0] >= 40 / 5 - 0.15  # 40 gaps of at least 0.2 s each (same tolerance)
+
+
+def test_a_slow_site_does_not_starve_a_fast_one(sites, crawl):
+    slow, fast = sites(fan_out(20, delay=0.5)), sites(fan_out(20))
+    stats = crawl("two", [slow.base + "/", fast.base + "/"],
+                  politeness={"per_domain_concurrency": 2})
+    assert (stats.done, stats.dead) == (42, 0)
+    # Six worker slots, at most two on the slow site: the fast site's pages all came while the
+    # slow one had served only a few of its 20 (each takes 0.5 s, two at a time).
+    fast_done = times(fast)[-1]
+    slow_by_then = sum(1 for t in times(slow) if t <= fast_done)
+    assert slow_by_then <= 8, slow_by_then
+    # Never more than two of the slow site's requests in flight at once.
+    starts = times(slow)[1:]  # the root answers at once
+    assert all(b - a >= 0.5 - 0.1 for a, b in zip(starts, starts[2:])), starts
+
+
+def test_500_then_200_ends_done(sites, crawl):
+    def respond(path: str, n: int) -> Response:
+        if path == "/":
+            return 200, b'<a href="/flaky">f</a>', {}, 0.0
+        if path == "/flaky":
+            return (500, b"oops", {}, 0.0) if n == 0 else (200, b"fine", {}, 0.0)
+        return 404, b"", {}, 0.0
+
+    site = sites(respond)
+    stats = crawl("flaky", [site.base + "/"], politeness={"backoff_base": 0.2})
+    assert (stats.done, stats.dead) == (2, 0)
+    assert len(times(site, "/flaky")) == 2
+
+
+def test_429_retry_after_is_honoured(sites, crawl):
+    def respond(path: str, n: int) -> Response:
+        if path == "/":
+            return 200, b'<a href="/busy">b</a>', {}, 0.0
+        if path == "/busy":
+            return (429, b"slow down", {"Retry-After": "2"}, 0.0) if n == 0 else (200, b"ok", {}, 0.0)
+        return 404, b"", {}, 0.0
+
+    site = sites(respond)
+    stats = crawl("busy", [site.base + "/"], scraper={
+        "kind": "plugins.retry_after:RetryAfterScraper", "same_host": False,
+    }, politeness={"backoff_base": 0.1})
+    assert (stats.done, stats.dead) == (2, 0)
+    first, second = times(site, "/busy")
+    assert second - first >= 2.0, second - first  # measured by the server
+
+
+def test_max_pages_stops_the_crawl_at_the_count(sites, crawl):
+    site = sites(fan_out(40))
+    stats = crawl("ten", [site.base + "/"], politeness={"max_pages": 10})
+    assert (stats.seen, stats.done, stats.dead) == (10, 10, 0)
+    assert len(times(site)) == 10
