@@ -96,6 +96,25 @@ def test_rate_limit_holds_across_two_workers(sites, crawl):
     assert t[-1] - t[0] >= 40 / 5 - 0.15  # 40 gaps of at least 0.2 s each (same tolerance)
 
 
+def test_robots_crawl_delay_paces_the_domain_across_two_workers(sites, crawl):
+    pages = fan_out(8)
+
+    def respond(path: str, n: int) -> Response:
+        if path == "/robots.txt":
+            return 200, b"User-agent: *\nCrawl-delay: 0.5\n", {"Content-Type": "text/plain"}, 0.0
+        return pages(path, n)
+
+    site = sites(respond)
+    stats = crawl("delayed", [site.base + "/"])  # no max_rate: robots.txt alone paces it
+    assert (stats.done, stats.dead) == (9, 0)
+    t = times(site)
+    assert len(t) == 9
+    # The root is fetched before its robots.txt's delay is known; from then on one fetch per
+    # 0.5 s, whichever worker makes it (less the same tolerance as the rate test).
+    gaps = [b - a for a, b in zip(t[1:], t[2:])]
+    assert min(gaps) >= 0.5 - 0.15, gaps
+
+
 def test_a_slow_site_does_not_starve_a_fast_one(sites, crawl):
     slow, fast = sites(fan_out(20, delay=0.5)), sites(fan_out(20))
     stats = crawl("two", [slow.base + "/", fast.base + "/"],
