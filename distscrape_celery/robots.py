@@ -27,8 +27,10 @@ from .ssrf import AddressGuard
 log = logging.getLogger(__name__)
 
 DISALLOWED = "disallowed by robots.txt"
-# A host whose robots.txt could not be read is asked again after this long, not after the TTL.
-UNAVAILABLE_SECONDS = 60.0
+# A host whose robots.txt could not be read is asked again after this long, not after the TTL; its
+# items retry then (their Retry-After), so a dead host's items end after max_retries x this long
+# and a robots.txt that was down for a moment costs no item.
+UNAVAILABLE_SECONDS = 10.0
 # Google reads the first 500 KiB; a larger file is not worth more.
 MAX_ROBOTS_BYTES = 512 * 1024
 _PARSED_ORIGINS = 1024  # parsed files kept per process
@@ -41,7 +43,8 @@ class RobotsStore(Protocol):
         """The record stored for ``origin``, or None."""
 
     def put(self, origin: str, record: str, ttl: float) -> None:
-        """Store ``record`` for ``origin`` for ``ttl`` seconds."""
+        """Store ``record`` for ``origin`` for ``ttl`` seconds, and end the fetcher's claim (so
+        the next fetch, once the record expires, need not wait for the claim to run out)."""
 
     def claim(self, origin: str, seconds: float) -> bool:
         """True if the caller is the one to fetch ``origin``'s file now (for ``seconds``)."""
@@ -63,6 +66,7 @@ class MemoryRobotsStore:
     def put(self, origin: str, record: str, ttl: float) -> None:
         with self._lock:
             self._records[origin] = (time.monotonic() + ttl, record)
+            self._claims.pop(origin, None)
 
     def claim(self, origin: str, seconds: float) -> bool:
         now = time.monotonic()
@@ -90,7 +94,10 @@ class RedisRobotsStore:
 
     def put(self, origin: str, record: str, ttl: float) -> None:
         try:
-            self.client.set(keys.robots(origin), record, px=max(1, int(ttl * 1000)))
+            pipe = self.client.pipeline(transaction=False)  # the two keys may be in two slots
+            pipe.set(keys.robots(origin), record, px=max(1, int(ttl * 1000)))
+            pipe.delete(keys.robots_fetch(origin))
+            pipe.execute()
         except redis.RedisError as exc:
             log.warning("robots.txt cache unavailable (%s); not kept", exc)
 

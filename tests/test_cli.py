@@ -100,7 +100,10 @@ def test_seed_and_status(redis_url, tmp_path):
 
 def test_crawl_of_a_dead_host_reports_dead_items(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}/"
-    res = run("crawl", "--in-memory", url, "--output", str(tmp_path))
+    # One retry: its robots.txt is asked again (and the item retried) after 10 s.
+    job = tmp_path / "job.toml"
+    job.write_text("max_retries = 1\n")
+    res = run("crawl", "--in-memory", url, "--output", str(tmp_path / "out"), "--config", str(job))
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert "0 saved, 1 dead" in res.stdout
     assert "dead: " + url in res.stderr and "refused" in res.stderr.lower()

@@ -22,6 +22,8 @@ from distscrape_celery.jobspec import JobSpec, build_spec
 from distscrape_celery.local import wait_for_workers
 from distscrape_celery.manager import CrawlManager
 from distscrape_celery.pipeline import ItemPipeline
+from distscrape_celery import robots as robots_module
+from distscrape_celery.errors import FetchError
 from distscrape_celery.robots import RobotsCache
 from distscrape_celery.runtime import Runtime
 from distscrape_celery.savers import FileItemSaver
@@ -49,14 +51,22 @@ class InlinePublisher:
         self.tasks.append(("save", job, item, token, meta))
 
 
-def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500):
+def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500, timeout: float = 30):
+    """Run the job's tasks in this thread until it is finished. When no task is left but items
+    wait out a backoff, do what a worker's heartbeat does: ``maintain`` hands them out when due."""
     publish = InlinePublisher()
     pipe = ItemPipeline(rt, publish)
     rt.tracker.register_worker("inline", 1, 4)
     CrawlManager(rt.tracker, publish.scrape).seed(job, spec)
+    deadline = time.monotonic() + timeout
     for _ in range(max_tasks):
         if not publish.tasks:
-            break
+            if rt.tracker.stats(job).finished or time.monotonic() > deadline:
+                break
+            publish.scrape(job, rt.tracker.maintain(job, max_lost=spec.max_lost).dispatch)
+            if not publish.tasks:
+                time.sleep(0.05)
+            continue
         kind, *args = publish.tasks.popleft()
         (pipe.scrape if kind == "scrape" else pipe.save)(*args)
     stats = rt.tracker.stats(job)
@@ -264,6 +274,28 @@ def test_robots_txt_is_cached_in_redis_for_every_worker(redis_url, redis_client)
     assert len(hits) == 1  # fetched by one worker, the others waited for its record
     ttl = redis_client.pttl(f"ds:robots:{base}")
     assert 0 < ttl <= 30_000
+
+
+@pytest.mark.parametrize("store", ["redis", "memory"])
+def test_robots_txt_is_asked_again_as_soon_as_its_record_expires(store, redis_url, monkeypatch):
+    """The fetcher's claim ends with the record it stored: when the record of an unreachable
+    robots.txt expires, the next check fetches again at once instead of waiting out the claim
+    (which made every retry of a dead host's item hang for a minute)."""
+    monkeypatch.setattr(robots_module, "UNAVAILABLE_SECONDS", 0.3)
+    hits = []
+    routes = {"/robots.txt": lambda h: (hits.append(1), reply(h, 503, b"down"))}
+    with serve(routes) as (base, _, _log):
+        spec = build_spec({"seeds": [base + "/"]})
+        settings = crawl_settings(redis_url)
+        rt = Runtime.for_redis(settings) if store == "redis" else Runtime.in_memory_runtime(settings)
+        cache = RobotsCache.from_spec(spec, rt.robots_store)
+        for attempt in range(2):
+            started = time.monotonic()
+            with pytest.raises(FetchError, match="robots.txt unavailable"):
+                cache.check(base + "/page")
+            assert time.monotonic() - started < 2.0, f"attempt {attempt} waited for a stale claim"
+            time.sleep(0.4)  # the record expires
+    assert len(hits) == 2
 
 
 def test_public_seed_cannot_reach_loopback_or_metadata(redis_url, tmp_path):
