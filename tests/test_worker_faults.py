@@ -382,7 +382,10 @@ def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
                 f"{expires:.1f} s (lease {LONG_LEASE:.0f} s, heartbeat "
                 f"{settings.heartbeat_interval:.1f} s): the worker gave back nothing as it stopped"
             )
-        stats = manager.wait(job, timeout=30, check=survivor.check)
+        # Usually seconds. But a save message the victim had prefetched since its last heartbeat
+        # leaves its item waiting for the save timeout (the README's Known limits), which a
+        # loaded machine makes likelier: nothing is lost, so wait that long rather than fail.
+        stats = manager.wait(job, timeout=settings.save_timeout + 30, check=survivor.check)
         finished = time.monotonic() - quit_at
         counts = server.counts()
 
