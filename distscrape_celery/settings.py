@@ -51,6 +51,11 @@ class Settings(BaseModel):
         description="The broker holds at most this many scrape messages per unit of live worker "
         "concurrency; the rest of the frontier waits in the tracker.",
     )
+    worker_prune_seconds: float = Field(
+        86400.0,
+        ge=1,
+        description="Seconds after its last heartbeat that a dead worker's records are removed.",
+    )
 
     metrics_auth: Optional[str] = Field(
         None,
