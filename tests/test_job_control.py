@@ -124,3 +124,18 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
     assert t.jobs() == ["other"] and t.stats("other").seen == 1
     with pytest.raises(JobNotFound):
         t.job_info("big")
+
+
+def test_metrics_give_the_state_and_skip_a_job_being_deleted(redis_url, redis_client):
+    from distscrape_celery.metrics import crawl_registry, render
+
+    t = RedisTracker.from_url(redis_url)
+    for job in ("a", "b", "gone"):
+        t.create_job(job, SPEC)
+    t.control("b", JobAction.PAUSE)
+    redis_client.unlink(keys.JobKeys("gone").spec)  # a delete under way: the name goes last
+    text = render(crawl_registry(t)).decode()
+    assert 'distscrape_job_state{job="a",state="running"} 1.0' in text
+    assert 'distscrape_job_state{job="b",state="paused"} 1.0' in text
+    assert 'distscrape_job_state{job="b",state="running"} 0.0' in text
+    assert 'job="gone"' not in text and "distscrape_up 1.0" in text
