@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import click
 
-from .errors import JobStateError
+from .errors import JobNotFound, JobStateError
 from .tracker import JobAction, JobInfo, JobState, JobStats, Tracker
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
@@ -144,8 +144,6 @@ def check_deletable(tracker: Tracker, job: str, force: bool) -> None:
 
 def _exists(tracker: Tracker, job: str) -> bool:
     """False for a job being deleted (its name goes last)."""
-    from .errors import JobNotFound
-
     try:
         tracker.job_info(job)
     except JobNotFound:

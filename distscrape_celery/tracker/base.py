@@ -148,10 +148,6 @@ class JobInfo:
     ended: Optional[float] = None
     final: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def ended_now(self) -> bool:
-        return self.state in (JobState.FINISHED, JobState.CANCELLED)
-
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state.value, "started": self.started, "ended": self.ended,
                 "final": dict(self.final) or None}
