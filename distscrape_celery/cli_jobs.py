@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import click
 
-from .errors import JobNotFound, JobStateError
+from .errors import ConfigError, JobNotFound, JobStateError
 from .tracker import JobAction, JobInfo, JobState, JobStats, Tracker
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
@@ -82,7 +82,7 @@ def register(cli: click.Group, runtime, redis_url_option) -> None:
     def export(job, which, redis_url) -> None:
         """Print JOB's saved (--done) or dead (--dead) items, one a line, streamed."""
         if which is None:
-            raise click.UsageError("give --done or --dead")
+            raise ConfigError("export: give --done or --dead")
         tracker, _ = runtime(redis_url)
         if which == "dead":
             for item, reason in tracker.iter_dead(job):

@@ -139,3 +139,36 @@ def test_metrics_give_the_state_and_skip_a_job_being_deleted(redis_url, redis_cl
     assert 'distscrape_job_state{job="b",state="paused"} 1.0' in text
     assert 'distscrape_job_state{job="b",state="running"} 0.0' in text
     assert 'job="gone"' not in text and "distscrape_up 1.0" in text
+
+
+def test_watch_ends_with_the_job_and_the_cli_reads_states(redis_url):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from test_cli import assert_one_line_error, run
+
+    t = RedisTracker.from_url(redis_url)
+    w, sent = new_job(t, ITEMS[:2])
+    co = t.checkout("j", sent[0], w, max_lost=3)
+    t.fail("j", sent[0], co.token, "HTTP 404", fault=Fault.ITEM, max_retries=0, max_lost=3,
+           retryable=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "distscrape_celery.cli", "status", "j", "--watch", "--redis-url",
+         redis_url], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(3)  # it keeps watching while the job runs
+        assert watch.poll() is None
+        t.control("j", JobAction.CANCEL)
+        out, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    assert "cancelled" in out and f"dead {sent[0]}: HTTP 404" in out
+    assert run("export", "j", "--dead", "--redis-url", redis_url).stdout == f"{sent[0]}\tHTTP 404\n"
+    rows = [json.loads(line) for line in run("jobs", "--json", "--redis-url", redis_url).stdout.splitlines()]
+    assert [(r["job"], r["state"], r["dead"]) for r in rows] == [("j", "cancelled", 1)]
+    assert_one_line_error(run("pause", "nosuch", "--redis-url", redis_url), "no job named 'nosuch'")
+    assert_one_line_error(run("export", "j", "--redis-url", redis_url), "--done or --dead")

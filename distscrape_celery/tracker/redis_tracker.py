@@ -451,21 +451,21 @@ class RedisTracker(Tracker):
             done=c["done"], dead=c["dead"], saving=pending, delayed=delayed,
         )
 
-    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+    def _hscan(self, job: str, key: str) -> Iterator[tuple[str, str]]:
+        """The fields of one of the job's hashes, streamed a batch at a time."""
         self.load_spec(job)  # JobNotFound for a job never seeded
         try:
-            yield from self.client.hscan_iter(keys.JobKeys(job).dead, count=MAX_ADD_BATCH)
+            yield from self.client.hscan_iter(key, count=MAX_ADD_BATCH)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
 
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        yield from self._hscan(job, keys.JobKeys(job).dead)
+
     def iter_done(self, job: str) -> Iterator[str]:
-        self.load_spec(job)
-        try:
-            for item, state in self.client.hscan_iter(keys.JobKeys(job).items, count=MAX_ADD_BATCH):
-                if state.startswith("D"):
-                    yield item
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        for item, state in self._hscan(job, keys.JobKeys(job).items):
+            if state.startswith("D"):
+                yield item
 
     def retry_dead(self, job: str) -> RetryDeadResult:
         n, dispatch = 0, []
