@@ -2,11 +2,13 @@
 
 Each worker process runs one agent thread (in the pool's parent for prefork). Every heartbeat
 interval it (1) records that the worker lives, (2) extends the deadlines of the items the worker has
-reserved or is running, and (3) for every job, reclaims items whose deadline passed and tops the
+reserved or is running, and (3) for every active job (neither finished nor cancelled), reclaims items whose deadline passed and tops the
 broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
 When a domain's turn or a backoff ends sooner than the next heartbeat (rate limits), (3) runs
 again then, so a throttled domain is served at its rate even while no task frees a slot; while
 items are dispatched or leased, at least every second, since a failure may start a short backoff.
+The one maintenance that finds a job finished sends :data:`~.events.job_finished`; each heartbeat
+also prunes the records of workers dead for longer than ``worker_prune_seconds``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Optional
 from celery import signals
 
 from . import redis_checks
-from .errors import TrackerUnavailable
+from .errors import JobNotFound, TrackerUnavailable
+from .events import job_finished
 from .runtime import Runtime
 from .tracker import RedisTracker
 
@@ -103,12 +106,15 @@ class WorkerAgent:
         tracker.heartbeat(self.rt.worker_id)
         for job, held in self.held_items().items():
             tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
+        pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
+        if pruned:
+            log.info("pruned the records of dead worker(s) %s", ", ".join(pruned))
         return self.maintain_all()
 
     def maintain_all(self) -> Optional[float]:
-        """Maintain every job; the soonest wake of any (see :meth:`tick`)."""
+        """Maintain every active job; the soonest wake of any (see :meth:`tick`)."""
         wake: Optional[float] = None
-        for job in self.rt.tracker.jobs():
+        for job in self.rt.tracker.active_jobs():
             try:
                 w = self._maintain(job)
             except Exception:  # one broken job must not stop recovery of the others
@@ -124,6 +130,12 @@ class WorkerAgent:
             log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
         if res.dispatch:
             self.publish(job, res.dispatch)
+        if res.finished:
+            info = self.rt.tracker.job_info(job)
+            log.warning("job %s finished: %s", job,
+                        ", ".join(f"{n} {v}" for n, v in info.final.items()))
+            # Receivers' exceptions are logged by the signal; they cannot stop the heartbeat.
+            job_finished.send(sender=self, job=job, info=info)
         return res.wake
 
     def _run(self) -> None:
@@ -171,7 +183,10 @@ class WorkerAgent:
             # Whatever this worker still holds (its tasks were cut short) goes back at once,
             # rather than a lease from now.
             for job in self.rt.tracker.jobs():
-                released = self.rt.tracker.release(job, self.rt.worker_id)
+                try:
+                    released = self.rt.tracker.release(job, self.rt.worker_id)
+                except JobNotFound:  # being deleted
+                    continue
                 if released:
                     log.warning("job %s: gave back %d unfinished item(s)", job, released)
             self.rt.tracker.deregister_worker(self.rt.worker_id)

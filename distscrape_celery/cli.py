@@ -8,18 +8,21 @@ import json
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import click
 
+from .cli_jobs import register as register_job_commands, when as _when
 from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound
 from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_for
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
 from .seedfile import BadLine, SeedFile
 from .settings import Settings
+from .tracker.base import JobState
 from .urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
@@ -377,15 +380,52 @@ def tar_index_command(output, as_json) -> None:
 @cli.command()
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.option("--watch", is_flag=True, help="A live view, refreshed every second until Ctrl-C "
+                                            "or the job ends.")
 @redis_url_option
-def status(job, as_json, redis_url) -> None:
-    """Show how far JOB has got."""
+def status(job, as_json, watch, redis_url) -> None:
+    """Show how far JOB has got: its state, times and counts."""
+    from .cli_jobs import job_row
+
     tracker, manager = _redis_runtime(_settings(redis_url))
-    stats = manager.status(job)
+    manager.status(job)  # JobNotFound for a job never seeded
     if as_json:
-        click.echo(json.dumps({"job": job, **stats.to_dict()}))
-        return
-    _print_stats(job, stats, tracker.dead_items(job, limit=STATUS_DEAD_SHOWN))
+        click.echo(json.dumps(job_row(tracker, job)))
+    elif watch:
+        _watch(tracker, job)
+    else:
+        from rich.console import Console
+
+        Console().print(_status_view(tracker, job))
+
+
+def _watch(tracker, job: str) -> None:
+    from rich.live import Live
+
+    with Live(_status_view(tracker, job), auto_refresh=False) as live:
+        while tracker.job_info(job).state in (JobState.RUNNING, JobState.PAUSED):
+            time.sleep(1.0)
+            live.update(_status_view(tracker, job), refresh=True)
+
+
+def _status_view(tracker, job: str):
+    """The job's figures as a table, then up to ten dead items and how many more there are."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from .cli_jobs import job_row
+
+    row = job_row(tracker, job)
+    table = Table(title=f"job {job}", show_header=False)
+    for key, value in row.items():
+        if key not in ("job", "final"):
+            table.add_row(key, _when(value) if key in ("started", "ended") else str(value))
+    dead = tracker.dead_items(job, limit=STATUS_DEAD_SHOWN)
+    lines = [Text.assemble(("dead", "red"), f" {item}: {reason}") for item, reason in dead.items()]
+    if row["dead"] > len(dead):
+        lines.append(Text(f"{row['dead'] - len(dead)} more: see distscrape dead {job}"))
+    return Group(table, *lines)
 
 
 STATUS_DEAD_SHOWN = 10
@@ -417,21 +457,6 @@ def retry_dead(job, redis_url) -> None:
     if res.dispatch:
         publisher.scrape(job, res.dispatch)
     click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
-
-
-def _print_stats(job, stats, dead: dict[str, str]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"job {job}", show_header=False)
-    for key, value in stats.to_dict().items():
-        table.add_row(key, str(value))
-    console = Console()
-    console.print(table)
-    for item, reason in dead.items():
-        console.print(f"[red]dead[/red] {item}: {reason}")
-    if stats.dead > len(dead):
-        console.print(f"{stats.dead - len(dead)} more: see distscrape dead {job}")
 
 
 @cli.command()
@@ -581,6 +606,9 @@ class _progress(_StderrBar):
             )
 
         return update
+
+
+register_job_commands(cli, lambda redis_url: _redis_runtime(_settings(redis_url)), redis_url_option)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -23,6 +23,10 @@ class JobConflict(DistscrapeError):
     """A job of that name already exists with a different spec."""
 
 
+class JobStateError(DistscrapeError):
+    """A job cannot do that in its state (pause a finished job, delete a running one)."""
+
+
 class TrackerUnavailable(DistscrapeError):
     """The tracker's store (Redis) cannot be reached or answered with an error."""
 

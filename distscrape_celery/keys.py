@@ -30,8 +30,13 @@ key                               type    holds
 ``P dead``                        hash    item -> reason it was given up on
 ``P stats``                       hash    counters: seen, queued, done, dead, tokens
 ``P spec``                        string  the job spec as JSON
+``P control``                     hash    the job's state (running, paused, cancelled,
+                                          finished), its name, started and ended (Redis clock)
+                                          and its figures when it ended (final_seen, ...)
 ``P body:<token>``                string  a downloaded body staged for the save task (has a TTL)
-``ds:jobs``                       set     names of every seeded job
+``ds:jobs``                       set     names of every seeded job (removed last by delete)
+``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
+                                          cancelled
 ``ds:robots:<origin>``            string  a host's robots.txt record (JSON), shared by all jobs
                                           (has a TTL); ``<origin>`` is ``scheme://host[:port]``
 ``ds:robots-fetch:<origin>``      string  set while one worker fetches that robots.txt (TTL)
@@ -59,6 +64,7 @@ PREFIX = "ds"
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 JOBS = f"{PREFIX}:jobs"
+ACTIVE_JOBS = f"{PREFIX}:active-jobs"
 # The authority of an absolute URL; the same pattern as domain_of in tracker/lua/_lib.lua.
 _AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
 # The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
@@ -112,6 +118,11 @@ class JobKeys:
     @property
     def prefix(self) -> str:
         return f"{PREFIX}:{{{self.job}}}:"
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN MATCH pattern of every key of the job (job names hold no glob character)."""
+        return self.prefix + "*"
 
     @property
     def items(self) -> str:
@@ -185,12 +196,16 @@ class JobKeys:
     def spec(self) -> str:
         return self.prefix + "spec"
 
+    @property
+    def control(self) -> str:
+        return self.prefix + "control"
+
     def item_keys(self) -> tuple[str, ...]:
         """The KEYS every item script takes, in the order the scripts name them."""
         return (
             self.items, self.queues, self.dispatched, self.leased, self.owners, self.stats,
             self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
-            self.slots, self.domain_seen, self.delayed, self.policy,
+            self.slots, self.domain_seen, self.delayed, self.policy, self.control, ACTIVE_JOBS,
         )
 
     def body(self, token: int) -> str:

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Optional
 
 from .celery_app import SAVE_QUEUE, SCRAPE_QUEUE
@@ -35,6 +36,7 @@ class WorkerProcess:
         loglevel: str = "WARNING",
         log_dir: Optional[str] = None,
         extra_env: Optional[dict[str, str]] = None,
+        include: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.name = name
@@ -45,6 +47,7 @@ class WorkerProcess:
         self._own_log_dir = log_dir is None
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="distscrape-worker-"), f"{name}.log")
         self.extra_env = extra_env or {}
+        self.include = list(include)  # modules the worker imports (e.g. job_finished hooks)
         self.proc: Optional[subprocess.Popen] = None
 
     def command(self) -> list[str]:
@@ -53,6 +56,7 @@ class WorkerProcess:
             "-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", "-P", self.pool, "-c", str(self.concurrency),
             "-n", f"{self.name}@%h", "--loglevel", self.loglevel,
             "--without-gossip", "--without-mingle",
+            *(["-I", ",".join(self.include)] if self.include else []),
         ]
 
     def start(self) -> "WorkerProcess":

@@ -23,8 +23,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from .errors import DistscrapeError
-from .tracker import Tracker
+from .errors import DistscrapeError, JobNotFound
+from .tracker import JobState, Tracker
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class CrawlCollector(Collector):
             "saving": gauge("distscrape_job_saving_items", "Items whose save message waits in the broker"),
         }
         finished = gauge("distscrape_job_finished", "1 once the job started and nothing is left to do")
+        job_state = gauge("distscrape_job_state", "1 for the job's state (running, paused, "
+                          "cancelled, finished), 0 for the others", labels=("job", "state"))
         rate = gauge("distscrape_job_pages_per_second",
                      f"Items done per second over the exporter's last {RATE_WINDOW_SECONDS:.0f} s")
         held = gauge("distscrape_worker_leased_items", "Items of a job a worker holds now",
@@ -110,7 +112,12 @@ class CrawlCollector(Collector):
             alive.add_metric([w.id, w.host], 1 if w.alive else 0)
             concurrency.add_metric([w.id, w.host], w.concurrency)
         for job in self.tracker.jobs():
-            stats = self.tracker.stats(job)
+            try:
+                stats, info = self.tracker.stats(job), self.tracker.job_info(job)
+            except JobNotFound:  # being deleted: its name goes last
+                continue
+            for s in JobState:
+                job_state.add_metric([job, s.value], 1 if info.state is s else 0)
             for family, value in ((seen, stats.seen), (done, stats.done), (dead, stats.dead)):
                 family.add_metric([job], value)
             for name, family in state.items():
@@ -120,7 +127,8 @@ class CrawlCollector(Collector):
                 rate.add_metric([job], self._rate.update(job, stats.done))
             for worker, n in sorted(self.tracker.leased_by_worker(job).items()):
                 held.add_metric([job, worker, hosts.get(worker, "")], n)
-        return [seen, done, dead, *state.values(), finished, rate, held, alive, concurrency]
+        return [seen, done, dead, *state.values(), finished, job_state, rate, held, alive,
+                concurrency]
 
 
 def render(registry: CollectorRegistry) -> bytes:

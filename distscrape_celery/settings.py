@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .errors import ConfigError
 
@@ -51,12 +51,26 @@ class Settings(BaseModel):
         description="The broker holds at most this many scrape messages per unit of live worker "
         "concurrency; the rest of the frontier waits in the tracker.",
     )
+    worker_prune_seconds: float = Field(
+        86400.0,
+        ge=1,
+        description="Seconds after its last heartbeat that a dead worker's records are removed; "
+        "more than lease_seconds (a live worker beats several times a lease).",
+    )
 
     metrics_auth: Optional[str] = Field(
         None,
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
         "unset, it answers anyone who can reach it.",
     )
+
+    @field_validator("worker_prune_seconds")
+    @classmethod
+    def _check_worker_prune_seconds(cls, value: float, info: ValidationInfo) -> float:
+        lease = info.data.get("lease_seconds")
+        if lease is not None and value <= lease:
+            raise ValueError(f"must be more than lease_seconds ({lease:g})")
+        return value
 
     @field_validator("metrics_auth")
     @classmethod

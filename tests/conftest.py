@@ -89,9 +89,9 @@ def workers(tmp_path):
     """Start real `celery worker` processes; every one is stopped (its whole group) at the end."""
     started: list[WorkerProcess] = []
 
-    def start(settings: Settings, name: str, concurrency: int = 3) -> WorkerProcess:
+    def start(settings: Settings, name: str, concurrency: int = 3, **kw) -> WorkerProcess:
         w = WorkerProcess(settings, name=name, concurrency=concurrency, log_dir=str(tmp_path),
-                          loglevel="INFO")
+                          loglevel="INFO", **kw)
         started.append(w.start())
         return w
 

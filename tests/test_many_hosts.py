@@ -247,7 +247,10 @@ def test_crawl_across_namespaces_survives_a_cut_off_worker_host(tmp_path):
 
     n = len(site.reachable)
     assert (stats["done"], stats["dead"], stats["seen"]) == (n, 0, n), stats
-    assert after == stats  # the late results changed nothing
+    # The late results changed no count (the job's state, end and rate move on by themselves).
+    moving = ("state", "ended", "final", "rate")
+    assert {k: v for k, v in after.items() if k not in moving} == {
+        k: v for k, v in stats.items() if k not in moving}
     assert after["queued"] == after["leased"] == after["saving"] == 0
     # Every page saved, with its content; a late duplicate save wrote the same bytes.
     saver = FileItemSaver(out)

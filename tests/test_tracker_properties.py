@@ -7,7 +7,9 @@ Politeness is in the model too: items belong to domains with in-flight caps (dis
 a domain past its cap, and takes every item it may up to the broker's room), one domain whose fetch
 slot was taken for an hour (every checkout of its items is throttled and hands the item back),
 retries with a delay that wait in the delayed set until their backoff ends, max_pages and
-max_pages_per_domain, and retry_dead.
+max_pages_per_domain, and retry_dead. So are job states: pause, resume and cancel (a paused or
+cancelled job dispatches nothing, and a delivered message hands its item back), and completion,
+detected by exactly one maintenance; new items or retried dead ones make a finished job run again.
 
 Nothing sleeps. Leases are long (an hour), so nothing expires unless a rule forces it: the
 in-memory tracker runs on a fake clock that ticks a second per step, and an expiry rewrites the
@@ -36,12 +38,15 @@ from hypothesis.stateful import (
 )
 
 from distscrape_celery import keys
+from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import (
     CrawlLimits,
     DomainLimits,
     FailOutcome,
     Fault,
     InMemoryTracker,
+    JobAction,
+    JobState,
     LeaseStatus,
     RedisTracker,
     SaveStart,
@@ -204,6 +209,7 @@ class TrackerMachine(RuleBasedStateMachine):
         self.last_token = 0
         self.expiries = itertools.count(1)
         self.hosts = itertools.count(1)
+        self.job_state = JobState.RUNNING
 
     def teardown(self) -> None:
         if isinstance(self.t, RedisTracker):
@@ -260,6 +266,8 @@ class TrackerMachine(RuleBasedStateMachine):
             if item not in self.items:
                 self.items[item] = Item("q", depth)
                 added += 1
+        if added and self.job_state is JobState.FINISHED:
+            self.job_state = JobState.RUNNING  # new work: the job runs again
         return added
 
     def took(self, dispatch: list[str]) -> None:
@@ -270,6 +278,8 @@ class TrackerMachine(RuleBasedStateMachine):
             if it.state == "w" and it.expired:
                 it.state, it.expired = "q", False
         room = min(self.bound() - self.count("d") - self.count("s"), MAX_DISPATCH_BATCH)
+        if self.held():
+            room = 0
         able = {d: self.dispatchable(d) for d in DOMAINS}
         want = max(0, min(room, sum(able.values())))
         assert len(dispatch) == want, (dispatch, want, self.bound(), able)
@@ -280,6 +290,9 @@ class TrackerMachine(RuleBasedStateMachine):
             it = self.items[item]
             assert it.state == "q", (item, it)
             it.state, it.expired = "d", False
+
+    def held(self) -> bool:
+        return self.job_state in (JobState.PAUSED, JobState.CANCELLED)
 
     def requeue(self, it: Item) -> None:
         it.state, it.owner, it.expired = "q", None, False
@@ -549,6 +562,11 @@ class TrackerMachine(RuleBasedStateMachine):
             assert (co.status, co.token, co.dispatch) == (expected, 0, []), (co, it)
             return
         dom = self.dom(item)
+        if self.held():
+            # Paused or cancelled: a delivered item goes back to its queue.
+            assert (co.status, co.token, co.dispatch) == (LeaseStatus.HELD, 0, []), (co, it)
+            it.state, it.expired = "q", False
+            return
         if (dom == SLOW and self.slow_closed) or (
             it.state == "q" and self.inflight(dom) >= self.caps[dom]
         ):
@@ -740,6 +758,10 @@ class TrackerMachine(RuleBasedStateMachine):
                     outcomes[self.retry_or_dead(
                         item, fault, True, 0, f"{why} too often (last holder {was})")] += 1
         assert (res.reclaimed, res.died) == (outcomes["retry"], outcomes["dead"]), res
+        ends = self.job_state is JobState.RUNNING and self.items and not self.count("qwdlsS")
+        assert res.finished is bool(ends), (res, self.job_state)  # detected once
+        if ends:
+            self.job_state = JobState.FINISHED
         self.took(res.dispatch)
 
     @rule()
@@ -772,6 +794,29 @@ class TrackerMachine(RuleBasedStateMachine):
             it.fails = it.lost = 0
             it.reason = it.cause = None
             del self.final[item]
+        if dead and self.job_state is JobState.FINISHED:
+            self.job_state = JobState.RUNNING
+        self.took(res.dispatch)
+
+    @rule(action=st.sampled_from(JobAction))
+    def control(self, action):
+        """distscrape pause, resume or cancel."""
+        self.step()
+        before = self.job_state
+        if before is JobState.FINISHED and action is not JobAction.RESUME:
+            with pytest.raises(JobStateError):
+                self.t.control(JOB, action)
+            return
+        res = self.t.control(JOB, action)
+        after = {
+            (JobAction.PAUSE, JobState.RUNNING): JobState.PAUSED,
+            (JobAction.CANCEL, JobState.RUNNING): JobState.CANCELLED,
+            (JobAction.CANCEL, JobState.PAUSED): JobState.CANCELLED,
+            (JobAction.RESUME, JobState.PAUSED): JobState.RUNNING,
+            (JobAction.RESUME, JobState.CANCELLED): JobState.RUNNING,
+        }.get((action, before), before)
+        assert (res.before, res.after) == (before, after), res
+        self.job_state = after
         self.took(res.dispatch)
 
     # -- invariants ------------------------------------------------------------------------
@@ -828,6 +873,14 @@ class TrackerMachine(RuleBasedStateMachine):
                 }[it.cause], it
             elif it.state != "D":
                 assert it.fails <= self.max_retries and it.lost <= self.max_lost, it
+
+    @invariant()
+    def job_state_and_active_set_agree(self):
+        if self.t is None:
+            return
+        assert self.t.job_info(JOB).state is self.job_state
+        maintained = self.job_state in (JobState.RUNNING, JobState.PAUSED)
+        assert self.t.active_jobs() == ([JOB] if maintained else [])
 
     @invariant()
     def counters_add_up(self):

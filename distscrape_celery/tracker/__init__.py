@@ -10,6 +10,10 @@ from .base import (
     FailOutcome,
     FailResult,
     Fault,
+    ControlResult,
+    JobAction,
+    JobInfo,
+    JobState,
     JobStats,
     LeaseStatus,
     MaintainResult,
@@ -25,7 +29,7 @@ from .redis_tracker import RedisTracker
 
 __all__ = [
     "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",
-    "FailOutcome", "FailResult", "Fault",
+    "ControlResult", "FailOutcome", "FailResult", "Fault", "JobAction", "JobInfo", "JobState",
     "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart",
     "ScrapedResult", "Tracker",
     "WorkerInfo",

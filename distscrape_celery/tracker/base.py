@@ -37,7 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ..errors import JobConflict
+from ..errors import JobConflict, JobStateError
 from ..keys import NO_DOMAIN
 
 # A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
@@ -61,6 +61,7 @@ class LeaseStatus(str, enum.Enum):
     OK = "ok"  # the caller holds the lease now
     BUSY = "busy"  # another worker holds a live lease, or it waits out a backoff
     THROTTLED = "throttled"  # its domain's fetch slot is not open: it went back to its queue
+    HELD = "held"  # the job is paused or cancelled: it went back to its queue
     DONE = "done"  # already done: a redelivered duplicate, nothing to do
     DEAD = "dead"  # given up on
     UNKNOWN = "unknown"  # never added to this job
@@ -121,6 +122,41 @@ def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
     )
 
 
+class JobState(str, enum.Enum):
+    """Where a job is in its life; only running and paused jobs are maintained by workers."""
+
+    RUNNING = "running"
+    PAUSED = "paused"  # nothing is dispatched; what is in flight goes on
+    CANCELLED = "cancelled"  # as paused, for good (until resumed); the job counts as ended
+    FINISHED = "finished"  # nothing was left to do; new items make it run again
+
+
+class JobAction(str, enum.Enum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's state, its start and end (Unix seconds on the tracker's clock; ``ended`` only
+    for a finished or cancelled job) and its ``final`` figures (seen, done, dead) when it ended."""
+
+    job: str
+    state: JobState
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    final: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state.value, "started": self.started, "ended": self.ended,
+                "final": dict(self.final) or None}
+
+
+def control_error(job: str, action: JobAction, state: JobState) -> JobStateError:
+    return JobStateError(f"cannot {action.value} job {job!r}: it is {state.value}")
+
+
 @dataclass(frozen=True)
 class Checkout:
     status: LeaseStatus
@@ -172,6 +208,13 @@ class MaintainResult(Dispatchable):
     # Seconds until a domain's turn or a backoff ends while the broker has room (None: nothing
     # waits for time): maintaining again then dispatches more.
     wake: Optional[float] = None
+    finished: bool = False  # this call found the job finished (exactly one call does)
+
+
+@dataclass(frozen=True)
+class ControlResult(Dispatchable):
+    before: JobState = JobState.RUNNING
+    after: JobState = JobState.RUNNING
 
 
 @dataclass(frozen=True)
@@ -307,6 +350,11 @@ class Tracker(ABC):
         """Every worker ever registered, alive or not."""
 
     @abstractmethod
+    def prune_workers(self, max_age: float) -> list[str]:
+        """Forget the records of workers whose last heartbeat is older than ``max_age``
+        seconds (a stopped worker's too); returns their IDs."""
+
+    @abstractmethod
     def dispatch_bound(self) -> int:
         """Most scrape messages of one job the broker may hold now (0 with no live worker)."""
 
@@ -326,6 +374,25 @@ class Tracker(ABC):
     @abstractmethod
     def jobs(self) -> list[str]:
         """Names of all seeded jobs."""
+
+    @abstractmethod
+    def active_jobs(self) -> list[str]:
+        """Names of the jobs workers maintain: every job neither finished nor cancelled."""
+
+    @abstractmethod
+    def job_info(self, job: str) -> JobInfo:
+        """The job's state and times. Raises :class:`~distscrape_celery.errors.JobNotFound`."""
+
+    @abstractmethod
+    def control(self, job: str, action: JobAction) -> ControlResult:
+        """Pause, resume or cancel ``job`` (see :class:`JobState`); a resume hands out items to
+        publish at once. Raises :class:`~distscrape_celery.errors.JobStateError` for a pause or
+        cancel of a finished job."""
+
+    @abstractmethod
+    def delete_job(self, job: str) -> int:
+        """Remove every key of ``job`` without blocking the tracker (small batches), its name
+        last; returns how many keys went. The caller checks that no worker runs it."""
 
     @abstractmethod
     def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
@@ -421,6 +488,11 @@ class Tracker(ABC):
     @abstractmethod
     def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
         """Every dead item with its reason, streamed (never the whole set at once). Raises
+        :class:`~distscrape_celery.errors.JobNotFound` for a job never created."""
+
+    @abstractmethod
+    def iter_done(self, job: str) -> Iterator[str]:
+        """Every item saved, streamed (never the whole set at once). Raises
         :class:`~distscrape_celery.errors.JobNotFound` for a job never created."""
 
     @abstractmethod

@@ -6,10 +6,10 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from ..errors import JobNotFound
+from ..errors import JobNotFound, JobStateError
 from ..keys import check_job_name, domain_of
 from .base import (
     MAX_DISPATCH_BATCH,
@@ -19,10 +19,14 @@ from .base import (
     AddResult,
     Checkout,
     CompleteResult,
+    ControlResult,
     CrawlLimits,
     FailOutcome,
     FailResult,
     Fault,
+    JobAction,
+    JobInfo,
+    JobState,
     JobStats,
     LeaseStatus,
     MaintainResult,
@@ -37,6 +41,8 @@ from .base import (
 )
 
 QUEUED, DELAYED, DISPATCHED, LEASED = "q", "w", "d", "l"
+_HELD = (JobState.PAUSED, JobState.CANCELLED)  # dispatch nothing
+_MAINTAINED = (JobState.RUNNING, JobState.PAUSED)
 SAVE_PENDING, SAVING, DONE, DEAD = "s", "S", "D", "X"
 
 
@@ -65,6 +71,7 @@ class _Job:
     dead: dict[str, str] = field(default_factory=dict)
     queued: int = 0  # items in state q
     done: int = 0
+    info: JobInfo = JobInfo(job="", state=JobState.RUNNING)  # state, times, final figures
 
 
 class InMemoryTracker(Tracker):
@@ -101,7 +108,17 @@ class InMemoryTracker(Tracker):
 
     def deregister_worker(self, worker_id: str) -> None:
         with self._lock:
-            self._beats.pop(worker_id, None)
+            if worker_id in self._beats:  # dead at once, pruned like any dead worker
+                self._beats[worker_id] = self._clock() - self.lease_seconds - 0.001
+
+    def prune_workers(self, max_age: float) -> list[str]:
+        with self._lock:
+            now = self._clock()
+            old = [wid for wid, seen in self._beats.items() if seen <= now - max_age]
+            for wid in old:
+                del self._beats[wid]
+                self._workers.pop(wid, None)
+            return old
 
     def workers(self) -> list[WorkerInfo]:
         with self._lock:
@@ -134,7 +151,10 @@ class InMemoryTracker(Tracker):
         with self._lock:
             existing = self._jobs.get(job)
             if existing is None:
-                self._jobs[job] = _Job(spec=spec_json, limits=limits or CrawlLimits())
+                self._jobs[job] = _Job(
+                    spec=spec_json, limits=limits or CrawlLimits(),
+                    info=JobInfo(job=job, state=JobState.RUNNING, started=self._clock()),
+                )
                 return True
             differences = spec_differences(existing.spec, spec_json)
             if differences:
@@ -154,6 +174,48 @@ class InMemoryTracker(Tracker):
     def jobs(self) -> list[str]:
         with self._lock:
             return sorted(self._jobs)
+
+    def active_jobs(self) -> list[str]:
+        with self._lock:
+            return sorted(name for name, j in self._jobs.items() if j.info.state in _MAINTAINED)
+
+    def job_info(self, job: str) -> JobInfo:
+        with self._lock:
+            return self._job(job).info
+
+    def control(self, job: str, action: JobAction) -> ControlResult:
+        """The transitions of control.lua."""
+        action = JobAction(action)
+        with self._lock:
+            j = self._job(job)
+            before = j.info.state
+            if before is JobState.FINISHED and action is not JobAction.RESUME:
+                raise JobStateError(f"job {job!r}: the job is finished")
+            now = self._clock()
+            if action is JobAction.PAUSE and before is JobState.RUNNING:
+                j.info = replace(j.info, state=JobState.PAUSED)
+            elif action is JobAction.CANCEL and before is not JobState.CANCELLED:
+                self._record_end(j, JobState.CANCELLED, now)
+            elif action is JobAction.RESUME and before in _HELD:
+                j.info = replace(j.info, state=JobState.RUNNING, ended=None)
+            return ControlResult(dispatch=self._take_for_dispatch(j, now), before=before,
+                                 after=j.info.state)
+
+    @staticmethod
+    def _record_end(j: _Job, state: JobState, now: float) -> None:
+        final = {"seen": len(j.state), "done": j.done, "dead": len(j.dead)}
+        j.info = replace(j.info, state=state, ended=now, final=final)
+
+    @staticmethod
+    def _reactivate(j: _Job) -> None:
+        if j.info.state is JobState.FINISHED:
+            j.info = replace(j.info, state=JobState.RUNNING, ended=None)
+
+    def delete_job(self, job: str) -> int:
+        with self._lock:
+            self._job(job)
+            del self._jobs[job]
+            return 1
 
     def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
         with self._lock:
@@ -225,7 +287,7 @@ class InMemoryTracker(Tracker):
             self._enqueue(j, item, False, now)
         room = min(self._bound_locked() - len(j.dispatched) - len(j.pending), MAX_DISPATCH_BATCH)
         out: list[str] = []
-        if room <= 0:
+        if room <= 0 or j.info.state in _HELD:
             return out
         while room > 0:
             # Longest waiting first, ties by name: a Redis zset's order.
@@ -330,6 +392,8 @@ class InMemoryTracker(Tracker):
                 self._enqueue(j, item, False, now)
                 added += 1
         j.queued += added
+        if added:
+            self._reactivate(j)
         return added
 
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
@@ -359,15 +423,15 @@ class InMemoryTracker(Tracker):
                     return Checkout(LeaseStatus.DEAD, depth, fails)
                 state = QUEUED
             dom = self._domain(j, item)
+            if j.info.state in _HELD:
+                if state == DISPATCHED:
+                    self._back_to_queue(j, item, dom, now)
+                return Checkout(LeaseStatus.HELD, depth, fails)
             interval, cap = self._limits(j, dom)
             slot = j.slots.get(dom, 0.0) if interval > 0 else 0.0
             if slot > now or (state == QUEUED and j.inflight.get(dom, 0) >= cap):
-                if state == DISPATCHED:  # back to the head of its queue (as in checkout.lua)
-                    del j.dispatched[item]
-                    j.state[item] = QUEUED
-                    j.queued += 1
-                    j.queues.setdefault(dom, deque()).appendleft(item)
-                    self._vacate(j, dom, now)
+                if state == DISPATCHED:
+                    self._back_to_queue(j, item, dom, now)
                 if slot > now and dom in j.domains:
                     j.domains[dom] = max(j.domains[dom], slot)
                 return Checkout(
@@ -387,6 +451,14 @@ class InMemoryTracker(Tracker):
             return Checkout(
                 LeaseStatus.OK, depth, fails, self._tokens, self._take_for_dispatch(j, now)
             )
+
+    def _back_to_queue(self, j: _Job, item: str, dom: str, now: float) -> None:
+        """A dispatched item goes back to the head of its queue (as in checkout.lua)."""
+        del j.dispatched[item]
+        j.state[item] = QUEUED
+        j.queued += 1
+        j.queues.setdefault(dom, deque()).appendleft(item)
+        self._vacate(j, dom, now)
 
     def _holds(self, j: _Job, item: str, token: int) -> bool:
         return item in j.owners and j.owners[item][1] == int(token)
@@ -548,6 +620,9 @@ class InMemoryTracker(Tracker):
                         reclaimed += 1
                     else:
                         died += 1
+            finished = j.info.state is JobState.RUNNING and self._stats(j).finished
+            if finished:
+                self._record_end(j, JobState.FINISHED, now)
             dispatch = self._take_for_dispatch(j, now)
             wake = None
             if self._bound_locked() - len(j.dispatched) - len(j.pending) > 0:
@@ -555,7 +630,8 @@ class InMemoryTracker(Tracker):
                 if j.leased or j.dispatched:
                     times.append(now + WAKE_WHILE_LEASED)
                 wake = max(min(times) - now, 0.0) if times else None
-            return MaintainResult(dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake)
+            return MaintainResult(dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake,
+                                  finished=finished)
 
     def release(self, job: str, worker_id: Optional[str] = None) -> int:
         with self._lock:
@@ -577,17 +653,25 @@ class InMemoryTracker(Tracker):
 
     def stats(self, job: str) -> JobStats:
         with self._lock:
-            j = self._job(job)
-            return JobStats(
-                seen=len(j.state), frontier=j.queued, dispatched=len(j.dispatched),
-                leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
-                delayed=len(j.delayed),
-            )
+            return self._stats(self._job(job))
+
+    @staticmethod
+    def _stats(j: _Job) -> JobStats:
+        return JobStats(
+            seen=len(j.state), frontier=j.queued, dispatched=len(j.dispatched),
+            leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
+            delayed=len(j.delayed),
+        )
 
     def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
         with self._lock:
             dead = list(self._job(job).dead.items())
         yield from dead
+
+    def iter_done(self, job: str) -> Iterator[str]:
+        with self._lock:
+            done = [item for item, state in self._job(job).state.items() if state == DONE]
+        yield from done
 
     def retry_dead(self, job: str) -> RetryDeadResult:
         with self._lock:
@@ -599,6 +683,8 @@ class InMemoryTracker(Tracker):
                 j.fails.pop(item, None)
                 j.lost.pop(item, None)
                 self._requeue(j, item, False, now)
+            if items:
+                self._reactivate(j)
             return RetryDeadResult(dispatch=self._take_for_dispatch(j, now), requeued=len(items))
 
     def leased_by_worker(self, job: str) -> dict[str, int]:

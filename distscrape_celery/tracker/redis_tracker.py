@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional, TypeVar
 import redis
 
 from .. import keys
-from ..errors import JobNotFound, TrackerUnavailable
+from ..errors import JobNotFound, JobStateError, TrackerUnavailable
 from ..settings import redact
 from .base import (
     ADD_STREAM_PIPELINE,
@@ -25,10 +25,14 @@ from .base import (
     AddResult,
     Checkout,
     CompleteResult,
+    ControlResult,
     CrawlLimits,
     FailOutcome,
     FailResult,
     Fault,
+    JobAction,
+    JobInfo,
+    JobState,
     JobStats,
     LeaseStatus,
     MaintainResult,
@@ -50,8 +54,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
-    "maintain", "release", "retry_dead",
+    "maintain", "release", "retry_dead", "control",
 )
+# Keys (or hash fields, set members) removed per command when a job is deleted: each command
+# stays short, so Redis keeps answering others meanwhile.
+DELETE_BATCH = 200
+# Most dead workers' records pruned per call.
+MAX_PRUNE_BATCH = 100
 
 
 def _read_lua(name: str) -> str:
@@ -70,6 +79,8 @@ def _converts_redis_errors(method: F) -> F:
         except redis.ResponseError as exc:
             if str(exc).startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
                 raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
+            if str(exc).startswith("JOBSTATE"):  # raised by control.lua
+                raise JobStateError(f"job {args[0]!r}: {str(exc)[9:]}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
@@ -105,6 +116,8 @@ class RedisTracker(Tracker):
             name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
         }
         self._heartbeat_script = client.register_script(_read_lua("heartbeat"))
+        self._deregister_script = client.register_script(_read_lua("deregister"))
+        self._prune_script = client.register_script(_read_lua("prune_workers"))
         self._create_job_script = client.register_script(_read_lua("create_job"))
         self._bound_refresh = (
             bound_refresh_seconds
@@ -164,7 +177,14 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def deregister_worker(self, worker_id: str) -> None:
-        self.client.zrem(keys.HEARTBEATS, worker_id)
+        self._deregister_script(keys=[keys.HEARTBEATS], args=[worker_id, self.lease_seconds])
+
+    @_converts_redis_errors
+    def prune_workers(self, max_age: float) -> list[str]:
+        return list(self._prune_script(
+            keys=[keys.HEARTBEATS, keys.WORKERS, keys.WORKER_CONCURRENCY],
+            args=[max_age, MAX_PRUNE_BATCH],
+        ))
 
     @_converts_redis_errors
     def workers(self) -> list[WorkerInfo]:
@@ -201,7 +221,7 @@ class RedisTracker(Tracker):
         k = keys.JobKeys(job)
         policy = (limits or CrawlLimits()).policy_fields()
         created, existing = self._create_job_script(
-            keys=[k.spec, keys.JOBS, k.policy],
+            keys=[k.spec, keys.JOBS, k.policy, k.control, keys.ACTIVE_JOBS],
             args=[job, spec_json, *(x for pair in policy.items() for x in pair)],
         )
         # A stored spec never changes, so comparing the one the script read is comparing now.
@@ -220,6 +240,64 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def jobs(self) -> list[str]:
         return sorted(self.client.smembers(keys.JOBS))
+
+    @_converts_redis_errors
+    def active_jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.ACTIVE_JOBS))
+
+    @_converts_redis_errors
+    def job_info(self, job: str) -> JobInfo:
+        k = keys.JobKeys(job)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(k.control)
+        pipe.exists(k.spec)
+        control, exists = pipe.execute()
+        if not exists:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+
+        def number(name: str) -> Optional[float]:
+            return float(control[name]) if name in control else None
+
+        final = {n: int(control[f"final_{n}"]) for n in ("seen", "done", "dead")
+                 if f"final_{n}" in control}
+        return JobInfo(job=job, state=JobState(control.get("state", "running")),
+                       started=number("started"), ended=number("ended"), final=final)
+
+    @_converts_redis_errors
+    def control(self, job: str, action: JobAction) -> ControlResult:
+        res = self._run("control", job, [JobAction(action).value, *self._top_up_args()])
+        return ControlResult(dispatch=list(res[2:]), before=JobState(res[0]), after=JobState(res[1]))
+
+    @_converts_redis_errors
+    def delete_job(self, job: str) -> int:
+        k = keys.JobKeys(job)
+        if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        # Without its spec the item scripts refuse the job (NOJOB): a late worker recreates nothing.
+        self.client.srem(keys.ACTIVE_JOBS, job)
+        deleted = int(self.client.unlink(k.spec))
+        scans = {"hash": self.client.hscan, "zset": self.client.zscan, "set": self.client.sscan}
+        removes = {"hash": self.client.hdel, "zset": self.client.zrem, "set": self.client.srem}
+        for key in self.client.scan_iter(match=k.pattern, count=DELETE_BATCH):
+            kind = self.client.type(key)
+            if kind in scans:
+                self._empty(key, scans[kind], removes[kind])
+            deleted += int(self.client.unlink(key))
+        self.client.srem(keys.JOBS, job)
+        return deleted
+
+    @staticmethod
+    def _empty(key: str, scan: Callable[..., Any], remove: Callable[..., Any]) -> None:
+        """Remove a hash's, zset's or set's members a batch at a time, each a short command
+        (members removed behind the cursor do not disturb the scan)."""
+        cursor = 0
+        while True:
+            cursor, batch = scan(key, cursor, count=DELETE_BATCH)
+            members = [m[0] if isinstance(m, tuple) else m for m in batch]
+            if members:
+                remove(key, *members)
+            if cursor == 0:
+                return
 
     @_converts_redis_errors
     def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
@@ -346,8 +424,8 @@ class RedisTracker(Tracker):
             [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED],
         )
         return MaintainResult(
-            dispatch=list(res[3:]), reclaimed=int(res[0]), died=int(res[1]),
-            wake=float(res[2]) if res[2] else None,
+            dispatch=list(res[4:]), reclaimed=int(res[0]), died=int(res[1]),
+            wake=float(res[2]) if res[2] else None, finished=bool(res[3]),
         )
 
     @_converts_redis_errors
@@ -373,12 +451,21 @@ class RedisTracker(Tracker):
             done=c["done"], dead=c["dead"], saving=pending, delayed=delayed,
         )
 
-    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+    def _hscan(self, job: str, key: str) -> Iterator[tuple[str, str]]:
+        """The fields of one of the job's hashes, streamed a batch at a time."""
         self.load_spec(job)  # JobNotFound for a job never seeded
         try:
-            yield from self.client.hscan_iter(keys.JobKeys(job).dead, count=MAX_ADD_BATCH)
+            yield from self.client.hscan_iter(key, count=MAX_ADD_BATCH)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        yield from self._hscan(job, keys.JobKeys(job).dead)
+
+    def iter_done(self, job: str) -> Iterator[str]:
+        for item, state in self._hscan(job, keys.JobKeys(job).items):
+            if state.startswith("D"):
+                yield item
 
     def retry_dead(self, job: str) -> RetryDeadResult:
         n, dispatch = 0, []

@@ -27,13 +27,17 @@
 --                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
 --                              URLs); a missing field is no limit
+--   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
+--                              running), job (its name), started, ended, final_seen, final_done,
+--                              final_dead (figures recorded when it ended)
+--   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled)
 -- Every deadline is on Redis's clock (TIME), never a worker's.
 
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
 local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local K_DELAYED, K_POLICY = KEYS[16], KEYS[17]
+local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
 
 if redis.call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
@@ -58,6 +62,40 @@ local function holder(item)
   if not o then return nil, nil end
   local sp = string.find(o, ' ', 1, true)
   return string.sub(o, 1, sp - 1), string.sub(o, sp + 1)
+end
+
+-- -- job state --------------------------------------------------------------------------------
+
+local function job_state()
+  return redis.call('HGET', K_CONTROL, 'state') or 'running'
+end
+
+-- A paused or cancelled job hands out nothing; what is in flight goes on.
+local function dispatch_held()
+  local s = job_state()
+  return s == 'paused' or s == 'cancelled'
+end
+
+-- The job ends as `state` (finished or cancelled): its end time and figures are recorded, and
+-- workers stop maintaining it.
+local function record_end(state)
+  local c = redis.call('HMGET', K_STATS, 'seen', 'done', 'dead')
+  redis.call('HSET', K_CONTROL, 'state', state, 'ended', string.format('%.6f', redis_now()),
+    'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
+  local name = redis.call('HGET', K_CONTROL, 'job')
+  if name then redis.call('SREM', K_ACTIVE, name) end
+end
+
+-- New work arrived (items added, dead ones queued again): a finished job runs again, and one
+-- that is not cancelled is maintained again.
+local function reactivate()
+  local s = job_state()
+  if s == 'finished' then
+    redis.call('HSET', K_CONTROL, 'state', 'running')
+    redis.call('HDEL', K_CONTROL, 'ended')
+  end
+  local name = redis.call('HGET', K_CONTROL, 'job')
+  if s ~= 'cancelled' and name then redis.call('SADD', K_ACTIVE, name) end
 end
 
 -- -- domains ----------------------------------------------------------------------------------
@@ -157,6 +195,7 @@ local function add_items(first, depth)
   if added > 0 then
     redis.call('HINCRBY', K_STATS, 'seen', added)
     redis.call('HINCRBY', K_STATS, 'queued', added)
+    reactivate()
   end
   return added
 end
@@ -191,6 +230,7 @@ end
 -- per turn; a domain with an interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
   promote_due(max_batch)
+  if dispatch_held() then return out end
   local room = bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING)
   if room > max_batch then room = max_batch end
   if room <= 0 then return out end

@@ -7,6 +7,8 @@
 -- open yet, or (for an item leased straight from its queue) the domain is at its in-flight cap,
 -- the item goes back to the head of its domain's queue and the caller gets 'throttled' with the
 -- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
+-- While the job is paused or cancelled, a delivered item goes back to its queue the same way
+-- ('held'); a lease in hand is kept.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] item
 -- ARGV[2] worker      id of the worker taking the lease
@@ -14,7 +16,7 @@
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
 -- Returns {status, depth, failed_attempts, token, wait, dispatch_item...};
--- status is ok|busy|throttled|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
+-- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -38,18 +40,24 @@ if state == 'l' or state == 'S' then
   state = 'q'
 end
 local dom = domain_of(item)
+-- A dispatched item goes back to the head of its queue; vacate lists the domain again.
+local function back_to_queue()
+  redis.call('ZREM', K_DISPATCHED, item)
+  redis.call('HSET', K_ITEMS, item, 'q' .. depth)
+  redis.call('HINCRBY', K_STATS, 'queued', 1)
+  redis.call('LPUSH', K_QUEUES .. dom, item)
+  vacate(dom)
+end
+if dispatch_held() then
+  -- Paused or cancelled: the item waits in its queue until the job is resumed.
+  if state == 'd' then back_to_queue() end
+  return {'held', tonumber(depth), fails, 0, '0'}
+end
 local interval, cap = limits(dom)
 local slot = 0
 if interval > 0 then slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0') end
 if slot > now or (state == 'q' and inflight(dom) >= cap) then
-  if state == 'd' then
-    -- Back to the head of its queue; vacate lists the domain again from its slot time.
-    redis.call('ZREM', K_DISPATCHED, item)
-    redis.call('HSET', K_ITEMS, item, 'q' .. depth)
-    redis.call('HINCRBY', K_STATS, 'queued', 1)
-    redis.call('LPUSH', K_QUEUES .. dom, item)
-    vacate(dom)
-  end
+  if state == 'd' then back_to_queue() end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
   if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', slot, dom) end
   local wait = slot - now

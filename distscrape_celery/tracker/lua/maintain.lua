@@ -11,7 +11,8 @@
 -- ARGV[6] poll          wake at most this many seconds from now while items are dispatched or
 --                       leased (their failures may start backoffs that end before the next
 --                       heartbeat)
--- Returns {reclaimed, dead, wake, dispatch_item...}; wake (a string, seconds; '' for none) is when
+-- Returns {reclaimed, dead, wake, finished, dispatch_item...}; finished is 1 for the one call
+-- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
 -- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
 local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -63,7 +64,16 @@ end
 reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 reclaim(K_DISPATCHED, 'd', 'free', '')
-local out = {reclaimed, died, ''}
+-- Completion, detected once: only the call that sees a running job with nothing left ends it.
+local finished = 0
+if job_state() == 'running' and tonumber(redis.call('HGET', K_STATS, 'seen') or '0') > 0
+    and tonumber(redis.call('HGET', K_STATS, 'queued') or '0') == 0
+    and redis.call('ZCARD', K_DISPATCHED) + redis.call('ZCARD', K_LEASED)
+      + redis.call('ZCARD', K_PENDING) + redis.call('ZCARD', K_DELAYED) == 0 then
+  record_end('finished')
+  finished = 1
+end
+local out = {reclaimed, died, '', finished}
 take_for_dispatch(bound, max_batch, now + lease, out)
 if bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING) > 0 then
   local wake = nil

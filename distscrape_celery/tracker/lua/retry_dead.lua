@@ -1,5 +1,5 @@
 -- retry_dead: queue a batch of dead items again, with their fault counters reset; items that are
--- not dead (any more) are left alone.
+-- not dead (any more) are left alone. A finished job runs again.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4..] items (the caller sends at most one batch)
@@ -18,5 +18,6 @@ for i = 4, #ARGV do
     n = n + 1
   end
 end
+if n > 0 then reactivate() end
 local out = {n}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

@@ -1,0 +1,30 @@
+-- control: pause, resume or cancel a job. Pause holds dispatch (what is in flight goes on);
+-- resume lets it flow again at once (a cancelled job too); cancel holds dispatch for good and
+-- ends the job (its end time and figures are recorded, workers stop maintaining it; its data
+-- stays). A finished job cannot be paused or cancelled, and resuming it changes nothing.
+-- KEYS: the item keys (see _lib.lua)
+-- ARGV[1] action      pause|resume|cancel
+-- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
+-- Returns {state before, state after, dispatch_item...}; an error 'JOBSTATE ...' for a pause or
+-- cancel of a finished job
+local action = ARGV[1]
+local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local before = job_state()
+local after = before
+if before == 'finished' and action ~= 'resume' then
+  return redis.error_reply('JOBSTATE the job is finished')
+end
+if action == 'pause' and before == 'running' then
+  redis.call('HSET', K_CONTROL, 'state', 'paused')
+  after = 'paused'
+elseif action == 'cancel' and before ~= 'cancelled' then
+  record_end('cancelled')
+  after = 'cancelled'
+elseif action == 'resume' and (before == 'paused' or before == 'cancelled') then
+  redis.call('HSET', K_CONTROL, 'state', 'running')
+  redis.call('HDEL', K_CONTROL, 'ended')
+  reactivate()
+  after = 'running'
+end
+local out = {before, after}
+return take_for_dispatch(bound, max_batch, redis_now() + lease, out)
