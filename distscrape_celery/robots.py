@@ -49,6 +49,9 @@ class RobotsStore(Protocol):
     def claim(self, origin: str, seconds: float) -> bool:
         """True if the caller is the one to fetch ``origin``'s file now (for ``seconds``)."""
 
+    def release(self, origin: str) -> None:
+        """End a claim on ``origin`` without storing a record."""
+
 
 class MemoryRobotsStore:
     """A :class:`RobotsStore` in process memory, for the in-memory crawl."""
@@ -75,6 +78,10 @@ class MemoryRobotsStore:
                 return False
             self._claims[origin] = now + seconds
             return True
+
+    def release(self, origin: str) -> None:
+        with self._lock:
+            self._claims.pop(origin, None)
 
 
 class RedisRobotsStore:
@@ -108,6 +115,12 @@ class RedisRobotsStore:
             )
         except redis.RedisError:
             return True
+
+    def release(self, origin: str) -> None:
+        try:
+            self.client.delete(keys.robots_fetch(origin))
+        except redis.RedisError:
+            pass  # the claim runs out by itself
 
 
 @dataclass(frozen=True)
@@ -192,7 +205,13 @@ class RobotsCache:
         """Fetch ``origin``'s robots.txt, unless another worker is doing so: then wait for its
         record (up to one download's time limit) rather than fetch the file twice."""
         budget = self.fetcher.spec.total_timeout + self.fetcher.spec.connect_timeout
-        if not self.store.claim(origin, budget):
+        if self.store.claim(origin, budget):
+            # The worker that stored the record may have ended its claim since we looked.
+            record = self.store.get(origin)
+            if record is not None:
+                self.store.release(origin)
+                return record
+        else:
             deadline = time.monotonic() + budget
             while time.monotonic() < deadline:
                 time.sleep(0.1)
