@@ -19,7 +19,7 @@ from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_fo
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
 from .seedfile import BadLine, SeedFile
-from .settings import Settings
+from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings
 from .urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
@@ -439,7 +439,8 @@ def _print_stats(job, stats, dead: dict[str, str]) -> None:
 @click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
 @redis_url_option
-@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
+              show_default=True,
               help="Concurrent downloads.")
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")

@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 ENV_PREFIX = "DISTSCRAPE_"
+# Pool processes of `distscrape crawl` (bench/RESULTS.md, issue 9): as fast as 4 on a loopback
+# site, while 4 cap a site 50 ms away near 80 pages/s; 16 allow ~240 pages/s at that latency.
+DEFAULT_CRAWL_CONCURRENCY = 16
 
 
 class Settings(BaseModel):
