@@ -120,7 +120,7 @@ http {{
 
 
 def find_nginx() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    found = shutil.which("nginx", path=os.environ.get("PATH", "") + ":/usr/sbin")
     if found is None:
         print("installing nginx-light from Debian's packages", file=sys.stderr)
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -325,12 +325,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def redis_cpu_of(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        st = fh.read().rsplit(")", 1)[1].split()
-    return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def embedded_probe(state_dir: Path):
     """A probe of the ``distscrape crawl``'s embedded Redis, once it is up."""
     def find(pid: int) -> Optional[RedisProbe]:
@@ -497,7 +491,8 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
                *HIGH_LIMITS, *extra]
     if args.profile:
         # Collapsed stacks of every Python process of the crawl; CPU figures then include py-spy.
-        command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking", "--format", "raw",
+        command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking",
+                   "--format", "raw",
                    "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
                    "--", *command]
     status, wall, cpu, probe = run_measured(
@@ -638,7 +633,6 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
     nginx = NginxSite(args.pages_map, work)
     latency = LatencySite(args.pages_map, work, args.latency)
-    sites = {"nginx": nginx, f"latency{args.latency * 1000:.0f}ms": latency}
     results: list[Result] = []
     peers: dict = {}
     extra = args.crawl_args.split()
@@ -650,7 +644,10 @@ def main() -> int:
                                                  max_pages=args.scale_pages))
                     print(table(results[-1:], peers), flush=True)
                 continue
-            where, _, kind = what.partition("-") if not what.startswith("scrapy") else ("nginx", "", what)
+            if what.startswith("scrapy"):
+                where, kind = "nginx", what
+            else:
+                where, _, kind = what.partition("-")
             site = nginx if where == "nginx" else latency
             name = "nginx" if where == "nginx" else "latency"
             if kind == "scrapy":
