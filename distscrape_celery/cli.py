@@ -21,7 +21,7 @@ from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_fo
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
 from .seedfile import BadLine, SeedFile
-from .settings import Settings
+from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings
 from .tracker.base import JobState
 from .urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 
@@ -464,7 +464,8 @@ def retry_dead(job, redis_url) -> None:
 @click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
 @redis_url_option
-@click.option("--concurrency", type=click.IntRange(1, 256), default=4, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
+              show_default=True,
               help="Concurrent downloads.")
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")

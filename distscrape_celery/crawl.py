@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .jobspec import JobSpec
 from .local import WorkerProcess
 from .manager import CrawlManager
-from .settings import Settings
+from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings
 from .tracker import JobStats, RedisTracker
 from .urls import url_host
 
@@ -189,7 +189,7 @@ def run_local_crawl(
     *,
     embedded_redis: bool,
     state_dir: Optional[Path] = None,
-    concurrency: int = 4,
+    concurrency: int = DEFAULT_CRAWL_CONCURRENCY,
     on_progress: Optional[Progress] = None,
     timeout: Optional[float] = None,
     say: Callable[[str], None] = _quiet,
@@ -258,7 +258,7 @@ def run_in_memory_crawl(
     spec: JobSpec,
     settings: Settings,
     *,
-    concurrency: int = 4,
+    concurrency: int = DEFAULT_CRAWL_CONCURRENCY,
     on_progress: Optional[Progress] = None,
     timeout: Optional[float] = None,
 ) -> CrawlResult:

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from .errors import ConfigError
 
 ENV_PREFIX = "DISTSCRAPE_"
+# Pool processes of `distscrape crawl` (bench/RESULTS.md, issue 9): 8 was the fastest of 4, 8
+# and 16 on both the loopback and the 50 ms site, and a single site takes at most 8 downloads at
+# once anyway (politeness: per_domain_concurrency); 4 capped a 50 ms site near 80 pages/s.
+DEFAULT_CRAWL_CONCURRENCY = 8
 
 
 class Settings(BaseModel):

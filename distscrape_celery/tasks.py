@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Optional
 
 from .celery_app import SAVE_TASK, SCRAPE_TASK, app, current_settings
 from .errors import TrackerUnavailable
@@ -28,8 +29,17 @@ class CeleryPublisher:
 publisher = CeleryPublisher()
 
 
+_pipeline: Optional[ItemPipeline] = None
+
+
 def pipeline() -> ItemPipeline:
-    return ItemPipeline(current_runtime(current_settings), publisher)
+    """The process's pipeline: one per runtime, so what it learns once per domain (robots.txt's
+    Crawl-delay, passed to the tracker) costs one round trip per process, not one per page."""
+    global _pipeline
+    runtime = current_runtime(current_settings)
+    if _pipeline is None or _pipeline.rt is not runtime:
+        _pipeline = ItemPipeline(runtime, publisher)
+    return _pipeline
 
 
 def _tracker_down(job: str, item: str, exc: TrackerUnavailable) -> str:

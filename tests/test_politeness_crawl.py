@@ -164,3 +164,37 @@ def test_max_pages_stops_the_crawl_at_the_count(sites, crawl):
     stats = crawl("ten", [site.base + "/"], politeness={"max_pages": 10})
     assert (stats.seen, stats.done, stats.dead) == (10, 10, 0)
     assert len(times(site)) == 10
+
+
+def test_crawl_delay_goes_to_the_tracker_once_per_process_not_per_page(sites, crawl, redis_url):
+    """Passing robots.txt's Crawl-delay on to the tracker is one command per worker process and
+    domain; it used to be one more Redis round trip for every page."""
+    import threading
+
+    import redis
+
+    site = sites(fan_out(30))
+    sent: list[list[str]] = []
+    stop = threading.Event()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def read() -> None:
+        with client.monitor() as monitor:
+            for command in monitor.listen():
+                if stop.is_set():
+                    return
+                if command.get("client_type") != "lua":  # only what clients send
+                    sent.append(command["command"].split())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        stats = crawl("delay-once", [site.base + "/"])
+    finally:
+        stop.set()
+        client.ping()  # one more command, so that the reader sees the flag
+        reader.join(10)
+    assert (stats.done, stats.dead) == (31, 0)
+    delay_commands = [c for c in sent if c[0].upper() in ("HSET", "HDEL") and "delay:" in " ".join(c)]
+    # Two workers of three pool processes each: at most one per process, whatever the pages.
+    assert 1 <= len(delay_commands) <= 6, delay_commands

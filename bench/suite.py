@@ -1,0 +1,676 @@
+#!/usr/bin/env python
+"""Issue 9's benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
+
+    .venv/bin/python bench/suite.py [--pages 5000] [--peer-pages 2000] [--latency 0.05]
+                                    [--only nginx-default,latency-default,...] [--profile]
+
+One run, in this order, so every figure is taken under the same machine load:
+
+1. generates a site with ``tests/sitegen.py`` (``--pages`` pages of about 6 KB, robots.txt
+   allowing everything) and serves it on 127.0.0.1 twice: from static files by nginx (a child
+   process with its own config; ``apt-get install nginx-light`` if it is missing) and by an
+   asyncio server that answers every request after ``--latency`` seconds;
+2. installs Scrapy, scrapy-redis and py-spy into ``bench/.venv-peers`` if they are not there;
+3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
+   concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
+   ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
+   multi-worker setup (``celery worker -c 8 -E`` processes and ``distscrape seed``) for the whole
+   site; the scale-out runs (1, 2, 4 README workers) against the latency site.
+
+Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
+ms per page of the crawler's processes (rusage of every process, start-up included, without
+Redis), Redis commands and CPU per page (``INFO`` deltas). Our politeness limits are set high
+(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything).
+Network: 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import multiprocessing
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from sitegen import generate_site  # noqa: E402
+
+PEERS = ROOT / "bench" / ".venv-peers"
+PEER_PACKAGES = ["scrapy", "scrapy-redis", "py-spy"]
+BIN = Path(sys.executable).parent
+ROBOTS = b"User-agent: *\nAllow: /\n"
+HIGH_LIMITS = ["--per-domain-concurrency", "256"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------- the two sites
+
+
+def site_pages(n_pages: int, page_bytes: int) -> dict[str, bytes]:
+    site = generate_site(n_pages=n_pages, seed=1, page_padding=page_bytes - 400)
+    pages = {p: site.pages[p] for p in site.reachable}
+    pages["/robots.txt"] = ROBOTS
+    return pages
+
+
+def write_static(pages: dict[str, bytes], root: Path) -> None:
+    """Files nginx serves: ``/dir/`` as ``dir/index.html``, ``/q?id=N`` as ``q/N.html``."""
+    for path, body in pages.items():
+        if path.startswith("/q?id="):
+            rel = f"q/{path[len('/q?id='):]}.html"
+        elif path.endswith("/"):
+            rel = path[1:] + "index.html"
+        else:
+            rel = path[1:]
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(body)
+
+
+NGINX_CONF = """\
+daemon off;
+master_process off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    default_type text/html;
+    types {{ text/plain txt; }}
+    client_body_temp_path {dir}/tmp;
+    proxy_temp_path {dir}/tmp;
+    fastcgi_temp_path {dir}/tmp;
+    uwsgi_temp_path {dir}/tmp;
+    scgi_temp_path {dir}/tmp;
+    log_format bench '$msec $request_uri $status';
+    access_log {dir}/access.log bench;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_requests 1000000;
+    keepalive_timeout 120s;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location = /q {{ try_files /q/$arg_id.html =404; }}
+    }}
+}}
+"""
+
+
+def find_nginx() -> str:
+    found = shutil.which("nginx", path=os.environ.get("PATH", "") + ":/usr/sbin")
+    if found is None:
+        print("installing nginx-light from Debian's packages", file=sys.stderr)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-q", "nginx-light"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        found = shutil.which("nginx") or "/usr/sbin/nginx"
+    return found
+
+
+class Site:
+    """A server on 127.0.0.1 with an access log of ``time path status`` lines."""
+
+    url: str
+    log: Path
+
+    def mark(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def requests_since(self, offset: int) -> list[tuple[float, str]]:
+        with self.log.open("rb") as fh:
+            fh.seek(offset)
+            lines = fh.read().decode().splitlines()
+        out = []
+        for line in lines:
+            stamp, path, _status = line.split(" ")
+            out.append((float(stamp), path))
+        return out
+
+
+class NginxSite(Site):
+    def __init__(self, pages: dict[str, bytes], workdir: Path) -> None:
+        root, self.dir = workdir / "static", workdir / "nginx"
+        write_static(pages, root)
+        (self.dir / "tmp").mkdir(parents=True)
+        port = free_port()
+        conf = self.dir / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=self.dir, port=port, root=root))
+        self.log = self.dir / "access.log"
+        self.url = f"http://127.0.0.1:{port}/"
+        self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
+                                     start_new_session=True)
+        wait_port(port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
+    logfh = open(log, "a", buffering=1)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                target = line.split(b" ")[1].decode()
+                await asyncio.sleep(delay)
+                body = pages.get(target)
+                status = b"200 OK" if body is not None else b"404 Not Found"
+                body = body if body is not None else b"not found"
+                ctype = b"text/plain" if target == "/robots.txt" else b"text/html"
+                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
+                             + b"\r\nContent-Length: " + str(len(body)).encode()
+                             + b"\r\n\r\n" + body)
+                logfh.write(f"{time.time():.3f} {target} {status[:3].decode()}\n")
+                await writer.drain()
+        except (ConnectionError, IndexError):
+            pass
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+class LatencySite(Site):
+    def __init__(self, pages: dict[str, bytes], workdir: Path, delay: float) -> None:
+        port = free_port()
+        self.log = workdir / "latency-access.log"
+        self.url = f"http://127.0.0.1:{port}/"
+        ctx = multiprocessing.get_context("fork")
+        self.proc = ctx.Process(target=_serve_latency, args=(pages, port, delay, str(self.log)),
+                                daemon=True)
+        self.proc.start()
+        wait_port(port)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.join(10)
+
+
+def wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+# ------------------------------------------------------------------------------ measurement
+
+
+@dataclass
+class Result:
+    name: str
+    site: str
+    pages: int = 0
+    distinct: int = 0
+    seconds: float = 0.0
+    wall: float = 0.0
+    cpu: float = 0.0  # seconds, crawler processes, Redis excluded
+    redis_cmds: float = 0.0
+    redis_cpu: float = 0.0
+    note: str = ""
+    ok: bool = True
+
+    @property
+    def rate(self) -> float:
+        return (self.pages - 1) / self.seconds if self.seconds > 0 else 0.0
+
+    def per_page(self, value: float) -> float:
+        return value / self.pages if self.pages else 0.0
+
+
+@dataclass
+class RedisProbe:
+    """``INFO`` deltas of one Redis: commands processed and CPU seconds."""
+
+    client: redis.Redis
+    start: dict = field(default_factory=dict)
+    last: dict = field(default_factory=dict)
+
+    def sample(self) -> dict:
+        try:
+            info = self.client.info("all")
+        except redis.RedisError:
+            return self.last
+        self.last = {"cmds": info["total_commands_processed"],
+                     "cpu": info["used_cpu_user"] + info["used_cpu_sys"]}
+        if not self.start:
+            self.start = self.last
+        return self.last
+
+    def delta(self) -> tuple[float, float]:
+        if not self.start:
+            return 0.0, 0.0
+        return self.last["cmds"] - self.start["cmds"], self.last["cpu"] - self.start["cpu"]
+
+
+def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
+                 probe_for=None) -> tuple[int, float, float, Optional[RedisProbe]]:
+    """Run ``cmd`` to its end (SIGTERM, then SIGKILL, at ``timeout``); return its status, wall
+    seconds and the CPU seconds of it and every descendant it reaped. ``probe_for(pid)`` may
+    return a RedisProbe, sampled every 0.25 s while the command runs."""
+    started = time.monotonic()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+    probe = None
+    status = None
+    while status is None:
+        pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            status = os.waitstatus_to_exitcode(raw)
+            break
+        if probe is None and probe_for is not None:
+            probe = probe_for(proc.pid)
+        if probe is not None:
+            probe.sample()
+        if time.monotonic() - started > timeout:
+            proc.send_signal(signal.SIGTERM)
+            _, raw, usage = os.wait4(proc.pid, 0)
+            status = os.waitstatus_to_exitcode(raw)
+            break
+        time.sleep(0.25)
+    proc.returncode = status
+    return status, time.monotonic() - started, usage.ru_utime + usage.ru_stime, probe
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    kids = [int(x) for x in fh.read().split()]
+                out += kids
+                todo += kids
+        except OSError:
+            pass
+    return out
+
+
+def embedded_probe(state_dir: Path):
+    """A probe of the ``distscrape crawl``'s embedded Redis, once it is up."""
+    def find(pid: int) -> Optional[RedisProbe]:
+        for child in descendants(pid):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
+            found = re.search(rb"redis-server[^\0]* 127\.0\.0\.1:(\d+)", b"\0".join(cmdline))
+            if found:
+                port = int(found.group(1))
+                password = (state_dir / "redis.password").read_text().strip()
+                probe = RedisProbe(redis.Redis(port=port, password=password))
+                return probe if probe.sample() else None
+        return None
+    return find
+
+
+class ThrowawayRedis:
+    def __init__(self, workdir: Path, name: str) -> None:
+        self.port = free_port()
+        self.dir = workdir / name
+        self.dir.mkdir(exist_ok=True)
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+             str(self.dir), "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+             "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, start_new_session=True)
+        wait_port(self.port)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.probe = RedisProbe(redis.Redis(port=self.port))
+        self.probe.sample()
+
+    def stop(self) -> None:
+        self.probe.sample()
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def site_figures(result: Result, site: Site, mark: int) -> None:
+    hits = [(t, p) for t, p in site.requests_since(mark) if p != "/robots.txt"]
+    result.pages = len(hits)
+    result.distinct = len({p for _, p in hits})
+    if len(hits) > 1:
+        result.seconds = hits[-1][0] - hits[0][0]
+
+
+def clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+
+
+# ------------------------------------------------------------------------------------ crawls
+
+
+SPIDER = '''
+import hashlib, os
+from scrapy.linkextractors import LinkExtractor
+from scrapy.spiders import CrawlSpider, Rule
+{extra_import}
+
+class Bench({base}):
+    name = "bench"
+    allowed_domains = ["127.0.0.1"]
+    {start}
+    rules = (Rule(LinkExtractor(), callback="parse_item", follow=True),)
+    custom_settings = {{
+        "CONCURRENT_REQUESTS": 64, "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
+        "CONCURRENT_REQUESTS_PER_IP": 0, "ROBOTSTXT_OBEY": False, "LOG_LEVEL": "WARNING",
+        "TELNETCONSOLE_ENABLED": False, "COOKIES_ENABLED": False,
+        "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+    }}
+
+    def parse_start_url(self, response, **kwargs):
+        return self.parse_item(response)
+
+    def parse_item(self, response):
+        name = hashlib.sha1(response.url.encode()).hexdigest()
+        with open(os.path.join(os.environ["BENCH_OUT"], name), "wb") as fh:
+            fh.write(response.body)
+        return None
+'''
+
+
+def ensure_peers() -> None:
+    if not (PEERS / "bin" / "scrapy").exists() or not (PEERS / "bin" / "py-spy").exists():
+        print("installing the peers into bench/.venv-peers", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
+        subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
+
+
+def crawl_scrapy(site: Site, site_name: str, work: Path, args) -> Result:
+    out = work / "scrapy-out"
+    out.mkdir()
+    spider = work / "scrapy_spider.py"
+    spider.write_text(SPIDER.format(extra_import="", base="CrawlSpider",
+                                    start=f"start_urls = [{site.url!r}]"))
+    env = dict(clean_env(), BENCH_OUT=str(out))
+    mark = site.mark()
+    status, wall, cpu, _ = run_measured(
+        [str(PEERS / "bin" / "scrapy"), "runspider", str(spider),
+         "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages}"],
+        env, args.timeout, work / "scrapy.log")
+    r = Result("Scrapy CrawlSpider, 1 process x 64", site_name, wall=wall, cpu=cpu,
+               ok=status == 0)
+    site_figures(r, site, mark)
+    r.note = f"{r.pages - r.distinct} fetched twice"
+    return r
+
+
+def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
+    out = work / "scrapy-redis-out"
+    out.mkdir()
+    spider = work / "scrapy_redis_spider.py"
+    spider.write_text(SPIDER.format(
+        extra_import="from scrapy_redis.spiders import RedisCrawlSpider", base="RedisCrawlSpider",
+        start='redis_key = "bench:start_urls"'))
+    server = ThrowawayRedis(work, "scrapy-redis-redis")
+    server.probe.client.lpush("bench:start_urls", site.url)
+    env = dict(clean_env(), BENCH_OUT=str(out))
+    settings = ["-s", "SCHEDULER=scrapy_redis.scheduler.Scheduler",
+                "-s", "DUPEFILTER_CLASS=scrapy_redis.dupefilter.RFPDupeFilter",
+                "-s", f"REDIS_URL={server.url}", "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=3",
+                # The first process to stop must not flush the queue and the dupefilter.
+                "-s", "SCHEDULER_PERSIST=True",
+                "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages // 2}"]
+    mark = site.mark()
+    started = time.monotonic()
+    procs = []
+    for i in range(2):
+        with (work / f"scrapy-redis-{i}.log").open("ab") as log:
+            procs.append(subprocess.Popen(
+                [str(PEERS / "bin" / "scrapy"), "runspider", str(spider), *settings],
+                env=env, stdout=log, stderr=subprocess.STDOUT))
+    cpu, ok = 0.0, True
+    for proc in procs:
+        while True:
+            pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            server.probe.sample()
+            if time.monotonic() - started > args.timeout:
+                proc.terminate()
+            time.sleep(0.25)
+        proc.returncode = os.waitstatus_to_exitcode(raw)
+        ok = ok and proc.returncode == 0
+        cpu += usage.ru_utime + usage.ru_stime
+    wall = time.monotonic() - started
+    server.stop()
+    cmds, rcpu = server.probe.delta()
+    r = Result("scrapy-redis, 2 processes x 64", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
+               redis_cpu=rcpu, ok=ok)
+    site_figures(r, site, mark)
+    r.note = f"{r.pages - r.distinct} fetched twice"
+    return r
+
+
+def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str] = ()) -> Result:
+    """The README's one command: ``distscrape crawl URL --output DIR``, limits set high."""
+    out = work / f"default-{site_name}-out"
+    mark = site.mark()
+    state = Path(str(out) + ".distscrape-state")
+    command = [str(BIN / "distscrape"), "crawl", site.url, "--output", str(out), "--quiet",
+               *HIGH_LIMITS, *extra]
+    if args.profile:
+        # Collapsed stacks of every Python process of the crawl; CPU figures then include py-spy.
+        command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking",
+                   "--format", "raw",
+                   "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
+                   "--", *command]
+    status, wall, cpu, probe = run_measured(
+        command,
+        clean_env(), args.timeout, work / f"default-{site_name}.log", embedded_probe(state))
+    cmds, rcpu = probe.delta() if probe else (0.0, 0.0)
+    name = "distscrape crawl (defaults)" + (" " + " ".join(extra) if extra else "")
+    r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
+               ok=status == 0)
+    site_figures(r, site, mark)
+    # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
+    r.cpu -= rcpu
+    saved = sum(1 for p in out.rglob("*") if p.is_file())
+    r.note = f"{saved} files saved"
+    r.ok = r.ok and saved == r.distinct == len(args.pages_map) - 1
+    return r
+
+
+def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
+                  max_pages: Optional[int] = None) -> Result:
+    """The README's many-host setup on this host: ``workers`` times ``celery worker -c 8 -E``,
+    then ``distscrape seed``; waits until the tracker says the job is finished."""
+    from distscrape_celery.settings import Settings
+    from distscrape_celery.tracker import RedisTracker
+
+    server = ThrowawayRedis(work, f"redis-{site_name}-{workers}w-{max_pages}")
+    env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url)
+    tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
+    job = f"bench-{site_name}-{workers}"
+    out = work / f"{job}-out"
+    started = time.monotonic()
+    procs = []
+    for i in range(workers):
+        with (work / f"{job}-worker{i}.log").open("ab") as log:
+            procs.append(subprocess.Popen(
+                [str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
+                 "distscrape.scrape,distscrape.save", "-c", "8", "-E", "-n",
+                 f"distscrape-{i}@%h", "--loglevel", "WARNING"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    deadline = time.monotonic() + 60
+    while sum(1 for w in tracker.workers() if w.alive) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{workers} workers did not come up; see {work}")
+        time.sleep(0.1)
+    mark = site.mark()
+    server.probe.start = {}
+    server.probe.sample()
+    limit = ["--max-pages", str(max_pages)] if max_pages else []
+    seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
+                           *HIGH_LIMITS, *limit], env=env, capture_output=True, text=True)
+    if seed.returncode != 0:
+        raise RuntimeError(f"seed failed: {seed.stderr}")
+    ok = False
+    while time.monotonic() - started < args.timeout:
+        server.probe.sample()
+        if tracker.stats(job).finished:
+            ok = True
+            break
+        time.sleep(0.25)
+    server.probe.sample()
+    cpu = 0.0
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            _, raw, usage = os.wait4(proc.pid, 0)
+            cpu += usage.ru_utime + usage.ru_stime
+        except ChildProcessError:
+            pass
+    wall = time.monotonic() - started
+    stats = tracker.stats(job)
+    server.stop()
+    cmds, rcpu = server.probe.delta()
+    r = Result(f"README workers: {workers} x celery -c 8 -E", site_name, wall=wall, cpu=cpu,
+               redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
+    site_figures(r, site, mark)
+    r.note = f"done {stats.done}, dead {stats.dead}"
+    r.ok = r.ok and r.pages == r.distinct
+    return r
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def table(results: list[Result], peers: dict[str, Result]) -> str:
+    rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
+            "| Redis cmds/page | Redis CPU ms/page | command wall s | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
+        ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
+        rows.append(
+            f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
+            f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
+            f"{r.per_page(r.redis_cmds):.1f} | {1000 * r.per_page(r.redis_cpu):.2f} | "
+            f"{r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
+            f"{' (' + r.note + ')' if r.note else ''} |")
+    return "\n".join(rows)
+
+
+def machine() -> str:
+    model = "?"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    load = os.getloadavg()
+    return (f"{platform.node()}, {os.cpu_count()} CPUs ({model}), Python "
+            f"{platform.python_version()}, load average before the run {load[0]:.2f}")
+
+
+ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-default",
+       "latency-workers", "scale"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=5000)
+    parser.add_argument("--page-bytes", type=int, default=6000)
+    parser.add_argument("--peer-pages", type=int, default=2000)
+    parser.add_argument("--scale-pages", type=int, default=1500)
+    parser.add_argument("--latency", type=float, default=0.05)
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
+    parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="record `distscrape crawl` with py-spy (collapsed stacks into DIR)")
+    parser.add_argument("--crawl-args", default="",
+                        help="extra options for `distscrape crawl` (to compare settings)")
+    args = parser.parse_args()
+    only = args.only.split(",")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = f"{stamp}; {machine()}"
+    print(header, flush=True)
+    if any(o.startswith("scrapy") for o in only):
+        ensure_peers()
+    args.pages_map = site_pages(args.pages, args.page_bytes)
+    work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
+    nginx = NginxSite(args.pages_map, work)
+    latency = LatencySite(args.pages_map, work, args.latency)
+    results: list[Result] = []
+    peers: dict = {}
+    extra = args.crawl_args.split()
+    try:
+        for what in only:
+            if what == "scale":
+                for n in (1, 2, 4):
+                    results.append(crawl_workers(latency, "latency", work, args, n,
+                                                 max_pages=args.scale_pages))
+                    print(table(results[-1:], peers), flush=True)
+                continue
+            if what.startswith("scrapy"):
+                where, kind = "nginx", what
+            else:
+                where, _, kind = what.partition("-")
+            site = nginx if where == "nginx" else latency
+            name = "nginx" if where == "nginx" else "latency"
+            if kind == "scrapy":
+                r = crawl_scrapy(site, name, work, args)
+                peers[("scrapy", name)] = r
+            elif kind == "scrapy-redis":
+                r = crawl_scrapy_redis(site, name, work, args)
+                peers[("scrapy-redis", name)] = r
+            elif kind == "default":
+                r = crawl_default(site, name, work, args, extra)
+            else:
+                r = crawl_workers(site, name, work, args, 1)
+            results.append(r)
+            print(table([r], peers), flush=True)
+    finally:
+        nginx.stop()
+        latency.stop()
+    print(f"\n{header}; site {args.pages} pages, {args.page_bytes} bytes each; "
+          f"latency site {args.latency * 1000:.0f} ms per response\n")
+    print(table(results, peers))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
