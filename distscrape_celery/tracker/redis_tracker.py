@@ -77,10 +77,12 @@ def _converts_redis_errors(method: F) -> F:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
         except redis.ResponseError as exc:
-            if str(exc).startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+            # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
+            reply = str(exc).rpartition("caused error: ")[2]
+            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
                 raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
-            if str(exc).startswith("JOBSTATE"):  # raised by control.lua
-                raise JobStateError(f"job {args[0]!r}: {str(exc)[9:]}") from None
+            if reply.startswith("JOBSTATE"):  # raised by control.lua
+                raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
@@ -312,29 +314,23 @@ class RedisTracker(Tracker):
     def _top_up_args(self) -> list[Any]:
         return [self.dispatch_bound(), MAX_DISPATCH_BATCH, self.lease_seconds]
 
-    @_converts_redis_errors
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
-        k = keys.JobKeys(job).item_keys()
-        added, dispatch = 0, []
-        for chunk in _chunks(list(items), MAX_ADD_BATCH) if items else [[]]:
-            res = self._scripts["add"](keys=k, args=[depth, *self._top_up_args(), *chunk])
-            added += int(res[0])
-            dispatch.extend(res[1:])
-        return AddResult(dispatch=dispatch, added=added)
+        return self._add_batches(job, list(items), depth)
 
     def add_stream(
         self, job: str, items: Iterable[str], depth: int = 0
     ) -> Iterator[tuple[int, AddResult]]:
-        # Pipelined: ADD_STREAM_PIPELINE batches (each its own short Lua call) per round trip.
         for group in batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE):
-            yield len(group), self._add_pipelined(job, group, depth)
+            yield len(group), self._add_batches(job, group, depth)
 
     @_converts_redis_errors
-    def _add_pipelined(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+    def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+        """One round trip: a short Lua call per MAX_ADD_BATCH items, pipelined (one call with no
+        items still tops up dispatch)."""
         k = keys.JobKeys(job).item_keys()
         top_up = self._top_up_args()
         pipe = self.client.pipeline(transaction=False)
-        for chunk in _chunks(items, MAX_ADD_BATCH):
+        for chunk in list(_chunks(items, MAX_ADD_BATCH)) or [[]]:
             self._scripts["add"](keys=k, args=[depth, *top_up, *chunk], client=pipe)
         added, dispatch = 0, []
         for res in pipe.execute():
