@@ -1,13 +1,13 @@
 """How fast `distscrape seed JOB --ids-file FILE` imports IDs, and how much memory the client needs.
 
-    python bench/bench_seed_ids.py [--ids 1000000] [--duplicates 0.1]
+    python bench/bench_seed_ids.py [--ids 1000000] [--duplicates 0.1] [--once]
 
 Writes a file of ``--ids`` generated IDs (a share of them repeated, and some blank lines), starts
 a throwaway Redis, and runs the real command on it as a subprocess (no worker alive, so nothing
 is dispatched). Prints IDs per second, the command's peak RSS (from the kernel's rusage of the
-finished child, taken before Redis is stopped so that only the command counts) and Redis's
-memory per ID. Then runs the same import once more on the same job, where every ID is already
-seen.
+finished child, taken before Redis is stopped so that only the command counts), Redis's memory
+per ID and the Redis CPU each run took. Then (unless ``--once``) runs the same import once more
+on the same job, where every ID is already seen.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ def write_ids(path: Path, n: int, duplicates: float) -> int:
     return lines
 
 
+def redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def seed(url: str, path: Path) -> tuple[float, float, str]:
     """Run the command; (seconds, the largest peak RSS of the commands run so far in MiB, its
     summary line)."""
@@ -70,6 +75,7 @@ def main() -> int:
     parser.add_argument("--ids", type=int, default=1_000_000)
     parser.add_argument("--duplicates", type=float, default=0.1,
                         help="share of lines that repeat an earlier ID")
+    parser.add_argument("--once", action="store_true", help="skip the second (all seen) import")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-seed-") as tmp:
@@ -80,8 +86,10 @@ def main() -> int:
         with EmbeddedRedis() as server:
             client = redis.Redis.from_url(server.url)
             before = int(client.info("memory")["used_memory"])
-            for run in ("new job", "again (all seen)"):
+            for run in ("new job",) if args.once else ("new job", "again (all seen)"):
+                cpu = redis_cpu(client)
                 seconds, rss, summary = seed(server.url, path)
+                cpu = redis_cpu(client) - cpu
                 counts = re.search(r"(\d+) new item\(s\), (\d+) already seen", summary)
                 assert counts, summary
                 new, seen = map(int, counts.groups())
@@ -93,7 +101,8 @@ def main() -> int:
                 assert new + seen == lines, summary
                 print(f"{run}: {lines / seconds:,.0f} IDs/s ({seconds:.1f} s, {new:,} new, "
                       f"{seen:,} already seen); command peak RSS {rss:.0f} MiB"
-                      + (" (either run)" if run != "new job" else ""))
+                      + (" (either run)" if run != "new job" else "")
+                      + f"; Redis CPU {cpu:.1f} s ({cpu / lines * 1e6:.1f} us/ID)")
             print(f"Redis memory per ID: {per_id:.0f} bytes")
     return 0
 

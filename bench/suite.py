@@ -14,7 +14,7 @@ One run, in this order, so every figure is taken under the same machine load:
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
-   multi-worker setup (``celery worker -c 8 -E`` processes and ``distscrape seed``) for the whole
+   multi-worker setup (one ``celery worker -P threads -c 8 -E`` per core and ``distscrape seed``) for the whole
    site; the scale-out runs (1, 2, 4 README workers) against the latency site.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import multiprocessing
 import os
 import platform
@@ -482,9 +483,11 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
     return r
 
 
-def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str] = ()) -> Result:
-    """The README's one command: ``distscrape crawl URL --output DIR``, limits set high."""
-    out = work / f"default-{site_name}-out"
+def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str] = (),
+                  baseline: bool = False) -> Result:
+    """The README's one command: ``distscrape crawl URL --output DIR``, limits set high. With
+    ``baseline``, the package is imported from ``--baseline`` (another version's source)."""
+    out = work / f"default-{site_name}-{'baseline-' if baseline else ''}out"
     mark = site.mark()
     state = Path(str(out) + ".distscrape-state")
     command = [str(BIN / "distscrape"), "crawl", site.url, "--output", str(out), "--quiet",
@@ -495,11 +498,14 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
                    "--format", "raw",
                    "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
                    "--", *command]
+    env = clean_env()
+    if baseline:
+        env["PYTHONPATH"] = args.baseline
     status, wall, cpu, probe = run_measured(
-        command,
-        clean_env(), args.timeout, work / f"default-{site_name}.log", embedded_probe(state))
+        command, env, args.timeout, work / f"default-{site_name}.log", embedded_probe(state))
     cmds, rcpu = probe.delta() if probe else (0.0, 0.0)
-    name = "distscrape crawl (defaults)" + (" " + " ".join(extra) if extra else "")
+    name = ("distscrape crawl (defaults)" + (" " + " ".join(extra) if extra else "")
+            + (" [baseline]" if baseline else ""))
     r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
                ok=status == 0)
     site_figures(r, site, mark)
@@ -511,17 +517,25 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     return r
 
 
+README_WORKER_ARGS = ["-P", "threads", "-c", "8", "-E"]  # one such worker per core
+_RUNS = itertools.count(1)
+
+
 def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
-                  max_pages: Optional[int] = None) -> Result:
-    """The README's many-host setup on this host: ``workers`` times ``celery worker -c 8 -E``,
-    then ``distscrape seed``; waits until the tracker says the job is finished."""
+                  max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
+                  worker_env: Optional[dict[str, str]] = None) -> Result:
+    """The README's many-host setup on this host: ``workers`` times ``celery worker -P threads
+    -c 8 -E`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
+    the tracker says the job is finished."""
+    worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     from distscrape_celery.settings import Settings
     from distscrape_celery.tracker import RedisTracker
 
-    server = ThrowawayRedis(work, f"redis-{site_name}-{workers}w-{max_pages}")
-    env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url)
+    run = next(_RUNS)  # each crawl its own Redis directory, job and output
+    server = ThrowawayRedis(work, f"redis-{site_name}-{workers}w-{max_pages}-{run}")
+    env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **(worker_env or {}))
     tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
-    job = f"bench-{site_name}-{workers}"
+    job = f"bench-{site_name}-{workers}-{run}"
     out = work / f"{job}-out"
     started = time.monotonic()
     procs = []
@@ -529,7 +543,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         with (work / f"{job}-worker{i}.log").open("ab") as log:
             procs.append(subprocess.Popen(
                 [str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
-                 "distscrape.scrape,distscrape.save", "-c", "8", "-E", "-n",
+                 "distscrape.scrape,distscrape.save", *worker_args, "-n",
                  f"distscrape-{i}@%h", "--loglevel", "WARNING"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + 60
@@ -566,7 +580,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     stats = tracker.stats(job)
     server.stop()
     cmds, rcpu = server.probe.delta()
-    r = Result(f"README workers: {workers} x celery -c 8 -E", site_name, wall=wall, cpu=cpu,
+    label = " ".join(worker_args + [f"{k}={v}" for k, v in (worker_env or {}).items()])
+    who = "README workers" if worker_args is README_WORKER_ARGS and not worker_env else "workers"
+    r = Result(f"{who}: {workers} x celery {label}", site_name, wall=wall, cpu=cpu,
                redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}"
@@ -606,7 +622,18 @@ def machine() -> str:
 
 
 ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-default",
-       "latency-workers", "scale"]
+       "latency-workers", "scale", "variants"]
+# With --baseline DIR (a directory holding another version's distscrape_celery, e.g. from
+# `git archive OLD distscrape_celery | tar -x -C DIR`), also: nginx-baseline, latency-baseline.
+
+
+def parse_variant(text: str) -> tuple[int, list[str], dict[str, str]]:
+    """``N|celery worker options|VAR=VALUE,...`` (the last part optional)."""
+    parts = text.split("|")
+    if len(parts) not in (2, 3) or not parts[0].strip().isdigit():
+        raise SystemExit(f"--variant: {text!r} is not N|OPTIONS[|VAR=VALUE,...]")
+    env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
+    return int(parts[0]), parts[1].split(), env
 
 
 def main() -> int:
@@ -620,6 +647,16 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
     parser.add_argument("--profile", metavar="DIR",
                         help="record `distscrape crawl` with py-spy (collapsed stacks into DIR)")
+    parser.add_argument("--variant", action="append", default=[], metavar="N|OPTIONS|ENV",
+                        help="with --only ...,variants: N celery workers started with OPTIONS "
+                        "(e.g. '2|-P threads -c 16|DISTSCRAPE_BROKER_ACK_EMULATION=False'), "
+                        "run against each site named in --variant-sites; repeatable")
+    parser.add_argument("--variant-sites", default="nginx", help="nginx, latency or both")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="for nginx-baseline and latency-baseline: run `distscrape crawl` "
+                        "with the distscrape_celery package in DIR (another version, same run); "
+                        "run the suite from outside the source tree, or the crawl's `python -m "
+                        "celery` workers import the tree in the current directory instead")
     parser.add_argument("--crawl-args", default="",
                         help="extra options for `distscrape crawl` (to compare settings)")
     args = parser.parse_args()
@@ -638,6 +675,15 @@ def main() -> int:
     extra = args.crawl_args.split()
     try:
         for what in only:
+            if what == "variants":
+                for text in args.variant:
+                    n, opts, env = parse_variant(text)
+                    for name in args.variant_sites.split(","):
+                        site = nginx if name == "nginx" else latency
+                        results.append(crawl_workers(site, name, work, args, n, worker_args=opts,
+                                                     worker_env=env))
+                        print(table(results[-1:], peers), flush=True)
+                continue
             if what == "scale":
                 for n in (1, 2, 4):
                     results.append(crawl_workers(latency, "latency", work, args, n,
@@ -658,8 +704,10 @@ def main() -> int:
                 peers[("scrapy-redis", name)] = r
             elif kind == "default":
                 r = crawl_default(site, name, work, args, extra)
+            elif kind == "baseline":
+                r = crawl_default(site, name, work, args, extra, baseline=True)
             else:
-                r = crawl_workers(site, name, work, args, 1)
+                r = crawl_workers(site, name, work, args, os.cpu_count() or 1)
             results.append(r)
             print(table([r], peers), flush=True)
     finally:

@@ -14,6 +14,7 @@ also prunes the records of workers dead for longer than ``worker_prune_seconds``
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import socket
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 
 # Least wait between two dispatch rounds, so a domain whose turn has come does not spin the agent.
 MIN_WAKE = 0.05
+# Every this many heartbeats (the first included) a worker repairs the list of active jobs where
+# a client died between a shard's change and its mirror (Tracker.heal_active_jobs): it reads
+# every job that is not listed, so not on every beat.
+HEAL_EVERY = 10
 
 
 class Held:
@@ -49,15 +54,24 @@ class Held:
 HeldItems = Callable[[], dict[str, Held]]
 
 
-def reserved_items() -> dict[str, Held]:
-    """What this worker has reserved or is running, by job."""
+def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
+    """What this worker has reserved or is running, by job. A task running for longer than
+    ``max_running`` seconds counts as not running, so its lease is no longer kept: the prefork
+    pool kills such a task at its time limit anyway, but the threads pool has no time limits,
+    and a hung download or save must not hold its item for ever (another worker takes it a lease
+    later; the hung run's fencing token is then stale)."""
     from celery.worker import state
 
     from .celery_app import SAVE_TASK, SCRAPE_TASK
 
     held: dict[str, Held] = defaultdict(Held)
     active = set(state.active_requests)
-    for request in list(state.reserved_requests) + [r for r in active if r not in state.reserved_requests]:
+    requests = list(state.reserved_requests) + [r for r in active if r not in state.reserved_requests]
+    if max_running is not None:
+        # Neither its lease nor (for a save) its item's wait for the save is kept any more.
+        too_old = time.time() - max_running
+        requests = [r for r in requests if not (r.time_start and r.time_start < too_old)]
+    for request in requests:
         try:
             if request.name not in (SCRAPE_TASK, SAVE_TASK):
                 continue
@@ -92,6 +106,10 @@ class WorkerAgent:
         self._stop = threading.Event()
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
+        self._ticks = 0
+        # Jobs whose maintenance failed, with the failure last logged: a job that fails the same
+        # way on every heartbeat (one of an older format, say) is logged once, not each time.
+        self._failing: dict[str, str] = {}
 
     def register(self) -> str:
         worker_id = self.rt.tracker.register_worker(socket.gethostname(), os.getpid(), self.concurrency)
@@ -109,6 +127,9 @@ class WorkerAgent:
         pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
         if pruned:
             log.info("pruned the records of dead worker(s) %s", ", ".join(pruned))
+        self._ticks += 1
+        if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
+            log.warning("listed again job(s) with unfinished work that were not maintained")
         return self.maintain_all()
 
     def maintain_all(self) -> Optional[float]:
@@ -117,9 +138,15 @@ class WorkerAgent:
         for job in self.rt.tracker.active_jobs():
             try:
                 w = self._maintain(job)
-            except Exception:  # one broken job must not stop recovery of the others
-                log.exception("maintenance of job %s failed", job)
+            except Exception as exc:  # one broken job must not stop recovery of the others
+                why = f"{type(exc).__name__}: {exc}"
+                if self._failing.get(job) != why:
+                    log.exception("maintenance of job %s failed (logged again only if the "
+                                  "failure changes)", job)
+                    self._failing[job] = why
                 continue
+            if self._failing.pop(job, None) is not None:
+                log.warning("maintenance of job %s works again", job)
             if w is not None and (wake is None or w < wake):
                 wake = w
         return wake
@@ -217,7 +244,10 @@ def _on_worker_init(sender, **_):
     if rt.in_memory:
         return
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
-    _agent = WorkerAgent(rt, concurrency=concurrency, publish=publisher.scrape)
+    _agent = WorkerAgent(
+        rt, concurrency=concurrency, publish=publisher.scrape,
+        held_items=functools.partial(reserved_items, max_running=rt.settings.task_time_limit),
+    )
     _agent.register()
     # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
     # still exits through the interpreter, so give back what we hold there too.

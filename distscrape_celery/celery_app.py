@@ -14,6 +14,7 @@ from kombu import Exchange, Queue
 from . import kombu_fixes
 from .settings import Settings
 
+# The queues' names with the default queue_prefix (settings.scrape_queue and save_queue).
 SCRAPE_QUEUE = "distscrape.scrape"
 SAVE_QUEUE = "distscrape.save"
 SCRAPE_TASK = "distscrape.scrape"
@@ -45,16 +46,18 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # be bound to the default queue's key, and every message would be delivered to both.
         "task_queues": [
             Queue(name, Exchange(name, type="direct"), routing_key=name)
-            for name in (SCRAPE_QUEUE, SAVE_QUEUE)
+            for name in (settings.scrape_queue, settings.save_queue)
         ],
-        "task_default_queue": SCRAPE_QUEUE,
-        "task_routes": {SCRAPE_TASK: {"queue": SCRAPE_QUEUE}, SAVE_TASK: {"queue": SAVE_QUEUE}},
+        "task_default_queue": settings.scrape_queue,
+        "task_routes": {SCRAPE_TASK: {"queue": settings.scrape_queue},
+                        SAVE_TASK: {"queue": settings.save_queue}},
         "task_soft_time_limit": settings.task_soft_time_limit,
         "task_time_limit": settings.task_time_limit,
         # The Redis transport re-delivers an unacknowledged message after this; it must exceed
         # every task's time limit or a running task would be handed to a second worker.
         "broker_transport_options": {
             "visibility_timeout": settings.visibility_timeout,
+            "ack_emulation": settings.broker_ack_emulation,
             # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
             # out, dead peers are found by keepalive and health checks, and the consumer then
             # reconnects. Well above kombu's 1 s BRPOP timeout.

@@ -152,6 +152,9 @@ politeness_options = [
                  help="Stop adding items once the job holds N."),
     click.option("--max-pages-per-domain", type=click.IntRange(1), metavar="N",
                  help="Stop adding items of a domain once the job holds N of it."),
+    click.option("--shards", type=int, metavar="N",
+                 help="Spread the job over N hash-tag shards by domain, so it uses several "
+                      "masters of a Redis Cluster (default 1)."),
 ]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
@@ -172,6 +175,7 @@ SPEC_FLAGS = {
     "per_domain_concurrency": ("--per-domain-concurrency", "politeness.per_domain_concurrency"),
     "max_pages": ("--max-pages", "politeness.max_pages"),
     "max_pages_per_domain": ("--max-pages-per-domain", "politeness.max_pages_per_domain"),
+    "shards": ("--shards", "tracker.shards"),
 }
 # On/off flags: the value a given flag sets its field to (not given, the field is left alone).
 FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
@@ -466,7 +470,8 @@ def retry_dead(job, redis_url) -> None:
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
               show_default=True,
-              help="Concurrent downloads.")
+              help="Concurrent tasks (downloads and saves), split over one worker process per "
+                   "core, each a threads pool.")
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")
 @click.option("--lease-seconds", type=click.FloatRange(0.5), help="Lease length (default 60).")

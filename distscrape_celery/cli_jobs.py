@@ -76,20 +76,24 @@ def register(cli: click.Group, runtime, redis_url_option) -> None:
 
     @cli.command()
     @click.argument("job")
-    @click.option("--done", "which", flag_value="done", help="The items saved.")
+    @click.option("--done", "which", flag_value="done",
+                  help="Not kept: refused with a pointer to the saver's output.")
     @click.option("--dead", "which", flag_value="dead", help="The dead items, TAB, the reason.")
     @redis_url_option
     def export(job, which, redis_url) -> None:
-        """Print JOB's saved (--done) or dead (--dead) items, one a line, streamed."""
+        """Print JOB's dead items (--dead), one a line with the reason, streamed."""
         if which is None:
-            raise ConfigError("export: give --done or --dead")
+            raise ConfigError("export: give --dead (or --done, which is not kept)")
+        if which == "done":
+            # Redis keeps only an 8-byte fingerprint of a done item (issue 10), not the item.
+            raise ConfigError(
+                "export --done: done items are not kept in Redis, only their fingerprints; the "
+                "saver's output lists them (its output directory, or `distscrape tar-index "
+                "OUTPUT` for tar shards)"
+            )
         tracker, _ = runtime(redis_url)
-        if which == "dead":
-            for item, reason in tracker.iter_dead(job):
-                click.echo(f"{item}\t{reason}")
-        else:
-            for item in tracker.iter_done(job):
-                click.echo(item)
+        for item, reason in tracker.iter_dead(job):
+            click.echo(f"{item}\t{reason}")
 
     @cli.command()
     @click.argument("job")

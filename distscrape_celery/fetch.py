@@ -1,5 +1,6 @@
 """HTTP downloads: one pooled session per thread, limits on time and size always on, every
-connection and redirect hop past the SSRF guard, and failures classified as retryable or not."""
+connection and redirect hop past the SSRF guard (and the job's robots.txt, see
+:func:`redirect_check`), and failures classified as retryable or not."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import email.utils
 import fnmatch
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urldefrag, urljoin, urlsplit
@@ -24,6 +27,23 @@ _CHUNK_BYTES = 64 * 1024
 # Statuses worth trying again later; every other 4xx is the request's own fault.
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# What every redirect target must pass before it is requested. Scrapers build their own fetchers
+# (they are plugins), so the pipeline cannot hand them the job's robots.txt policy; it sets it
+# here around a download instead. A context variable, so each thread of a pool has its own.
+_redirect_check: ContextVar[Optional[Callable[[str], None]]] = ContextVar(
+    "distscrape_redirect_check", default=None
+)
+
+
+@contextmanager
+def redirect_check(check: Optional[Callable[[str], None]]) -> Iterator[None]:
+    """Within the block, every :meth:`Fetcher.get` calls ``check(url)`` on each redirect target
+    before requesting it; ``check`` raises :class:`FetchError` to stop there. None: no check."""
+    token = _redirect_check.set(check)
+    try:
+        yield
+    finally:
+        _redirect_check.reset(token)
 
 
 @dataclass(frozen=True)
@@ -112,6 +132,9 @@ class Fetcher:
                     f"(starting from {url})", retryable=False,
                 )
             visited.add(target)
+            check = _redirect_check.get()
+            if check is not None:
+                check(target)
             current = target
             if time.monotonic() > deadline:
                 raise FetchError(

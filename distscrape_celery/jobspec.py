@@ -45,6 +45,12 @@ class FetchSpec(_Strict):
         86400.0, gt=0, description="How long a host's robots.txt is kept (in Redis) before it "
         "is fetched again.",
     )
+    robots_retry_seconds: float = Field(
+        10.0, gt=0, le=86400,
+        description="A host whose robots.txt could not be read (a 5xx, a timeout, a refused "
+        "connection) is asked again after this long, not after robots_cache_seconds; its items "
+        "retry then, so a dead host's items end after about max_retries x this long.",
+    )
     allow_private: bool = Field(
         False,
         description="Let the job reach private, loopback, link-local and reserved addresses. "
@@ -365,6 +371,17 @@ class PolitenessSpec(_Strict):
         )
 
 
+class TrackerSpec(_Strict):
+    """How the job's state is laid out in the tracker's Redis."""
+
+    shards: int = Field(
+        1, ge=1, le=1024,
+        description="Hash-tag shards the job's frontier and seen set are spread over (by domain), "
+        "so that on Redis Cluster the job uses several masters; 1 keeps it in one slot. "
+        "max_pages is split evenly over the shards.",
+    )
+
+
 class JobSpec(_Strict):
     """Everything a worker needs to process a job's items, shared through the tracker."""
 
@@ -373,6 +390,7 @@ class JobSpec(_Strict):
     saver: SaverSpec = SaverSpec()
     fetch: FetchSpec = FetchSpec()
     politeness: PolitenessSpec = PolitenessSpec()
+    tracker: TrackerSpec = TrackerSpec()
     max_retries: int = Field(
         3, ge=0, le=100,
         description="Failed attempts that were the item's fault (its download or save raised) "
@@ -420,7 +438,9 @@ class JobSpec(_Strict):
         return urls
 
     def to_json(self) -> str:
-        return self.model_dump_json()
+        # An unsharded job's spec stays as it was before shards existed, so jobs stored then
+        # still take new seeds (a spec that differs is a conflict).
+        return self.model_dump_json(exclude={"tracker"} if self.tracker.shards == 1 else None)
 
     def crawl_limits(self) -> CrawlLimits:
         """The limits the tracker enforces for this job."""
@@ -431,6 +451,7 @@ class JobSpec(_Strict):
             overrides={d: p.limits_for(o) for d, o in p.domain_overrides.items()},
             max_pages=p.max_pages, max_pages_per_domain=p.max_pages_per_domain,
             id_domain=domain_of(fmt.format("x", id="x")) if fmt else NO_DOMAIN,
+            shards=self.tracker.shards,
         )
 
     @classmethod

@@ -6,10 +6,14 @@ Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live
 ================================  ======  ===================================================
 key                               type    holds
 ================================  ======  ===================================================
-``P items``                       hash    item -> state letter + depth (``q``ueued, ``w``aiting
-                                          out a backoff, ``d``ispatched, ``l``eased, ``s``ave
-                                          pending, ``S``aving, ``D``one, ``X`` dead); doubles as
-                                          the dedup set
+``P items``                       hash    live item -> state letter + depth (``q``ueued,
+                                          ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
+                                          ``s``ave pending, ``S``aving, ``X`` dead); a done item
+                                          is removed (only its fingerprint stays, in ``P f:<n>``)
+``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of every
+                                          item ever added, as decimal integers (intset encoded);
+                                          :meth:`JobKeys.seen_bucket`, addressed by linear
+                                          hashing in tracker/lua/_lib.lua
 ``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
                                           (stale entries skipped); :meth:`JobKeys.domain_queue`
 ``P domains``                     zset    domain -> when it may next be dispatched: the domains
@@ -28,12 +32,19 @@ key                               type    holds
 ``P fails``                       hash    item -> failed attempts that were the item's fault
 ``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on
-``P stats``                       hash    counters: seen, queued, done, dead, tokens
+``P stats``                       hash    counters: seen, queued, done, dead, tokens; the
+                                          seen set's level and split pointer (fl, fs)
 ``P spec``                        string  the job spec as JSON
 ``P control``                     hash    the job's state (running, paused, cancelled,
-                                          finished), its name, started and ended (Redis clock)
-                                          and its figures when it ended (final_seen, ...)
-``P body:<token>``                string  a downloaded body staged for the save task (has a TTL)
+                                          finished), its name, started and ended (Redis clock),
+                                          its figures when it ended (final_seen, ...) and its
+                                          key format (``format``, :data:`JOB_FORMAT`)
+``P body:<token>``                string  a downloaded body staged for the save task (has a TTL),
+                                          in the shard that handed out the token (body_key)
+``P active``                      set     the job's name while this shard has unfinished
+                                          work (sharded jobs and any job on Redis Cluster,
+                                          where ``ds:active-jobs`` is in another slot: the
+                                          tracker mirrors it there, see redis_tracker.py)
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
@@ -46,6 +57,13 @@ key                               type    holds
 ``ds:{workers}:seq``              string  counter that hands out worker IDs
 ================================  ======  ===================================================
 
+A job spread over ``n`` shards (job spec ``tracker.shards``) has a full set of the keys above
+(``body:`` and the ``ds:`` keys aside) per shard: shard 0 is ``P`` itself, so an unsharded job's
+keys are the same either way, and shard ``i >= 1`` uses ``ds:{<job>:<i>}:`` (':' cannot occur in a
+job name, so no job's keys clash with another's shard). Each shard is its own hash tag, so a
+cluster spreads the shards over its masters; an item lives in the shard :func:`shard_of` its
+domain, so a domain's politeness state is whole in one shard.
+
 An item's domain is its URL's host, with ``:port`` if the URL names one; items that are not URLs
 (IDs) share one pseudo-domain, the host of the job's ``download_url_fmt``. The item scripts take
 the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
@@ -56,6 +74,7 @@ tracker/lua/_lib.lua.
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass
 
 from .errors import ConfigError
@@ -69,6 +88,9 @@ ACTIVE_JOBS = f"{PREFIX}:active-jobs"
 _AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
 # The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
 NO_DOMAIN = "-"
+# The layout of a job's keys. A job whose control hash records another (or none: created before
+# the seen set) is refused by the item scripts (JOBFORMAT), not mixed with this layout.
+JOB_FORMAT = 2
 # One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
 WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
@@ -106,18 +128,40 @@ def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
     return m.group(1).rsplit("@", 1)[-1].encode().lower().decode()
 
 
+# Shard i of a sharded job hands out fencing tokens from i << SHARD_TOKEN_BITS on (create_job.lua):
+# a token names one lease of the whole job, and the shard that handed it out. Exact as Lua numbers
+# (doubles) for the 1024 shards a spec allows.
+SHARD_TOKEN_BITS = 40
+
+
+def body_key(job: str, token: int) -> str:
+    """Where the body downloaded under lease ``token`` waits for its save: in the slot of the
+    shard that handed the token out, so a sharded job's bodies spread over the masters too."""
+    return JobKeys(job, token >> SHARD_TOKEN_BITS).body(token)
+
+
+def shard_of(domain: str, shards: int) -> int:
+    """The shard (0 .. shards-1) that holds every item of ``domain``: a hash that is the same
+    in every process and Python version (crc32, not ``hash``)."""
+    return zlib.crc32(domain.encode()) % shards if shards > 1 else 0
+
+
 @dataclass(frozen=True)
 class JobKeys:
-    """The keys of one job."""
+    """The keys of one job, or of one shard of a sharded job (shard 0: the job's own keys)."""
 
     job: str
+    shard: int = 0
 
     def __post_init__(self) -> None:
         check_job_name(self.job)
+        if self.shard < 0:
+            raise ValueError(f"shard {self.shard} is negative")
 
     @property
     def prefix(self) -> str:
-        return f"{PREFIX}:{{{self.job}}}:"
+        tag = self.job if self.shard == 0 else f"{self.job}:{self.shard}"
+        return f"{PREFIX}:{{{tag}}}:"
 
     @property
     def pattern(self) -> str:
@@ -135,6 +179,14 @@ class JobKeys:
 
     def domain_queue(self, domain: str) -> str:
         return self.queues + domain
+
+    @property
+    def seen_buckets(self) -> str:
+        """The prefix of every seen-set bucket key (the scripts append the bucket number)."""
+        return self.prefix + "f:"
+
+    def seen_bucket(self, n: int) -> str:
+        return self.seen_buckets + str(n)
 
     @property
     def domains(self) -> str:
@@ -200,12 +252,20 @@ class JobKeys:
     def control(self) -> str:
         return self.prefix + "control"
 
-    def item_keys(self) -> tuple[str, ...]:
-        """The KEYS every item script takes, in the order the scripts name them."""
+    @property
+    def active(self) -> str:
+        """The shard's own active marker (a set holding the job's name while it has work)."""
+        return self.prefix + "active"
+
+    def item_keys(self, local_active: bool = False) -> tuple[str, ...]:
+        """The KEYS every item script takes, in the order the scripts name them. The last is
+        ``ds:active-jobs``, or with ``local_active`` the shard's :attr:`active` marker, which
+        shares the shard's slot (a cluster refuses a script whose keys span slots)."""
         return (
             self.items, self.queues, self.dispatched, self.leased, self.owners, self.stats,
             self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
-            self.slots, self.domain_seen, self.delayed, self.policy, self.control, ACTIVE_JOBS,
+            self.slots, self.domain_seen, self.delayed, self.policy, self.control,
+            self.active if local_active else ACTIVE_JOBS, self.seen_buckets,
         )
 
     def body(self, token: int) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Optional
 
-from .celery_app import SAVE_QUEUE, SCRAPE_QUEUE
 from .errors import EmbeddedServiceError
 from .lifecycle import die_with_parent
 from .settings import Settings
@@ -53,7 +52,7 @@ class WorkerProcess:
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker",
-            "-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", "-P", self.pool, "-c", str(self.concurrency),
+            "-Q", f"{self.settings.scrape_queue},{self.settings.save_queue}", "-P", self.pool, "-c", str(self.concurrency),
             "-n", f"{self.name}@%h", "--loglevel", self.loglevel,
             "--without-gossip", "--without-mingle",
             *(["-I", ",".join(self.include)] if self.include else []),

@@ -86,7 +86,8 @@ class CrawlCollector(Collector):
 
         seen = counter("seen", "Items the job has seen (deduplicated)")
         done = counter("done", "Items saved")
-        dead = counter("dead", "Items given up on")
+        # A gauge, not a counter: `distscrape retry-dead` queues dead items again, so it can fall.
+        dead = gauge("distscrape_job_dead_items", "Items given up on now (retry-dead lowers it)")
         state = {
             "queued": gauge("distscrape_job_queued_items", "Items waiting: frontier plus dispatched"),
             "frontier": gauge("distscrape_job_frontier_items", "Items in the tracker's frontier"),

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Optional, Protocol
 
 from .backoff import Backoff
 from .errors import FetchError
-from .fetch import Download
+from .fetch import Download, redirect_check
 from .keys import domain_of
 from .runtime import Runtime
 from .tracker import Fault, LeaseStatus, SaveStart
@@ -39,6 +40,10 @@ class Publisher(Protocol):
 
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
         """Publish the save task of an item scraped under lease ``token``, to run after ``delay``."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """A block whose publishes may be sent together when it ends (none if it raises); the
+        send's error is raised at the end of the block."""
 
 
 def output_full(exc: BaseException) -> Optional[OSError]:
@@ -90,6 +95,18 @@ class ItemPipeline:
             self.rt.tracker.set_domain_delay(job, domain, delay)
             self._crawl_delays[(job, domain)] = delay
 
+    def _redirect_check(self, job: str) -> Optional[Callable[[str], None]]:
+        """What a redirect target must pass: the job's robots.txt (None when it ignores it)."""
+        robots = self.rt.robots(job)
+        if robots is None:
+            return None
+
+        def check(url: str) -> None:
+            with redirect_check(None):  # fetching the target host's robots.txt checks no hop
+                robots.check(url)
+
+        return check
+
     def scrape(self, job: str, item: str) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task.
         Returns what happened (for logs and tests)."""
@@ -105,7 +122,8 @@ class ItemPipeline:
         scraper = self.rt.scraper(job)
         try:
             self._check_robots(job, scraper.url_for(item))
-            download = scraper.download(item)
+            with redirect_check(self._redirect_check(job)):
+                download = scraper.download(item)
         except FetchError as exc:
             # A transient failure waits out its backoff in the tracker, not in a worker or broker.
             delay = Backoff.from_spec(spec.politeness).delay(
@@ -126,18 +144,21 @@ class ItemPipeline:
             except Exception as exc:
                 log.exception("%s %s: scraper find_items raised", job, item)
                 return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
-        # Staged before the item turns save-pending, so a pending save always has a body to take.
-        self.rt.staging.stage(job, token, download.body)
-        res = tracker.scraped(job, item, token, found, co.depth + 1)
-        self._dispatch(job, res.dispatch)
+        # Staged in the same step as the item turns save-pending, so a pending save always has a
+        # body to take, and a stale lease stages nothing.
+        res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body)
         if not res.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
-            self.rt.staging.discard(job, token)
+            self._dispatch(job, res.dispatch)
             return "stale"
         try:
-            self.publisher.save(job, item, token, download.meta())
+            # The page's new scrape messages and its save message: one broker round trip.
+            with self.publisher.batch():
+                self._dispatch(job, res.dispatch)
+                self.publisher.save(job, item, token, download.meta())
         except Exception as exc:
-            # Hand the item back now rather than after its save timeout.
+            # Hand the item back now rather than after its save timeout. Scrape messages of the
+            # batch that were not sent leave their items dispatched: reclaimed within a lease.
             self.rt.staging.discard(job, token)
             return self._fail(job, item, token, f"could not queue the save: {exc}", fault=Fault.FREE)
         return "scraped"
@@ -185,9 +206,8 @@ class ItemPipeline:
                 return self._defer(job, item, token, meta, full)
             log.exception("%s %s: save failed", job, item)
             return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
-        res = tracker.complete(job, item)
+        res = tracker.complete(job, item, token)  # drops the staged body too
         self._dispatch(job, res.dispatch)
-        staging.discard(job, token)
         return "saved" if res.changed else "saved-again"
 
     def _defer(self, job: str, item: str, token: int, meta: dict, error: OSError) -> str:

@@ -27,10 +27,6 @@ from .ssrf import AddressGuard
 log = logging.getLogger(__name__)
 
 DISALLOWED = "disallowed by robots.txt"
-# A host whose robots.txt could not be read is asked again after this long, not after the TTL; its
-# items retry then (their Retry-After), so a dead host's items end after max_retries x this long
-# and a robots.txt that was down for a moment costs no item.
-UNAVAILABLE_SECONDS = 10.0
 # Google reads the first 500 KiB; a larger file is not worth more.
 MAX_ROBOTS_BYTES = 512 * 1024
 _PARSED_ORIGINS = 1024  # parsed files kept per process
@@ -137,12 +133,16 @@ class RobotsCache:
     Crawl-delay, for one job's user agent."""
 
     def __init__(
-        self, fetcher: Fetcher, store: RobotsStore, *, user_agent: str, ttl: float
+        self, fetcher: Fetcher, store: RobotsStore, *, user_agent: str, ttl: float,
+        retry_seconds: float = 10.0,
     ) -> None:
         self.fetcher = fetcher
         self.store = store
         self.user_agent = user_agent
         self.ttl = ttl
+        # An unreadable robots.txt is asked again after this long, not after the TTL; its items
+        # retry then (their Retry-After), so a robots.txt that was down for a moment costs no item.
+        self.retry_seconds = retry_seconds
         self._parsed: dict[str, _Rules] = {}
         self._lock = threading.Lock()
 
@@ -156,14 +156,15 @@ class RobotsCache:
         # Any content type: robots.txt is read whatever types the scraper keeps.
         fetcher = Fetcher(limits, AddressGuard.from_spec(spec, **guard_hooks))
         return cls(fetcher, store, user_agent=spec.fetch.user_agent,
-                   ttl=spec.fetch.robots_cache_seconds)
+                   ttl=spec.fetch.robots_cache_seconds,
+                   retry_seconds=spec.fetch.robots_retry_seconds)
 
     def check(self, url: str) -> None:
         """Raise :class:`FetchError` unless ``url`` may be fetched now: permanent when robots.txt
         disallows it, retryable when the host's robots.txt is unavailable."""
         rules = self._rules(url)
         if rules.unavailable is not None:
-            raise FetchError(rules.unavailable, retryable=True, retry_after=UNAVAILABLE_SECONDS)
+            raise FetchError(rules.unavailable, retryable=True, retry_after=self.retry_seconds)
         if rules.parser is not None and not rules.parser.can_fetch(url, self.user_agent):
             raise FetchError(DISALLOWED, retryable=False)
 
@@ -194,7 +195,7 @@ class RobotsCache:
         if rules is not None and rules.expires > time.monotonic():
             return rules
         record = self.store.get(origin) or self._fetch_shared(origin)
-        rules = _parse(record)
+        rules = _parse(record, self.retry_seconds)
         with self._lock:
             if len(self._parsed) >= _PARSED_ORIGINS:
                 self._parsed.pop(next(iter(self._parsed)))
@@ -230,16 +231,18 @@ class RobotsCache:
         except FetchError as exc:
             if exc.retryable:
                 reason = f"robots.txt unavailable, retried later: {exc}"
-                return json.dumps({"unavailable": reason}), min(self.ttl, UNAVAILABLE_SECONDS)
+                return json.dumps({"unavailable": reason}), min(self.ttl, self.retry_seconds)
             return json.dumps({"allow": str(exc)}), self.ttl
         if not 200 <= download.status < 300:  # an unfollowed redirect
             return json.dumps({"allow": f"HTTP {download.status}"}), self.ttl
         return json.dumps({"rules": download.body.decode("utf-8", "replace")}), self.ttl
 
 
-def _parse(record: str) -> _Rules:
+def _parse(record: str, keep_seconds: float) -> _Rules:
+    """A stored record as rules, kept in this process for ``keep_seconds`` before the store is
+    asked again."""
     data = json.loads(record)
-    expires = time.monotonic() + UNAVAILABLE_SECONDS
+    expires = time.monotonic() + keep_seconds
     if "unavailable" in data:
         return _Rules(None, unavailable=data["unavailable"], expires=expires)
     if "rules" in data:

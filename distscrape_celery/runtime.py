@@ -13,16 +13,15 @@ import socket
 import threading
 from typing import Optional
 
-import redis
-
 from .components import build_saver, build_scraper
 from .jobspec import JobSpec
 from .robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
 from .savers import ItemSaver
 from .scrapers import Scraper
 from .settings import Settings
-from .staging import BodyStaging, InMemoryBodyStaging, RedisBodyStaging
+from .staging import BodyStaging, RedisBodyStaging
 from .tracker import InMemoryTracker, RedisTracker, Tracker
+from .tracker.redis_tracker import connect
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +47,10 @@ class Runtime:
     @classmethod
     def for_redis(cls, settings: Settings) -> "Runtime":
         tracker = RedisTracker.from_settings(settings)
-        bodies = redis.Redis.from_url(
-            settings.redis_url, socket_connect_timeout=5, socket_timeout=30
+        # Each body and robots key is used alone, so a cluster client routes it by its slot.
+        bodies = connect(
+            settings.redis_url, cluster=settings.redis_cluster, decode_responses=False,
+            socket_connect_timeout=5, socket_timeout=30,
         )
         return cls(
             settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
@@ -62,7 +63,8 @@ class Runtime:
             lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor,
             save_timeout=settings.save_timeout,
         )
-        return cls(settings, tracker, InMemoryBodyStaging(), in_memory=True)
+        # The tracker stages bodies itself (in scraped): the staging reads them there.
+        return cls(settings, tracker, tracker.bodies, in_memory=True)
 
     def spec(self, job: str) -> JobSpec:
         """The job's spec, read from the tracker once per process (a job's spec never changes)."""

@@ -11,15 +11,26 @@ from collections.abc import Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from .errors import ConfigError
 
 ENV_PREFIX = "DISTSCRAPE_"
-# Pool processes of `distscrape crawl` (bench/RESULTS.md, issue 9): 8 was the fastest of 4, 8
-# and 16 on both the loopback and the 50 ms site, and a single site takes at most 8 downloads at
-# once anyway (politeness: per_domain_concurrency); 4 capped a 50 ms site near 80 pages/s.
-DEFAULT_CRAWL_CONCURRENCY = 8
+# Concurrent tasks of `distscrape crawl`, shared by its worker processes (one per core, each a
+# threads pool: see crawl_worker_processes). bench/RESULTS.md, issue 9: 2 threads processes of 8 did
+# 2.8x the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
+# (the prefork parent passes every message to a child), and 16 tasks at once made a 50 ms site as
+# fast as the loopback one.
+DEFAULT_CRAWL_CONCURRENCY = 16
+
+
+def crawl_worker_processes(concurrency: int, cpus: Optional[int] = None) -> list[int]:
+    """How `distscrape crawl` splits ``concurrency`` tasks over its worker processes: one per
+    core (the GIL lets one process use one core), at most one per task, as evenly as can be."""
+    procs = max(1, min(cpus or os.cpu_count() or 1, concurrency))
+    return [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
 
 
 class Settings(BaseModel):
@@ -32,7 +43,20 @@ class Settings(BaseModel):
         description="Redis holding the tracker; also the Celery broker unless broker_url is set.",
     )
     broker_url: Optional[str] = Field(
-        None, description="Celery broker URL, when it is not the tracker's Redis."
+        None, description="Celery broker URL, when it is not the tracker's Redis: a standalone "
+        "Redis or RabbitMQ (amqp://). Required with redis_cluster."
+    )
+    redis_cluster: bool = Field(
+        False,
+        description="redis_url names a node of a Redis Cluster: the tracker follows the "
+        "cluster's slots (a sharded job spreads over its masters). Celery cannot use a cluster "
+        "as its broker, so broker_url must then be set.",
+    )
+    queue_prefix: str = Field(
+        "distscrape", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$",
+        description="Names the broker queues (<prefix>.scrape, <prefix>.save) and their "
+        "exchanges: crawls that share a broker (a RabbitMQ, say) but not a tracker need their "
+        "own. Workers and the CLI of one tracker must agree on it.",
     )
     lease_seconds: float = Field(
         60.0,
@@ -60,6 +84,22 @@ class Settings(BaseModel):
         ge=1,
         description="Seconds after its last heartbeat that a dead worker's records are removed; "
         "more than lease_seconds (a live worker beats several times a lease).",
+    )
+
+    broker_ack_emulation: bool = Field(
+        False,
+        description="With the Redis broker: keep every delivered message in kombu's unacked hash "
+        "until its task ends, so that the broker redelivers the messages of a worker that died, "
+        "after the visibility timeout. Off (the default: two MULTI blocks per message fewer, "
+        "bench/RESULTS.md), the tracker alone recovers them, within a lease (see the README's "
+        "'Late acknowledgement').",
+    )
+    save_timeout_seconds: Optional[float] = Field(
+        None,
+        ge=1,
+        le=86400,
+        description="How long a scraped item waits for its save task to start before it is "
+        "presumed lost and scraped again; unset, 5 leases plus 30 s.",
     )
 
     metrics_auth: Optional[str] = Field(
@@ -102,9 +142,28 @@ class Settings(BaseModel):
             raise ValueError(f"{redact(value)!r} is not a URL (expected e.g. redis://host:6379/0)")
         return value  # another Celery broker (amqp://, ...): Celery checks it
 
+    @model_validator(mode="after")
+    def _cluster_needs_broker(self) -> "Settings":
+        if self.redis_cluster and self.broker_url is None:
+            # Raised as a ValueError of the model: the message names both settings itself.
+            raise ValueError(
+                f"{ENV_PREFIX}BROKER_URL must be set when {ENV_PREFIX}REDIS_CLUSTER is true: "
+                "Celery cannot use a Redis Cluster as its broker (use a standalone Redis or "
+                "RabbitMQ, amqp://...)"
+            )
+        return self
+
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def scrape_queue(self) -> str:
+        return f"{self.queue_prefix}.scrape"
+
+    @property
+    def save_queue(self) -> str:
+        return f"{self.queue_prefix}.save"
 
     @property
     def heartbeat_interval(self) -> float:
@@ -128,9 +187,12 @@ class Settings(BaseModel):
     @property
     def save_timeout(self) -> float:
         """How long a scraped item waits for its save task to start before it is presumed lost
-        and scraped again: 5 leases plus 30 s (330 s by default). Save messages count against
-        the broker's bound, so a save that has to wait this long in a healthy crawl is rare;
-        once a worker has prefetched it, the item follows that worker's heartbeat instead."""
+        and scraped again: ``save_timeout_seconds`` if set, else 5 leases plus 30 s (330 s by
+        default). Save messages count against the broker's bound, so a save that has to wait
+        this long in a healthy crawl is rare; once a worker has prefetched it, the item follows
+        that worker's heartbeat instead."""
+        if self.save_timeout_seconds is not None:
+            return self.save_timeout_seconds
         return 5 * self.lease_seconds + 30.0
 
     @property
@@ -239,12 +301,15 @@ def format_validation_error(
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        if names and loc in names:
-            loc = names[loc]
-        elif prefix:
-            loc = prefix + loc.upper()
         msg = err["msg"]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
+        if names and loc in names:
+            loc = names[loc]
+        elif loc == "(root)" and prefix:
+            parts.append(msg)  # a rule across settings: its message names them
+            continue
+        elif prefix:
+            loc = prefix + loc.upper()
         parts.append(f"{loc}: {msg}")
     return "; ".join(parts)

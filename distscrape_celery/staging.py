@@ -1,6 +1,6 @@
 """Where a downloaded body waits between the scrape task and the save task.
 
-Bodies never travel through the broker: the scrape task stages the body under its lease's fencing
+Bodies never travel through the broker: the tracker stages the body under its lease's fencing
 token and the save message carries the token. The body stays until its item is complete (so a
 save task redelivered after its process died finds it again) or its TTL runs out; a body that is
 gone when its save runs costs a second download, never the item.
@@ -15,13 +15,19 @@ from typing import Optional
 import redis
 
 from .errors import TrackerUnavailable
-from .keys import JobKeys
+from .keys import body_key
+
+
+def body_ttl_ms(seconds: float) -> int:
+    """A staged body's TTL in milliseconds, as both the tracker (which stages it) and
+    :class:`RedisBodyStaging` (which keeps it alive) set it: at least a second."""
+    return max(int(seconds * 1000), 1000)
 
 
 class BodyStaging(ABC):
-    @abstractmethod
-    def stage(self, job: str, token: int, body: bytes) -> None:
-        """Keep ``body`` for the save of lease ``token``."""
+    """Reads and keeps the bodies that the tracker stages (:meth:`Tracker.scraped` stages a body
+    in the same step as its item turns save-pending, :meth:`Tracker.complete` drops it): an
+    implementation reads the store of the tracker it is paired with in the runtime."""
 
     @abstractmethod
     def get(self, job: str, token: int) -> Optional[bytes]:
@@ -51,39 +57,37 @@ def _redis_errors(what: str):
 
 
 class RedisBodyStaging(BodyStaging):
-    """Bodies in Redis under the job's namespace, each with a TTL so nothing leaks."""
+    """Bodies in Redis under the job's namespace (keys.body_key), each with a TTL so nothing
+    leaks; RedisTracker's scripts stage and drop them."""
 
     def __init__(self, client: redis.Redis, ttl_seconds: float) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("RedisBodyStaging needs a client that returns bytes")
         self.client = client
-        self.ttl_ms = max(int(ttl_seconds * 1000), 1000)
-
-    @_redis_errors("store")
-    def stage(self, job: str, token: int, body: bytes) -> None:
-        self.client.set(JobKeys(job).body(token), body, px=self.ttl_ms)
+        self.ttl_ms = body_ttl_ms(ttl_seconds)
 
     @_redis_errors("read")
     def get(self, job: str, token: int) -> Optional[bytes]:
-        return self.client.get(JobKeys(job).body(token))
+        return self.client.get(body_key(job, token))
 
     @_redis_errors("keep")
     def keep(self, job: str, token: int) -> None:
-        self.client.pexpire(JobKeys(job).body(token), self.ttl_ms)
+        self.client.pexpire(body_key(job, token), self.ttl_ms)
 
     @_redis_errors("drop")
     def discard(self, job: str, token: int) -> None:
-        self.client.unlink(JobKeys(job).body(token))
+        self.client.unlink(body_key(job, token))
 
 
 class InMemoryBodyStaging(BodyStaging):
-    """Bodies in a dict, for single-process crawls."""
+    """Bodies in a dict, for single-process crawls: InMemoryTracker stages them here."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def stage(self, job: str, token: int, body: bytes) -> None:
+        """Keep ``body`` for the save of lease ``token``."""
         with self._lock:
             self._bodies[(job, int(token))] = body
 

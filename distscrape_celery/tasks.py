@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Optional
 
 from .celery_app import SAVE_TASK, SCRAPE_TASK, app, current_settings
@@ -15,15 +17,35 @@ log = logging.getLogger(__name__)
 
 
 class CeleryPublisher:
-    """Publishes our tasks, reusing one producer connection for a batch."""
+    """Publishes our tasks. Inside :meth:`batch`, every message this thread publishes goes to the
+    broker in one round trip when the block ends (kombu's publish batch: one Redis pipeline)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()  # the open batch's producer, per thread (threads pool)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Publish what is published in the block together at its end; if the block raises,
+        nothing of it is sent. Raises what the broker raised when the batch is sent."""
+        if getattr(self._local, "producer", None) is not None:
+            yield  # nested: the outer batch sends it all
+            return
+        with app.producer_or_acquire() as producer, producer.batch():
+            self._local.producer = producer
+            try:
+                yield
+            finally:
+                self._local.producer = None
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
-        with app.producer_or_acquire() as producer:
+        with self.batch():
             for item in items:
-                scrape.apply_async((job, item), producer=producer)
+                scrape.apply_async((job, item), producer=self._local.producer)
 
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
-        save.apply_async((job, item, token, meta), countdown=delay or None)
+        with self.batch():
+            save.apply_async((job, item, token, meta), countdown=delay or None,
+                             producer=self._local.producer)
 
 
 publisher = CeleryPublisher()

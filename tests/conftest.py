@@ -96,8 +96,41 @@ def workers(tmp_path):
         return w
 
     yield start
-    for w in started:
-        w.stop(timeout=10)
+    stop_all(started, timeout=10)
+
+
+def crawl_site_with_workers(settings: Settings, workers, site_server, out, job: str,
+                            n_workers: int = 2, timeout: float = 120):
+    """Start ``n_workers`` real workers, seed ``job`` with the site's root (the files saver into
+    ``out``) and wait until it finishes, failing at once if a worker dies. Returns its stats."""
+    from distscrape_celery.celery_app import configure_app
+    from distscrape_celery.jobspec import build_spec
+    from distscrape_celery.local import wait_for_workers
+    from distscrape_celery.manager import CrawlManager
+    from distscrape_celery.tasks import publisher
+
+    procs = [workers(settings, f"{job}-{i}") for i in range(n_workers)]
+    tracker = RedisTracker.from_url(settings.redis_url)
+    wait_for_workers(tracker, n_workers, procs=procs)
+    configure_app(settings)
+    manager = CrawlManager(tracker, publisher.scrape)
+    manager.seed(job, build_spec({"seeds": [site_server.url("/")], "saver": {"output": str(out)}}))
+
+    def check():
+        for p in procs:
+            p.check()
+
+    return manager.wait(job, timeout=timeout, check=check)
+
+
+def stop_all(procs, timeout: float) -> None:
+    """Stop every worker of ``procs`` at once: each warm shutdown spends ~1.5 s closing its
+    prefork pool, which would add up, worker after worker, at the end of every crawl test."""
+    threads = [threading.Thread(target=w.stop, kwargs={"timeout": timeout}) for w in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def saved_files(output) -> dict[str, bytes]:

@@ -24,6 +24,7 @@ from distscrape_celery.savers.tar import TarShard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
 from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.tracker.base import LeaseStatus
 
 LEASE = 2.0
 SHARD_ITEMS = 7  # small, so that real crawls rotate shards too
@@ -193,7 +194,11 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
 
     # Every item the tracker marks done is in some shard, and every reachable page is there,
     # with its bytes (a duplicate, if any, holds the same bytes).
-    done = {item for item, state in redis_client.hgetall(JobKeys(job).items).items() if state.startswith("D")}
+    # Done items leave the live items hash (only the seen set remembers them): nothing is left
+    # live, and a checkout of every reachable page says it is done.
+    assert redis_client.hlen(JobKeys(job).items) == 0
+    done = {item for item in expected
+            if tracker.checkout(job, item, "probe", max_lost=10).status is LeaseStatus.DONE}
     assert done == set(expected)
     index = {item: (shard, name) for item, shard, name in tar_index(output)}
     assert done <= set(index)

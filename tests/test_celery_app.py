@@ -12,6 +12,7 @@ from distscrape_celery.celery_app import (
     SAVE_QUEUE, SCRAPE_QUEUE, SAVE_TASK, SCRAPE_TASK, app, celery_config, configure_app,
 )
 from distscrape_celery.local import wait_for_workers
+from distscrape_celery.errors import ConfigError
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 
@@ -59,3 +60,14 @@ def test_worker_refuses_pickle(redis_url, workers, tmp_path):
     log = w.log_tail(20000)
     assert "Task distscrape.scrape" not in log  # it never ran
     w.check()  # and the worker lives on
+
+
+def test_save_timeout_is_five_leases_and_30s_unless_set(redis_url):
+    assert Settings.from_env({}, lease_seconds=2).save_timeout == 40
+    s = Settings.from_env({"DISTSCRAPE_SAVE_TIMEOUT_SECONDS": "12"}, redis_url=redis_url,
+                          lease_seconds=2)
+    assert s.save_timeout == 12 and s.body_ttl == 12 + s.visibility_timeout
+    assert Settings.from_env(s.to_env()).save_timeout == 12  # a worker's environment keeps it
+    assert RedisTracker.from_settings(s).save_timeout == 12  # what the workers' tracker waits
+    with pytest.raises(ConfigError, match="DISTSCRAPE_SAVE_TIMEOUT_SECONDS"):
+        Settings.from_env({"DISTSCRAPE_SAVE_TIMEOUT_SECONDS": "0"})

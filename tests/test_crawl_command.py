@@ -24,9 +24,12 @@ from distscrape_celery.jobspec import build_spec
 from distscrape_celery.local import WorkerProcess, wait_for_workers
 from distscrape_celery.manager import CrawlManager
 from distscrape_celery.tasks import publisher
+from distscrape_celery.settings import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
 TEMP_PREFIXES = ("distscrape-redis-", "distscrape-worker-")
+# Worker processes of `crawl --concurrency 2`: one per core, at most one per task.
+CRAWL_WORKERS = len(crawl_worker_processes(2))
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +110,22 @@ def kill_all(procs: dict[int, int]) -> None:
 # -- the command -----------------------------------------------------------------------------
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def as_from_a_terminal(then=None):
+    """A preexec_fn: the child starts with the stop signals at their default action and
+    unblocked, as a shell on a terminal starts it, whatever the test process inherited (under
+    xdist, crawls started from one test process once ignored SIGINT), then runs ``then``."""
+    def preexec() -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        if then is not None:
+            then()
+    return preexec
+
+
 class Crawl:
     """One `distscrape crawl` subprocess with its own TMPDIR; output goes to files."""
 
@@ -121,7 +140,8 @@ class Crawl:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "distscrape_celery.cli", "crawl", url, "--output", str(out),
                  "--quiet", "--concurrency", "2", *extra],
-                stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn,
+                stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=as_from_a_terminal(preexec_fn),
             )
 
     def wait(self, timeout: float) -> int:
@@ -156,14 +176,14 @@ def wait_until(cond, timeout: float, what: str, crawl: Crawl | None = None) -> N
 
 
 def started_children(crawl: Crawl) -> dict[int, int]:
-    """What the crawl started, once its redis-server and its worker's pool are all up."""
+    """What the crawl started, once its redis-server and its workers are all up."""
     def ready() -> bool:
         found = descendants(crawl.proc.pid)
         cmds = [_comm(p) for p in found]
         return (any("redis-server" in c for c in cmds)
-                and sum("celery" in c and "worker" in c for c in cmds) >= 3)  # parent + 2 pool
+                and sum("celery" in c and "worker" in c for c in cmds) >= CRAWL_WORKERS)
 
-    wait_until(ready, 60, "the redis-server and the worker pool", crawl)
+    wait_until(ready, 60, "the redis-server and the workers", crawl)
     return descendants(crawl.proc.pid)
 
 
@@ -542,6 +562,7 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
              "--", sys.executable, "-m", "distscrape_celery.cli", "crawl", "{url}", "--output",
              str(out), "--quiet", "--concurrency", "2"],
             stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,  # a "terminal"
+            preexec_fn=as_from_a_terminal(),
         )
     children: dict[int, int] = {}
     try:
@@ -550,7 +571,7 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
             children = descendants(proc.pid)
             cmds = [_comm(p) for p in children]
             return (any("redis-server" in c for c in cmds)
-                    and sum("celery" in c and "worker" in c for c in cmds) >= 3
+                    and sum("celery" in c and "worker" in c for c in cmds) >= CRAWL_WORKERS
                     and out.is_dir() and len(saved_files(out)) >= 3)
 
         wait_until(crawling, 60, "the crawl to save pages")
@@ -564,3 +585,10 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
         if proc.poll() is None:
             proc.kill()
         kill_all(children)
+
+
+def test_crawl_splits_its_concurrency_over_one_worker_process_per_core():
+    assert crawl_worker_processes(16, cpus=2) == [8, 8]
+    assert crawl_worker_processes(5, cpus=2) == [3, 2]
+    assert crawl_worker_processes(1, cpus=4) == [1]
+    assert crawl_worker_processes(3, cpus=1) == [3]

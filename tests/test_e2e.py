@@ -6,34 +6,16 @@ import subprocess
 import sys
 import time
 
-from conftest import crawl_settings, expected_files, saved_files
+from conftest import crawl_settings, crawl_site_with_workers, expected_files, saved_files
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
-from distscrape_celery.tracker import RedisTracker
 
 
 def test_distributed_crawl_saves_exactly_the_reachable_set_once(
     redis_url, site, site_server, workers, tmp_path
 ):
     settings = crawl_settings(redis_url, lease_seconds=30)
-    procs = [workers(settings, f"e2e-{i}") for i in range(2)]
-    tracker = RedisTracker.from_url(redis_url)
-    wait_for_workers(tracker, 2, procs=procs)
-    configure_app(settings)
     out = tmp_path / "out"
-    spec = build_spec({"seeds": [site_server.url("/")], "saver": {"output": str(out)}})
-    manager = CrawlManager(tracker, publisher.scrape)
-    manager.seed("e2e", spec)
-
-    def check():
-        for p in procs:
-            p.check()
-
-    stats = manager.wait("e2e", timeout=120, check=check)
+    stats = crawl_site_with_workers(settings, workers, site_server, out, "e2e")
 
     n = len(site.reachable)
     assert (stats.done, stats.dead, stats.seen) == (n, 0, n)

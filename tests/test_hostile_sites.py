@@ -4,6 +4,8 @@ robots.txt, canonical duplicates and the SSRF guard hold."""
 
 from __future__ import annotations
 
+import contextlib
+
 import gzip
 import logging
 import socket
@@ -22,7 +24,6 @@ from distscrape_celery.jobspec import JobSpec, build_spec
 from distscrape_celery.local import wait_for_workers
 from distscrape_celery.manager import CrawlManager
 from distscrape_celery.pipeline import ItemPipeline
-from distscrape_celery import robots as robots_module
 from distscrape_celery.errors import FetchError
 from distscrape_celery.robots import RobotsCache
 from distscrape_celery.runtime import Runtime
@@ -49,6 +50,9 @@ class InlinePublisher:
 
     def save(self, job, item, token, meta, delay=0):
         self.tasks.append(("save", job, item, token, meta))
+
+    def batch(self):
+        return contextlib.nullcontext()
 
 
 def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500, timeout: float = 30):
@@ -85,7 +89,7 @@ def hostile_routes(refused: int) -> tuple[dict, Counter]:
     counts: Counter = Counter()
     trap = "".join(f'<a href="/target?utm_source={n}&utm_medium=m#f{n}">t</a>' for n in range(TRAP_LINKS))
     links = ["/huge", "/bomb", "/endless/0", "/loop-a", "/drip", "/lying-gzip", "/bad-bytes",
-             "/flaky", "/busy", "/private/secret", "/h/über", "/trap", "/gone",
+             "/flaky", "/busy", "/private/secret", "/to-private", "/h/über", "/trap", "/gone",
              f"http://127.0.0.1:{refused}/refused"]
     index = "<html><body>" + "".join(f'<a href="{link}">x</a>' for link in links) + "</body></html>"
 
@@ -128,6 +132,7 @@ def hostile_routes(refused: int) -> tuple[dict, Counter]:
         "/flaky": once_then(lambda h: reply(h, 500, b"oops"), ok(b"recovered")),
         "/busy": once_then(lambda h: reply(h, 429, b"slow down", {"Retry-After": "1"}), ok(b"served")),
         "/private/secret": ok(b"robots said no"),
+        "/to-private": lambda h: reply(h, 302, headers={"Location": "/private/secret"}),
         "/h/%C3%BCber": ok(b"uber"),
         "/trap": ok(f"<html>{trap}</html>".encode()),
         "/target": ok(b"the one page behind every tracking link"),
@@ -143,7 +148,9 @@ def hostile_spec(base: str, out) -> JobSpec:
         "seeds": [base + "/"],
         "saver": {"output": str(out)},
         # Generous for a loaded machine; only the slow drip should hit total_timeout.
-        "fetch": {"connect_timeout": 5, "read_timeout": 5, "total_timeout": 5, "max_bytes": 1_000_000},
+        # An unreadable robots.txt (the refused host's) is asked again after 1 s, not 10.
+        "fetch": {"connect_timeout": 5, "read_timeout": 5, "total_timeout": 5, "max_bytes": 1_000_000,
+                  "robots_retry_seconds": 1},
         "max_retries": 1,
     })
 
@@ -158,6 +165,7 @@ def expected_outcomes(base: str, refused: int) -> tuple[set[str], dict[str, str]
         "/drip": "total_timeout",
         "/lying-gzip": "cannot decode the body",
         "/private/secret": "disallowed by robots.txt",
+        "/to-private": "disallowed by robots.txt",  # robots.txt is asked at every redirect hop
         "/gone": "HTTP 404",
     }
     dead_urls = {base + path: why for path, why in dead.items()}
@@ -175,7 +183,8 @@ def check_outcomes(tracker, job, base, refused, counts, out) -> None:
     assert {url for url in done if (out / saver.name_for(url)).is_file()} == done
     stats = tracker.stats(job)
     assert (stats.done, stats.dead) == (len(done), len(dead))
-    assert counts["/private/secret"] == 0  # disallowed: never requested
+    assert counts["/private/secret"] == 0  # disallowed: never requested, not even by a redirect
+    assert counts["/to-private"] == 1  # a disallowed target is not a retryable failure
     assert counts["/target"] == 1  # 2,000 tracking variants: one item, fetched once
     assert counts["/flaky"] == 2 and counts["/busy"] == 2  # failed once, then retried to done
     assert counts["/robots.txt"] == 1  # once per host, then from Redis
@@ -245,7 +254,8 @@ def test_ignore_robots_and_robots_status_rules(redis_url, tmp_path):
         routes = {"/robots.txt": robots, "/page": lambda h: reply(h, 200, b"page", HTML)}
         with serve(routes) as (base, _, log):
             spec = build_spec({"seeds": [base + "/page"], "saver": {"output": str(tmp_path / job)},
-                               "fetch": {"obey_robots": obey}, "max_retries": 1})
+                               "fetch": {"obey_robots": obey, "robots_retry_seconds": 1},
+                               "max_retries": 1})
             stats = crawl_inline(rt, job, spec)
         dead = rt.tracker.dead_items(job)
         if outcome is None:
@@ -277,15 +287,14 @@ def test_robots_txt_is_cached_in_redis_for_every_worker(redis_url, redis_client)
 
 
 @pytest.mark.parametrize("store", ["redis", "memory"])
-def test_robots_txt_is_asked_again_as_soon_as_its_record_expires(store, redis_url, monkeypatch):
+def test_robots_txt_is_asked_again_as_soon_as_its_record_expires(store, redis_url):
     """The fetcher's claim ends with the record it stored: when the record of an unreachable
     robots.txt expires, the next check fetches again at once instead of waiting out the claim
     (which made every retry of a dead host's item hang for a minute)."""
-    monkeypatch.setattr(robots_module, "UNAVAILABLE_SECONDS", 0.3)
     hits = []
     routes = {"/robots.txt": lambda h: (hits.append(1), reply(h, 503, b"down"))}
     with serve(routes) as (base, _, _log):
-        spec = build_spec({"seeds": [base + "/"]})
+        spec = build_spec({"seeds": [base + "/"], "fetch": {"robots_retry_seconds": 0.3}})
         settings = crawl_settings(redis_url)
         rt = Runtime.for_redis(settings) if store == "redis" else Runtime.in_memory_runtime(settings)
         cache = RobotsCache.from_spec(spec, rt.robots_store)

@@ -136,7 +136,7 @@ def test_pause_resume_completion_once_and_workers(redis_url, two_workers, tmp_pa
         assert "finished" in table and "paused" in table
 
 
-def test_cancel_stops_and_export_lists_what_was_saved(redis_url, two_workers, tmp_path):
+def test_cancel_stops_fetching_and_delete_removes_the_job(redis_url, two_workers, tmp_path):
     tracker, procs, _ = two_workers
     with RouteServer(fan_out(1.0)) as site:
         cli(redis_url, "seed", "c", site.base + "/", "--output", str(tmp_path / "out"))
@@ -148,9 +148,7 @@ def test_cancel_stops_and_export_lists_what_was_saved(redis_url, two_workers, tm
         hits = len(site.page_hits)
         time.sleep(2)
         assert len(site.page_hits) == hits < PAGES + 1
-        done = cli(redis_url, "export", "c", "--done").splitlines()
-        assert len(done) == len(set(done)) == tracker.stats("c").done
-        assert {site.base + p for p in site.page_hits} >= set(done)
+        assert tracker.stats("c").done <= len(site.page_hits)
         assert tracker.job_info("c").state is JobState.CANCELLED
         assert "c" not in tracker.active_jobs()
         assert "deleted" in cli(redis_url, "delete", "c")

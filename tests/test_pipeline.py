@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from conftest import RouteServer, crawl_settings
@@ -31,6 +33,9 @@ class Recorder:
     def save(self, job, item, token, meta, delay=0):
         self.saves.append((job, item, token, meta))
         self.delays.append(delay)
+
+    def batch(self):
+        return contextlib.nullcontext()
 
 
 ROUTES = {

@@ -6,8 +6,10 @@ import multiprocessing
 import time
 
 import pytest
+import redis
 
 from distscrape_celery.errors import JobConflict, JobNotFound
+from distscrape_celery.staging import RedisBodyStaging
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
     CrawlLimits,
@@ -257,6 +259,35 @@ def test_pending_save_outlives_leases(tracker_factory):
     assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
     assert t.complete("j", "x").changed
     assert t.stats("j").finished
+
+
+def body_reader(t):
+    """The staging that reads what ``t`` stages, as the runtime pairs them."""
+    if isinstance(t, RedisTracker):
+        kw = {**t.client.get_connection_kwargs(), "decode_responses": False}
+        return RedisBodyStaging(redis.Redis(connection_pool=redis.ConnectionPool(**kw)), 60)
+    return t.bodies
+
+
+def test_scraped_stages_the_body_and_complete_drops_it(tracker_factory):
+    """The body rides with the state change (one round trip each way, in Redis), is staged
+    only under the lease that holds the item, and is dropped by complete with its token."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=30)
+    bodies = body_reader(t)
+    w = new_job(t)
+    t.add("j", ["x"])
+    old = lease(t, "x", w)
+    time.sleep(0.4)
+    t.maintain("j", max_lost=LOST)  # the lease ran out: x is queued again
+    new = lease(t, "x", w)
+    assert t.scraped("j", "x", old, body=b"stale page").held is False
+    assert bodies.get("j", old) is None  # a stale holder stages nothing (nothing to drop)
+    assert t.scraped("j", "x", new, body=b"\x00page\xff").held
+    assert bodies.get("j", new) == b"\x00page\xff"  # bytes kept as they are
+    assert t.begin_save("j", "x", new, w, max_lost=LOST).status is SaveStart.OK
+    assert t.complete("j", "x", new).changed
+    assert bodies.get("j", new) is None
+    assert t.complete("j", "x", new).changed is False  # idempotent, body or not
 
 
 def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):

@@ -322,8 +322,10 @@ def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
     task) and, 1 s later, SIGQUIT (cold shutdown: the task is cancelled); or SIGQUIT alone (a cold
     shutdown straight away, as a second Ctrl+C). Both signals go to the main process only. The
     item must go back at once, or at worst within a heartbeat, not when its 30 s lease runs out."""
+    # A save timeout of 15 s, not 5 leases + 30 s = 180 s: the rare case below that waits it
+    # out (a save the victim had prefetched) then costs seconds, not three minutes.
     settings, tracker, (a, b) = _setup(redis_url, start_worker, ["cold-a", "cold-b"],
-                                       lease=LONG_LEASE)
+                                       lease=LONG_LEASE, save_timeout_seconds=15)
     ids = {_worker_id(tracker, a): a, _worker_id(tracker, b): b}
     site = generate_site(n_pages=60, seed=22, unreachable=0)
     n = len(site.reachable)
@@ -384,7 +386,8 @@ def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
             )
         # Usually seconds. But a save message the victim had prefetched since its last heartbeat
         # leaves its item waiting for the save timeout (the README's Known limits), which a
-        # loaded machine makes likelier: nothing is lost, so wait that long rather than fail.
+        # loaded machine makes likelier: nothing is lost, so wait that long rather than fail
+        # (the test's settings make that 15 s).
         stats = manager.wait(job, timeout=settings.save_timeout + 30, check=survivor.check)
         finished = time.monotonic() - quit_at
         counts = server.counts()

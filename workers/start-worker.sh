@@ -17,10 +17,11 @@ fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
 events=()
-# Task events let Flower show every task (about 10% of a worker's CPU); WORKER_EVENTS=0 drops them.
+# Task events let Flower show every task; with the threads pool they cost about a quarter more CPU
+# per page (bench/RESULTS.md). WORKER_EVENTS=0 drops them (Flower turns them on while it runs).
 if [[ "${WORKER_EVENTS:-1}" != 0 ]]; then events=(-E); fi
 exec "$python" -m celery -A distscrape_celery worker \
   -Q distscrape.scrape,distscrape.save \
-  -P "${WORKER_POOL:-prefork}" -c "${WORKER_CONCURRENCY:-8}" \
+  -P "${WORKER_POOL:-threads}" -c "${WORKER_CONCURRENCY:-8}" \
   -n "distscrape-${WORKER_NAME:-$$}@%h" ${events[@]+"${events[@]}"} \
   --loglevel "${WORKER_LOGLEVEL:-INFO}"

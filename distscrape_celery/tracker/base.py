@@ -240,6 +240,9 @@ class CrawlLimits:
     max_pages: Optional[int] = None
     max_pages_per_domain: Optional[int] = None
     id_domain: str = NO_DOMAIN  # the domain of items that are not URLs (IDs)
+    # Hash-tag shards the Redis tracker spreads the job over (a layout matter: the in-memory
+    # tracker has one store). Each shard enforces max_pages / shards (see RedisTracker).
+    shards: int = 1
 
     def for_domain(self, domain: str) -> DomainLimits:
         return self.overrides.get(domain, self.default)
@@ -324,12 +327,15 @@ class Tracker(ABC):
 
     def __init__(
         self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
-        save_timeout: Optional[float] = None,
+        save_timeout: Optional[float] = None, body_ttl: Optional[float] = None,
     ) -> None:
         self.lease_seconds = float(lease_seconds)
         self.dispatch_factor = int(dispatch_factor)
         # How long a save message may wait in the broker before its item is presumed lost.
         self.save_timeout = float(save_timeout) if save_timeout is not None else 8 * self.lease_seconds
+        # How long a body staged by scraped is kept (Settings.body_ttl: past the save timeout and
+        # a redelivery); the default outlives a save message that waits its whole save timeout.
+        self.body_ttl = float(body_ttl) if body_ttl is not None else 2 * self.save_timeout
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -353,6 +359,12 @@ class Tracker(ABC):
     def prune_workers(self, max_age: float) -> list[str]:
         """Forget the records of workers whose last heartbeat is older than ``max_age``
         seconds (a stopped worker's too); returns their IDs."""
+
+    def heal_active_jobs(self) -> int:
+        """Repair the list of active jobs where it can lag its jobs' state (a Redis Cluster or
+        sharded jobs; see RedisTracker); how many jobs were listed again. A no-op by default:
+        a tracker whose every call keeps the list exact needs none."""
+        return 0
 
     @abstractmethod
     def dispatch_bound(self) -> int:
@@ -422,10 +434,14 @@ class Tracker(ABC):
 
     @abstractmethod
     def scraped(
-        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
+        body: Optional[bytes] = None,
     ) -> ScrapedResult:
         """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
-        pending for up to ``save_timeout``."""
+        pending for up to ``save_timeout``. With ``body``, and only if ``token`` holds the item,
+        the body is staged for the save of lease ``token`` in the same step (for ``body_ttl``
+        seconds), where the runtime's :class:`~distscrape_celery.staging.BodyStaging` reads
+        it; a stale holder's body is not staged."""
 
     @abstractmethod
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
@@ -438,9 +454,10 @@ class Tracker(ABC):
         another ``save_timeout``, counting nothing. False if ``token`` is stale."""
 
     @abstractmethod
-    def complete(self, job: str, item: str) -> CompleteResult:
+    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
         """Mark ``item`` done after it was saved, whoever holds it now. Idempotent; a done item
-        is never leased again, and a dead one stays dead."""
+        is never leased again, and a dead one stays dead. With ``token``, the body staged for
+        the save of lease ``token`` is dropped in the same step, whatever the item's state."""
 
     @abstractmethod
     def fail(
@@ -488,11 +505,6 @@ class Tracker(ABC):
     @abstractmethod
     def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
         """Every dead item with its reason, streamed (never the whole set at once). Raises
-        :class:`~distscrape_celery.errors.JobNotFound` for a job never created."""
-
-    @abstractmethod
-    def iter_done(self, job: str) -> Iterator[str]:
-        """Every item saved, streamed (never the whole set at once). Raises
         :class:`~distscrape_celery.errors.JobNotFound` for a job never created."""
 
     @abstractmethod

@@ -11,6 +11,7 @@ from typing import Optional
 
 from ..errors import JobNotFound, JobStateError
 from ..keys import check_job_name, domain_of
+from ..staging import InMemoryBodyStaging
 from .base import (
     MAX_DISPATCH_BATCH,
     MAX_REASON,
@@ -43,14 +44,17 @@ from .base import (
 QUEUED, DELAYED, DISPATCHED, LEASED = "q", "w", "d", "l"
 _HELD = (JobState.PAUSED, JobState.CANCELLED)  # dispatch nothing
 _MAINTAINED = (JobState.RUNNING, JobState.PAUSED)
-SAVE_PENDING, SAVING, DONE, DEAD = "s", "S", "D", "X"
+SAVE_PENDING, SAVING, DEAD = "s", "S", "X"
 
 
 @dataclass
 class _Job:
     spec: str
     limits: CrawlLimits
-    state: dict[str, str] = field(default_factory=dict)  # item -> state letter
+    # Every item ever added (the seen set; Redis keeps fingerprints), and the live ones' state
+    # letters and depths: a done item is only in `seen`, as in Redis.
+    seen: set[str] = field(default_factory=set)
+    state: dict[str, str] = field(default_factory=dict)  # live item -> state letter
     depth: dict[str, int] = field(default_factory=dict)
     # The structures of _lib.lua: domain queues (may hold stale entries, as in Redis; an empty
     # one is removed), domain -> next turn (the domains with queued items and room), in-flight
@@ -79,11 +83,15 @@ class InMemoryTracker(Tracker):
 
     def __init__(
         self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
-        save_timeout: Optional[float] = None, clock=time.monotonic,
+        save_timeout: Optional[float] = None, body_ttl: Optional[float] = None, clock=time.monotonic,
     ) -> None:
         super().__init__(
-            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
+            body_ttl=body_ttl,
         )
+        # Where scraped stages bodies: the in-memory runtime's staging reads them here. Bodies
+        # do not expire in memory (complete drops them; a crash loses them with everything).
+        self.bodies = InMemoryBodyStaging()
         self._lock = threading.Lock()
         self._clock = clock
         self._jobs: dict[str, _Job] = {}
@@ -203,7 +211,7 @@ class InMemoryTracker(Tracker):
 
     @staticmethod
     def _record_end(j: _Job, state: JobState, now: float) -> None:
-        final = {"seen": len(j.state), "done": j.done, "dead": len(j.dead)}
+        final = {"seen": len(j.seen), "done": j.done, "dead": len(j.dead)}
         j.info = replace(j.info, state=state, ended=now, final=final)
 
     @staticmethod
@@ -376,7 +384,7 @@ class InMemoryTracker(Tracker):
     def _add_locked(self, j: _Job, items: Sequence[str], depth: int, now: float) -> int:
         """Queue the new ones among ``items``, within max_pages and max_pages_per_domain."""
         max_pages, per_domain = j.limits.max_pages, j.limits.max_pages_per_domain
-        room = max_pages - len(j.state) if max_pages is not None else None
+        room = max_pages - len(j.seen) if max_pages is not None else None
         added = 0
         for item in items:
             if room is not None and added >= room:
@@ -384,7 +392,8 @@ class InMemoryTracker(Tracker):
             dom = self._domain(j, item)
             if per_domain is not None and j.dseen.get(dom, 0) >= per_domain:
                 continue
-            if item not in j.state:
+            if item not in j.seen:
+                j.seen.add(item)
                 if per_domain is not None:
                     j.dseen[dom] = j.dseen.get(dom, 0) + 1
                 j.state[item] = QUEUED
@@ -400,11 +409,9 @@ class InMemoryTracker(Tracker):
         with self._lock:
             j = self._job(job)
             state = j.state.get(item)
-            if state is None:
-                return Checkout(LeaseStatus.UNKNOWN, 0, 0)
+            if state is None:  # done (its depth forgotten, as in Redis) or never added
+                return Checkout(LeaseStatus.DONE if item in j.seen else LeaseStatus.UNKNOWN, 0, 0)
             depth, fails = j.depth[item], j.fails.get(item, 0)
-            if state == DONE:
-                return Checkout(LeaseStatus.DONE, depth, fails)
             if state == DEAD:
                 return Checkout(LeaseStatus.DEAD, depth, fails)
             if state in (SAVE_PENDING, DELAYED):
@@ -464,7 +471,8 @@ class InMemoryTracker(Tracker):
         return item in j.owners and j.owners[item][1] == int(token)
 
     def scraped(
-        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
+        body: Optional[bytes] = None,
     ) -> ScrapedResult:
         with self._lock:
             j = self._job(job)
@@ -472,6 +480,8 @@ class InMemoryTracker(Tracker):
             added = self._add_locked(j, found, depth, now)
             held = j.state.get(item) == LEASED and self._holds(j, item, token)
             if held:
+                if body is not None:
+                    self.bodies.stage(job, token, body)
                 j.leased.pop(item, None)
                 self._vacate(j, self._domain(j, item), now)
                 j.pending[item] = now + self.save_timeout
@@ -485,9 +495,7 @@ class InMemoryTracker(Tracker):
             state = j.state.get(item)
             lost = j.lost.get(item, 0)
             if state is None:
-                return SaveBegin(status=SaveStart.UNKNOWN)
-            if state == DONE:
-                return SaveBegin(status=SaveStart.DONE, lost=lost)
+                return SaveBegin(status=SaveStart.DONE if item in j.seen else SaveStart.UNKNOWN)
             if state == DEAD:
                 return SaveBegin(status=SaveStart.DEAD, lost=lost)
             if not self._holds(j, item, token) or state not in (SAVE_PENDING, SAVING, LEASED):
@@ -523,17 +531,21 @@ class InMemoryTracker(Tracker):
             j.state[item] = SAVE_PENDING
             return True
 
-    def complete(self, job: str, item: str) -> CompleteResult:
+    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
         with self._lock:
             j = self._job(job)
+            if token is not None:
+                self.bodies.discard(job, token)
             state = j.state.get(item)
-            changed = state is not None and state not in (DONE, DEAD)
+            changed = state is not None and state != DEAD
             now = self._clock()
             if changed:
                 if state == QUEUED:
                     j.queued -= 1
                 self._clear_inflight(j, item, now)
-                j.state[item] = DONE
+                # A done item leaves every per-item structure (finish in _lib.lua).
+                del j.state[item]
+                del j.depth[item]
                 j.fails.pop(item, None)
                 j.lost.pop(item, None)
                 j.done += 1
@@ -658,7 +670,7 @@ class InMemoryTracker(Tracker):
     @staticmethod
     def _stats(j: _Job) -> JobStats:
         return JobStats(
-            seen=len(j.state), frontier=j.queued, dispatched=len(j.dispatched),
+            seen=len(j.seen), frontier=j.queued, dispatched=len(j.dispatched),
             leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
             delayed=len(j.delayed),
         )
@@ -667,11 +679,6 @@ class InMemoryTracker(Tracker):
         with self._lock:
             dead = list(self._job(job).dead.items())
         yield from dead
-
-    def iter_done(self, job: str) -> Iterator[str]:
-        with self._lock:
-            done = [item for item, state in self._job(job).state.items() if state == DONE]
-        yield from done
 
     def retry_dead(self, job: str) -> RetryDeadResult:
         with self._lock:

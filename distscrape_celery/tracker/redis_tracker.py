@@ -1,4 +1,32 @@
-"""RedisTracker: the tracker for distributed crawls. Each operation is one Lua script call."""
+"""RedisTracker: the tracker for distributed crawls. Each operation is one Lua script call.
+
+Shards and Redis Cluster. A job of ``tracker.shards`` > 1 has one full set of item keys per shard
+(keys.py), each its own hash tag; an item's operations run on the shard of its domain
+(:func:`keys.shard_of`), so per-domain politeness is exact within one shard. Calls on the whole
+job (stats, control, maintain, delete, ...) visit every shard. ``max_pages`` and the broker bound
+are split over the shards (each shard gets ``ceil(bound / n)``, so the broker may hold up to n-1
+messages more than the bound; each shard keeps ``max_pages / n``, so a job whose domains fall
+unevenly stops adding before max_pages).
+
+The active-jobs rule ("a job with unfinished work is always maintained") across slots: on one
+Redis an unsharded job's scripts update ``ds:active-jobs`` atomically, as ever. A sharded job, or
+any job on a cluster, has a marker set per shard (``P active``) that its scripts update instead,
+atomically with the work, and the client mirrors it into ``ds:active-jobs``:
+
+* after a call that may have marked a shard (items added, resume, retry-dead), the client reads
+  the marker and adds the job if it is set (:meth:`RedisTracker._mirror_active`);
+* only maintain (after the job's end is recorded) and cancel take a job out: remove it, then read
+  every marker, and add it back if any is set (:meth:`RedisTracker._unlist_if_idle`). A marker set
+  before that read is seen; one set after it is mirrored by its own caller after the removal.
+* a client that dies between its script and its mirror is covered by the sweep every worker runs
+  now and then (:meth:`RedisTracker.heal_active_jobs`): a listed job with a marked shard is added.
+
+Completion of a sharded job: its shards finish one by one (maintain.lua, per shard). The job is
+finished when every shard was idle at one moment: two reads of every shard's (state, epoch,
+seen) agree and show every shard finished or never given an item. An epoch moves on at every end
+of a shard (_lib.lua record_end), so agreeing reads mean no shard ran in between. finish_job.lua
+then records that idle period once in shard 0, and only that caller reports ``finished``.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +39,12 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 from .. import keys
 from ..errors import JobNotFound, JobStateError, TrackerUnavailable
+from ..staging import body_ttl_ms
 from ..settings import redact
 from .base import (
     ADD_STREAM_PIPELINE,
@@ -61,6 +92,30 @@ _ITEM_SCRIPTS = (
 DELETE_BATCH = 200
 # Most dead workers' records pruned per call.
 MAX_PRUNE_BATCH = 100
+# Policy field holding a sharded job's shard count (absent: 1).
+SHARDS_FIELD = "shards"
+
+
+def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
+    """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
+    slots from that one node) when ``cluster``, else a plain one."""
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=decode_responses, **kwargs)
+    return redis.Redis.from_url(url, decode_responses=decode_responses, **kwargs)
+
+
+def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
+    """The policy hash of one shard: the job's, with its share of max_pages (an even split,
+    the first shards taking the remainder) and the shard count."""
+    fields = limits.policy_fields()
+    n = limits.shards
+    if n > 1:
+        fields[SHARDS_FIELD] = n
+        if limits.max_pages is not None:
+            share = limits.max_pages // n + (1 if shard < limits.max_pages % n else 0)
+            # A shard whose share is 0 takes nothing (max_pages < shards).
+            fields["max_pages"] = share
+    return fields
 
 
 def _read_lua(name: str) -> str:
@@ -76,6 +131,9 @@ def _converts_redis_errors(method: F) -> F:
             return method(self, *args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        except (ClusterDownError, TryAgainError, SlotNotCoveredError) as exc:
+            # A cluster failing over or resharding: as an outage, the caller retries later.
+            raise TrackerUnavailable(f"Redis Cluster at {self.url} is unavailable: {exc}") from exc
         except redis.ResponseError as exc:
             # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
             reply = str(exc).rpartition("caused error: ")[2]
@@ -83,6 +141,8 @@ def _converts_redis_errors(method: F) -> F:
                 raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
             if reply.startswith("JOBSTATE"):  # raised by control.lua
                 raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
+            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
+                raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
@@ -103,16 +163,23 @@ class RedisTracker(Tracker):
         lease_seconds: float = 60.0,
         dispatch_factor: int = 2,
         save_timeout: Optional[float] = None,
+        body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
     ) -> None:
         super().__init__(
-            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
+            body_ttl=body_ttl,
         )
+        self._body_ttl_ms = body_ttl_ms(self.body_ttl)
         if not client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("RedisTracker needs a client created with decode_responses=True")
         self.client = client
+        # On a cluster every script's keys must share a slot, and a pipeline may span nodes.
+        self.cluster = isinstance(client, RedisCluster)
         kw = client.get_connection_kwargs()
         self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
+        # job -> (shards, id_domain): both fixed when the job is created.
+        self._layouts: dict[str, tuple[int, str]] = {}
         lib = _read_lua("_lib")
         self._scripts = {
             name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
@@ -121,6 +188,7 @@ class RedisTracker(Tracker):
         self._deregister_script = client.register_script(_read_lua("deregister"))
         self._prune_script = client.register_script(_read_lua("prune_workers"))
         self._create_job_script = client.register_script(_read_lua("create_job"))
+        self._finish_job_script = client.register_script(_read_lua("finish_job"))
         self._bound_refresh = (
             bound_refresh_seconds
             if bound_refresh_seconds is not None
@@ -130,12 +198,16 @@ class RedisTracker(Tracker):
         self._bound_at = 0.0
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> "RedisTracker":
-        """Connect to ``url`` and check that Redis answers, so a bad URL fails now, clearly."""
-        client = redis.Redis.from_url(
-            url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
-            health_check_interval=30,
-        )
+    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> "RedisTracker":
+        """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
+        answers, so a bad URL fails now, clearly."""
+        try:
+            client = connect(
+                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=30,
+                health_check_interval=30,
+            )
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
+            raise TrackerUnavailable(f"Redis Cluster at {redact(url)} is unreachable: {exc}") from exc
         tracker = cls(client, **kwargs)
         tracker.url = redact(url)
         tracker.ping()
@@ -144,8 +216,9 @@ class RedisTracker(Tracker):
     @classmethod
     def from_settings(cls, settings: "Settings") -> "RedisTracker":
         return cls.from_url(
-            settings.redis_url, lease_seconds=settings.lease_seconds,
+            settings.redis_url, cluster=settings.redis_cluster, lease_seconds=settings.lease_seconds,
             dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
+            body_ttl=settings.body_ttl,
         )
 
     @_converts_redis_errors
@@ -193,8 +266,15 @@ class RedisTracker(Tracker):
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.WORKERS)
         pipe.zrange(keys.HEARTBEATS, 0, -1, withscores=True)
-        pipe.time()
-        infos, beats, (sec, usec) = pipe.execute()
+        if self.cluster:
+            # A cluster pipeline takes keyed commands only; the clock is that of the master
+            # that scored the heartbeats.
+            infos, beats = pipe.execute()
+            node = self.client.get_node_from_key(keys.HEARTBEATS)
+            sec, usec = self.client.time(target_nodes=node)
+        else:
+            pipe.time()
+            infos, beats, (sec, usec) = pipe.execute()
         now = sec + usec / 1e6
         last = dict(beats)
         out = []
@@ -218,14 +298,159 @@ class RedisTracker(Tracker):
 
     # -- jobs ------------------------------------------------------------------------------
 
+    # -- layout: shards and the active-jobs mirror ------------------------------------------
+
+    def _layout(self, job: str) -> tuple[int, str]:
+        """The job's shard count and id_domain, read once (neither ever changes)."""
+        layout = self._layouts.get(job)
+        if layout is None:
+            k = keys.JobKeys(job)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(k.spec)
+            pipe.hmget(k.policy, SHARDS_FIELD, "id_domain")
+            exists, (shards, id_domain) = pipe.execute()
+            if not exists:
+                raise JobNotFound(f"no job named {job!r} on {self.url}")
+            layout = (int(shards or 1), id_domain or keys.NO_DOMAIN)
+            self._layouts[job] = layout
+        return layout
+
+    def _shards(self, job: str) -> int:
+        return self._layout(job)[0]
+
+    def _routed(self, shards: int) -> bool:
+        """Whether the job's scripts keep shard-local active markers (see the module doc)."""
+        return self.cluster or shards > 1
+
+    def _shard_of(self, job: str, item: str) -> int:
+        """The shard that holds ``item`` (0 for an unsharded job, without parsing the item)."""
+        shards, id_domain = self._layout(job)
+        if shards == 1:
+            return 0
+        return keys.shard_of(keys.domain_of(item, id_domain), shards)
+
+    def _item_keys(self, job: str, shard: int = 0) -> tuple[str, ...]:
+        return keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
+
+    def _mirror_active(self, job: str, shards: Iterable[int]) -> None:
+        """List ``job`` as active if one of ``shards`` is marked active (after a call on them
+        that may have marked them). Runs after the script, so an unlisting that ran before this
+        read is undone here, and one that runs after it sees the marker itself."""
+        if not self._routed(self._shards(job)):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for s in sorted(set(shards)):
+            pipe.sismember(keys.JobKeys(job, s).active, job)
+        if any(pipe.execute()):
+            self.client.sadd(keys.ACTIVE_JOBS, job)
+
+    def _marked(self, job: str, shards: int) -> bool:
+        """Whether a shard of ``job`` that was ever given an item is marked active. A shard never
+        given one has nothing to finish, so its marker (set by a resume) never clears: it does
+        not count. An add that gives it items and reads as unmarked here is caught by
+        :meth:`_unlist_if_idle`'s second read, or mirrored by its own caller after it."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.sismember(k.active, job)
+            pipe.hget(k.stats, "seen")
+        res = pipe.execute()
+        return any(res[2 * s] and int(res[2 * s + 1] or 0) > 0 for s in range(shards))
+
+    def _unlist_if_idle(self, job: str) -> None:
+        """Take ``job`` out of ``ds:active-jobs`` unless a shard is marked. The removal comes
+        first and the markers are read after it, so a shard marked meanwhile is never missed:
+        either this read sees it, or its own caller's mirror runs after the removal."""
+        shards = self._shards(job)
+        if self._marked(job, shards):
+            return
+        self.client.srem(keys.ACTIVE_JOBS, job)
+        if self._marked(job, shards):
+            self.client.sadd(keys.ACTIVE_JOBS, job)
+
+    @_converts_redis_errors
+    def heal_active_jobs(self) -> int:
+        """List every job that has a shard marked active but is not listed (its client died
+        between its script and its mirror). Returns how many were listed. Workers run it now and
+        then; on one Redis, unsharded jobs need none of it (their scripts list them)."""
+        listed = set(self.client.smembers(keys.ACTIVE_JOBS))
+        healed = 0
+        for job in self.client.sscan_iter(keys.JOBS, count=DELETE_BATCH):
+            if job in listed:
+                continue
+            try:
+                shards = self._shards(job)
+            except JobNotFound:  # being created or deleted
+                continue
+            if self._routed(shards) and self._marked(job, shards):
+                self.client.sadd(keys.ACTIVE_JOBS, job)
+                healed += 1
+        return healed
+
+    def _shard_controls(self, job: str, shards: int) -> list[dict[str, str]]:
+        """Every shard's control hash plus its ``seen`` counter, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.hgetall(k.control)
+            pipe.hget(k.stats, "seen")
+        res = pipe.execute()
+        return [{**res[2 * s], "seen": res[2 * s + 1] or "0"} for s in range(shards)]
+
+    @staticmethod
+    def _idle(controls: list[dict[str, str]]) -> bool:
+        """Every shard finished or never given an item, and at least one item seen."""
+        return sum(int(c["seen"]) for c in controls) > 0 and all(
+            c.get("state") == JobState.FINISHED.value
+            or (c.get("state", "running") == "running" and c["seen"] == "0")
+            for c in controls
+        )
+
+    def _record_finish(self, job: str, shards: int) -> tuple[bool, bool]:
+        """The double collect (see the module doc): (whether every shard was idle at one
+        moment, whether this caller recorded that moment: True for one caller only)."""
+        first = self._shard_controls(job, shards)
+        if not self._idle(first):
+            return False, False
+        second = self._shard_controls(job, shards)
+        fields = ("state", "epoch", "seen")
+        if [[c.get(f) for f in fields] for c in first] != [[c.get(f) for f in fields] for c in second]:
+            return False, False  # a shard moved in between: the next maintain looks again
+        epochs = ",".join(c.get("epoch", "0") for c in second)
+        return True, bool(self._finish_job_script(keys=[keys.JobKeys(job).control], args=[epochs]))
+
+    # -- jobs ------------------------------------------------------------------------------
+
     @_converts_redis_errors
     def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
+        limits = limits or CrawlLimits()
+        shards = limits.shards
         k = keys.JobKeys(job)
-        policy = (limits or CrawlLimits()).policy_fields()
-        created, existing = self._create_job_script(
-            keys=[k.spec, keys.JOBS, k.policy, k.control, keys.ACTIVE_JOBS],
-            args=[job, spec_json, *(x for pair in policy.items() for x in pair)],
-        )
+        if not self._routed(shards):
+            policy = limits.policy_fields()
+            created, existing = self._create_job_script(
+                keys=[k.spec, k.policy, k.control, k.stats, keys.JOBS, keys.ACTIVE_JOBS],
+                args=[job, spec_json, 0, keys.JOB_FORMAT,
+                      *(x for pair in policy.items() for x in pair)],
+            )
+        else:
+            # Listed first, so delete finds a job whose creation was cut short. It is not active
+            # yet: it has no work until items come, and their add marks and lists it.
+            self.client.sadd(keys.JOBS, job)
+            created = existing = None
+            # Shard 0 first: a conflicting spec is refused before any other shard is written.
+            for s in range(shards):
+                ks = keys.JobKeys(job, s)
+                policy = shard_policy(limits, s)
+                c, e = self._create_job_script(
+                    keys=[ks.spec, ks.policy, ks.control, ks.stats],
+                    args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT,
+                          *(x for pair in policy.items() for x in pair)],
+                )
+                if s == 0:
+                    created, existing = c, e
+                    if not created and spec_differences(existing, spec_json):
+                        break
         # A stored spec never changes, so comparing the one the script read is comparing now.
         differences = [] if created else spec_differences(existing, spec_json)
         if differences:
@@ -249,43 +474,99 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def job_info(self, job: str) -> JobInfo:
-        k = keys.JobKeys(job)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(k.control)
-        pipe.exists(k.spec)
-        control, exists = pipe.execute()
-        if not exists:
-            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        shards = self._shards(job)
+        controls = self._shard_controls(job, shards)
+        head = controls[0]
+        if shards > 1:
+            # Pause and cancel reach every shard, shard 0 first; finished needs all of them
+            # (a shard never given an item has nothing to finish).
+            if head.get("state") in ("paused", "cancelled"):
+                state = head["state"]
+            elif self._idle(controls):
+                state = "finished"
+            else:
+                state = "running"
+            ended = [float(c["ended"]) for c in controls if "ended" in c]
+            head = {"state": state, "started": head.get("started")}
+            if state in ("finished", "cancelled") and ended:
+                head["ended"] = str(max(ended))
+                for n in ("seen", "done", "dead"):
+                    head[f"final_{n}"] = str(sum(int(c.get(f"final_{n}", 0)) for c in controls))
 
         def number(name: str) -> Optional[float]:
-            return float(control[name]) if name in control else None
+            return float(head[name]) if head.get(name) is not None else None
 
-        final = {n: int(control[f"final_{n}"]) for n in ("seen", "done", "dead")
-                 if f"final_{n}" in control}
-        return JobInfo(job=job, state=JobState(control.get("state", "running")),
+        final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead")
+                 if f"final_{n}" in head}
+        return JobInfo(job=job, state=JobState(head.get("state", "running")),
                        started=number("started"), ended=number("ended"), final=final)
 
     @_converts_redis_errors
     def control(self, job: str, action: JobAction) -> ControlResult:
-        res = self._run("control", job, [JobAction(action).value, *self._top_up_args()])
-        return ControlResult(dispatch=list(res[2:]), before=JobState(res[0]), after=JobState(res[1]))
+        shards = self._shards(job)
+        if shards == 1:
+            res = self._run("control", job, [JobAction(action).value, *self._top_up_args(job)])
+            before, after = JobState(res[0]), JobState(res[1])
+            dispatch = list(res[2:])
+        else:
+            before = self.job_info(job).state
+            if before is JobState.FINISHED and action != JobAction.RESUME:
+                raise JobStateError(f"job {job!r}: the job is finished")
+            dispatch = []
+            for s in range(shards):  # shard 0 first: it speaks for the job (job_info)
+                res = self._scripts["control"](
+                    keys=self._item_keys(job, s),
+                    args=[JobAction(action).value, *self._top_up_args(job), 1],
+                )
+                dispatch.extend(res[2:])
+            after = self.job_info(job).state
+        if self._routed(shards):
+            if action == JobAction.CANCEL:
+                self._unlist_if_idle(job)
+            else:
+                self._mirror_active(job, range(shards))
+        return ControlResult(dispatch=dispatch, before=before, after=after)
 
     @_converts_redis_errors
     def delete_job(self, job: str) -> int:
         k = keys.JobKeys(job)
         if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
             raise JobNotFound(f"no job named {job!r} on {self.url}")
+        try:
+            shards = self._shards(job)
+        except JobNotFound:  # its spec is gone already (a delete cut short): shard 0 only
+            shards = int(self.client.hget(k.policy, SHARDS_FIELD) or 1)
         # Without its spec the item scripts refuse the job (NOJOB): a late worker recreates nothing.
         self.client.srem(keys.ACTIVE_JOBS, job)
-        deleted = int(self.client.unlink(k.spec))
+        deleted = sum(int(self.client.unlink(keys.JobKeys(job, s).spec)) for s in range(shards))
         scans = {"hash": self.client.hscan, "zset": self.client.zscan, "set": self.client.sscan}
         removes = {"hash": self.client.hdel, "zset": self.client.zrem, "set": self.client.srem}
-        for key in self.client.scan_iter(match=k.pattern, count=DELETE_BATCH):
-            kind = self.client.type(key)
-            if kind in scans:
-                self._empty(key, scans[kind], removes[kind])
-            deleted += int(self.client.unlink(key))
+        # A cluster client's scan_iter visits every master (SCAN itself covers one node). The
+        # policy of shard 0 (its shard count) goes last, so a delete cut short can be redone.
+        for s in reversed(range(shards)):
+            ks = keys.JobKeys(job, s)
+            seen_buckets: list[str] = []
+            for key in self.client.scan_iter(match=ks.pattern, count=DELETE_BATCH):
+                if s == 0 and key == ks.policy:
+                    continue
+                if key.startswith(ks.seen_buckets):
+                    # A seen-set bucket is one small intset allocation, freed in O(1): a batch of
+                    # them goes in one short UNLINK (a 10M-item job has ~60,000 of them). Keys of
+                    # one shard share a slot, so one UNLINK may take many on a cluster too.
+                    seen_buckets.append(key)
+                    if len(seen_buckets) == DELETE_BATCH:
+                        deleted += int(self.client.unlink(*seen_buckets))
+                        seen_buckets = []
+                    continue
+                kind = self.client.type(key)
+                if kind in scans:
+                    self._empty(key, scans[kind], removes[kind])
+                deleted += int(self.client.unlink(key))
+            if seen_buckets:
+                deleted += int(self.client.unlink(*seen_buckets))
+        deleted += int(self.client.unlink(k.policy))
         self.client.srem(keys.JOBS, job)
+        self._layouts.pop(job, None)
         return deleted
 
     @staticmethod
@@ -303,7 +584,8 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
-        policy = keys.JobKeys(job).policy
+        shards, _ = self._layout(job)
+        policy = keys.JobKeys(job, keys.shard_of(domain, shards)).policy
         if seconds > 0:
             self.client.hset(policy, f"delay:{domain}", float(seconds))
         else:
@@ -311,8 +593,13 @@ class RedisTracker(Tracker):
 
     # -- items -----------------------------------------------------------------------------
 
-    def _top_up_args(self) -> list[Any]:
-        return [self.dispatch_bound(), MAX_DISPATCH_BATCH, self.lease_seconds]
+    def _top_up_args(self, job: str) -> list[Any]:
+        """The dispatch top-up arguments of one of ``job``'s scripts. Each shard tops up on its
+        own: it gets an even share of the bound, rounded up so that none is starved (the broker
+        may hold up to shards-1 messages over the bound)."""
+        shards = self._shards(job)
+        bound = self.dispatch_bound()
+        return [-(-bound // shards), MAX_DISPATCH_BATCH, self.lease_seconds]
 
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
         return self._add_batches(job, list(items), depth)
@@ -323,65 +610,124 @@ class RedisTracker(Tracker):
         for group in batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE):
             yield len(group), self._add_batches(job, group, depth)
 
+    def _by_shard(self, job: str, items: Iterable[str]) -> dict[int, list[str]]:
+        """``items`` grouped by the shard that holds them, in their order within each."""
+        shards = self._shards(job)
+        if shards == 1:
+            return {0: list(items)}
+        out: dict[int, list[str]] = {}
+        for item in items:
+            out.setdefault(self._shard_of(job, item), []).append(item)
+        return out
+
     @_converts_redis_errors
     def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
-        """One round trip: a short Lua call per MAX_ADD_BATCH items, pipelined (one call with no
-        items still tops up dispatch)."""
-        k = keys.JobKeys(job).item_keys()
-        top_up = self._top_up_args()
-        pipe = self.client.pipeline(transaction=False)
-        for chunk in list(_chunks(items, MAX_ADD_BATCH)) or [[]]:
-            self._scripts["add"](keys=k, args=[depth, *top_up, *chunk], client=pipe)
-        added, dispatch = 0, []
-        for res in pipe.execute():
+        """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
+        on one Redis (one call with no items still tops up dispatch, on every shard). On a
+        cluster the calls go one by one: a cluster pipeline does not load missing scripts."""
+        shards = self._shards(job)
+        top_up = self._top_up_args(job)
+        groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
+        calls = [(s, chunk) for s, group in sorted(groups.items())
+                 for chunk in list(_chunks(group, MAX_ADD_BATCH)) or [[]]]
+        if self.cluster:
+            results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
+                       for s, chunk in calls]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for s, chunk in calls:
+                self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk],
+                                     client=pipe)
+            results = pipe.execute()
+        added, dispatch, grew = 0, [], set()
+        for (s, _), res in zip(calls, results):
             added += int(res[0])
             dispatch.extend(res[1:])
+            if int(res[0]):
+                grew.add(s)
+        if grew:
+            self._mirror_active(job, grew)
         return AddResult(dispatch=dispatch, added=added)
 
-    def _run(self, name: str, job: str, args: Sequence[Any]) -> Any:
-        return self._scripts[name](keys=keys.JobKeys(job).item_keys(), args=list(args))
+    def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
+        return self._scripts[name](keys=self._item_keys(job, shard), args=list(args))
+
+    def _run_item(self, name: str, job: str, item: str, args: Sequence[Any]) -> Any:
+        """Run an item script on the shard that holds ``item``."""
+        return self._run(name, job, args, self._shard_of(job, item))
 
     @_converts_redis_errors
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
-        bound, max_batch, lease = self._top_up_args()
-        res = self._run("checkout", job, [item, worker_id, lease, bound, max_batch, max_lost])
+        bound, max_batch, lease = self._top_up_args(job)
+        res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
             token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
         )
 
+    def _body_keys(self, job: str, token: int, home: int) -> list[str]:
+        """The body key of lease ``token`` as an extra script key, if it is in shard ``home``'s
+        slot. Every token the item's shard hands out is; another cannot hold the item, so the
+        script would stage nothing anyway (and a cluster would refuse the key)."""
+        if token >> keys.SHARD_TOKEN_BITS != home:
+            return []
+        return [keys.body_key(job, token)]
+
     @_converts_redis_errors
     def scraped(
-        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
+        body: Optional[bytes] = None,
     ) -> ScrapedResult:
-        found = list(found)
-        added, dispatch = 0, []
-        # Finds beyond one batch go first, through add; the last batch rides with the state change.
+        home = self._shard_of(job, item)
+        groups = self._by_shard(job, found)
+        found = groups.pop(home, [])
+        # Finds of other shards, and beyond one batch, go first, through add, while the item is
+        # still leased: its shard cannot be idle before they are queued, so a sharded job is never
+        # seen finished with links still to add. The last batch rides with the state change.
+        later = [x for group in groups.values() for x in group]
         while len(found) > MAX_ADD_BATCH:
-            res = self.add(job, found[:MAX_ADD_BATCH], depth)
-            added += res.added
-            dispatch.extend(res.dispatch)
+            later.extend(found[:MAX_ADD_BATCH])
             found = found[MAX_ADD_BATCH:]
-        res = self._run(
-            "scraped", job, [item, token, self.save_timeout, depth, *self._top_up_args(), *found]
+        added, dispatch = 0, []
+        if later:
+            res = self.add(job, later, depth)
+            added, dispatch = res.added, list(res.dispatch)
+        # The body rides with the state change: one round trip, and staged only if still held.
+        body_keys = self._body_keys(job, token, home) if body is not None else []
+        res = self._scripts["scraped"](
+            keys=[*self._item_keys(job, home), *body_keys],
+            args=[item, token, self.save_timeout, depth, *self._top_up_args(job),
+                  self._body_ttl_ms, body if body_keys else b"", *found],
         )
+        if int(res[1]):
+            self._mirror_active(job, [home])
         return ScrapedResult(
             dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
 
     @_converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
-        bound, max_batch, lease = self._top_up_args()
-        res = self._run("begin_save", job, [item, token, worker_id, lease, max_lost, bound, max_batch])
+        bound, max_batch, lease = self._top_up_args(job)
+        res = self._run_item(
+            "begin_save", job, item, [item, token, worker_id, lease, max_lost, bound, max_batch]
+        )
         return SaveBegin(dispatch=list(res[2:]), status=SaveStart(res[0]), lost=int(res[1]))
 
     @_converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:
-        return bool(self._run("defer_save", job, [item, token, self.save_timeout]))
+        return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
 
     @_converts_redis_errors
-    def complete(self, job: str, item: str) -> CompleteResult:
-        res = self._run("complete", job, [item, *self._top_up_args()])
+    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
+        home = self._shard_of(job, item)
+        # A token of another shard (none can hold the item) has its body dropped on its own.
+        body_keys = self._body_keys(job, token, home) if token is not None else []
+        res = self._scripts["complete"](
+            keys=[*self._item_keys(job, home), *body_keys],
+            args=[item, *self._top_up_args(job)],
+        )
+        if token is not None and not body_keys:
+            self.client.unlink(keys.body_key(job, token))
         return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
 
     @_converts_redis_errors
@@ -389,10 +735,10 @@ class RedisTracker(Tracker):
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
         max_lost: int, retryable: bool = True, delay: float = 0.0,
     ) -> FailResult:
-        res = self._run(
-            "fail", job,
+        res = self._run_item(
+            "fail", job, item,
             [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
-             max_lost, *self._top_up_args(), max(float(delay), 0.0)],
+             max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
         )
         return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
 
@@ -401,90 +747,131 @@ class RedisTracker(Tracker):
         self, job: str, items: Sequence[str], worker_id: str,
         saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
     ) -> int:
-        items = list(items)
-        running = items if running is None else list(running)
+        running = list(items) if running is None else list(running)
         n = 0
-        for chunk in _chunks(items, MAX_ADD_BATCH):
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0]))
-        for chunk in _chunks(running, MAX_ADD_BATCH):
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk]))
-        for chunk in _chunks(list(saves), MAX_ADD_BATCH // 2):
-            pairs = [x for item, token in chunk for x in (item, token)]
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs]))
+        reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
+        saves_by: dict[int, list[tuple[str, int]]] = {}
+        for item, token in saves:
+            saves_by.setdefault(self._shard_of(job, item), []).append((item, token))
+        for s in sorted(set(reserved_by) | set(running_by) | set(saves_by)):
+            for chunk in _chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
+            for chunk in _chunks(running_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
+            for pchunk in _chunks(saves_by.get(s, []), MAX_ADD_BATCH // 2):
+                pairs = [x for item, token in pchunk for x in (item, token)]
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
         return n
 
     @_converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
-        res = self._run(
-            "maintain", job,
-            [*self._top_up_args(), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED],
-        )
+        shards = self._shards(job)
+        reclaimed = died = 0
+        dispatch: list[str] = []
+        wake: Optional[float] = None
+        finished = False
+        for s in range(shards):
+            res = self._run(
+                "maintain", job,
+                [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
+            )
+            reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
+            dispatch.extend(res[4:])
+            if res[2] and (wake is None or float(res[2]) < wake):
+                wake = float(res[2])
+            finished = finished or bool(res[3])
+        if self._routed(shards):
+            if shards > 1:
+                idle, finished = self._record_finish(job, shards)
+            else:
+                idle = self._idle(self._shard_controls(job, shards))
+            # Unlisted only once its end is recorded (or seen recorded): the maintain that
+            # records it must still find it listed, even if an earlier one died after its script.
+            if idle:
+                self._unlist_if_idle(job)
         return MaintainResult(
-            dispatch=list(res[4:]), reclaimed=int(res[0]), died=int(res[1]),
-            wake=float(res[2]) if res[2] else None, finished=bool(res[3]),
+            dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
         )
 
     @_converts_redis_errors
     def release(self, job: str, worker_id: Optional[str] = None) -> int:
-        return int(self._run("release", job, [worker_id or "", self.save_timeout]))
+        return sum(int(self._run("release", job, [worker_id or "", self.save_timeout], s))
+                   for s in range(self._shards(job)))
 
     @_converts_redis_errors
     def stats(self, job: str) -> JobStats:
-        k = keys.JobKeys(job)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(k.stats)
-        pipe.zcard(k.dispatched)
-        pipe.zcard(k.leased)
-        pipe.zcard(k.pending)
-        pipe.zcard(k.delayed)
-        pipe.exists(k.spec)
-        counters, dispatched, leased, pending, delayed, exists = pipe.execute()
-        if not exists:
+        try:
+            shards = self._shards(job)
+        except JobNotFound:
+            raise JobNotFound(f"no job named {job!r} on {self.url}") from None
+        pipe = self.client.pipeline(transaction=not self.cluster)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.hgetall(k.stats)
+            pipe.zcard(k.dispatched)
+            pipe.zcard(k.leased)
+            pipe.zcard(k.pending)
+            pipe.zcard(k.delayed)
+        pipe.exists(keys.JobKeys(job).spec)
+        res = pipe.execute()
+        if not res[-1]:
             raise JobNotFound(f"no job named {job!r} on {self.url}")
-        c = {name: int(counters.get(name, 0)) for name in ("seen", "queued", "done", "dead")}
+        total = Counter()
+        for s in range(shards):
+            counters, dispatched, leased, pending, delayed = res[5 * s : 5 * s + 5]
+            for name in ("seen", "queued", "done", "dead"):
+                total[name] += int(counters.get(name, 0))
+            total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
         return JobStats(
-            seen=c["seen"], frontier=c["queued"], dispatched=dispatched, leased=leased,
-            done=c["done"], dead=c["dead"], saving=pending, delayed=delayed,
+            seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
+            leased=total["leased"], done=total["done"], dead=total["dead"],
+            saving=total["pending"], delayed=total["delayed"],
         )
 
-    def _hscan(self, job: str, key: str) -> Iterator[tuple[str, str]]:
-        """The fields of one of the job's hashes, streamed a batch at a time."""
+    def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:
+        """The fields of one of the job's hashes (``name``: a JobKeys property), every shard's,
+        streamed a batch at a time."""
         self.load_spec(job)  # JobNotFound for a job never seeded
         try:
-            yield from self.client.hscan_iter(key, count=MAX_ADD_BATCH)
+            for s in range(self._shards(job)):
+                yield from self.client.hscan_iter(getattr(keys.JobKeys(job, s), name),
+                                                  count=MAX_ADD_BATCH)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
 
     def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
-        yield from self._hscan(job, keys.JobKeys(job).dead)
-
-    def iter_done(self, job: str) -> Iterator[str]:
-        for item, state in self._hscan(job, keys.JobKeys(job).items):
-            if state.startswith("D"):
-                yield item
+        yield from self._hscan(job, "dead")
 
     def retry_dead(self, job: str) -> RetryDeadResult:
         n, dispatch = 0, []
-        batch: list[str] = []
-        # One pass of HSCAN sees every item dead when it began; each batch is one atomic call.
-        for item, _reason in self.iter_dead(job):
-            batch.append(item)
-            if len(batch) == MAX_ADD_BATCH:
-                n, dispatch = self._retry_dead_batch(job, batch, n, dispatch)
-                batch = []
-        n, dispatch = self._retry_dead_batch(job, batch, n, dispatch)
+        # One pass of HSCAN sees every item dead when it began; each batch is one atomic call on
+        # the item's own shard.
+        for s in range(self._shards(job)):
+            batch: list[str] = []
+            for item, _reason in self.client.hscan_iter(keys.JobKeys(job, s).dead,
+                                                        count=MAX_ADD_BATCH):
+                batch.append(item)
+                if len(batch) == MAX_ADD_BATCH:
+                    n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+                    batch = []
+            n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
         return RetryDeadResult(dispatch=dispatch, requeued=n)
 
     @_converts_redis_errors
     def _retry_dead_batch(
-        self, job: str, batch: list[str], n: int, dispatch: list[str]
+        self, job: str, shard: int, batch: list[str], n: int, dispatch: list[str]
     ) -> tuple[int, list[str]]:
-        res = self._run("retry_dead", job, [*self._top_up_args(), *batch])
+        res = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
+        if int(res[0]):
+            self._mirror_active(job, [shard])
         return n + int(res[0]), dispatch + list(res[1:])
 
     @_converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:
         # Owners hold only in-flight items, so the hash stays as small as the broker's bound.
-        owners = (o.split(" ", 1)[0] for o in self.client.hvals(keys.JobKeys(job).owners))
-        # "-": a save message waiting in the broker, which nobody holds.
-        return dict(Counter(w for w in owners if w != "-"))
+        total: Counter[str] = Counter()
+        for s in range(self._shards(job)):
+            owners = (o.split(" ", 1)[0] for o in self.client.hvals(keys.JobKeys(job, s).owners))
+            # "-": a save message waiting in the broker, which nobody holds.
+            total.update(w for w in owners if w != "-")
+        return dict(total)

@@ -1,16 +1,20 @@
 -- Shared by every item script (prepended to each). The item scripts all take the same KEYS:
---   KEYS[1]  items       hash  item -> state letter + depth:
+--   KEYS[1]  items       hash  live item -> state letter + depth:
 --                              q queued (in its domain's queue) w waiting out a backoff (delayed)
 --                              d dispatched (a scrape message exists)
 --                              l leased (a worker scrapes it)  s save pending (its save message waits)
---                              S saving (a worker saves it)    D done      X dead
+--                              S saving (a worker saves it)    X dead
+--                              A done item is removed (item_value reports it as 'D0' from the
+--                              seen set: done items cost only their fingerprint)
 --   KEYS[2]  queues      the prefix of the per-domain queue lists: `KEYS[2] .. domain` is a list
 --                        of the domain's queued items (entries whose state moved on are skipped
 --                        when popped); the same rule as JobKeys.domain_queue in keys.py
 --   KEYS[3]  dispatched  zset  d items -> deadline
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
---   KEYS[6]  stats       hash  counters: seen, queued (q items), done, dead; tokens (last token)
+--   KEYS[6]  stats       hash  counters: seen (items added: the seen set's size), queued (q items),
+--                              done, dead; tokens (last token); fl and fs, the seen set's level
+--                              and split pointer (see "the seen set" below)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
 --   KEYS[8]  dead        hash  item -> why it was given up on
 --   KEYS[9]  pending     zset  s items -> deadline (long: the save message may wait in the broker)
@@ -29,8 +33,14 @@
 --                              URLs); a missing field is no limit
 --   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
 --                              running), job (its name), started, ended, final_seen, final_done,
---                              final_dead (figures recorded when it ended)
---   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled)
+--                              final_dead (figures recorded when it ended), epoch (ends so far),
+--                              format (the job's key layout: the scripts refuse any but 2,
+--                              keys.JOB_FORMAT, so a job made before the seen set is not mixed up)
+--   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled):
+--                              ds:active-jobs, or the shard's own marker (sharded jobs, Redis
+--                              Cluster), which the client mirrors into ds:active-jobs
+--   KEYS[20] seen        the prefix of the seen-set buckets: `KEYS[20] .. n` is a set of the
+--                        fingerprints of items ever added (JobKeys.seen_bucket in keys.py)
 -- Every deadline is on Redis's clock (TIME), never a worker's.
 
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -38,10 +48,19 @@ local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
 local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
+local K_SEEN = KEYS[20]
 
 if redis.call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
+-- The job's state is read with its format, once a call (every call's dispatch top-up asks for it):
+-- set_job_state keeps it current when the call changes it.
+local control = redis.call('HMGET', K_CONTROL, 'format', 'state')
+if control[1] ~= '2' then
+  return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its done items ' ..
+    'are kept another way); export what you need, delete it and seed it again')
+end
+local job_state_now = control[2] or 'running'
 
 local now_cache = nil
 local function redis_now()
@@ -67,7 +86,13 @@ end
 -- -- job state --------------------------------------------------------------------------------
 
 local function job_state()
-  return redis.call('HGET', K_CONTROL, 'state') or 'running'
+  return job_state_now
+end
+
+-- Every write of the job's state goes through here (or record_end), so job_state stays true.
+local function set_job_state(state)
+  redis.call('HSET', K_CONTROL, 'state', state)
+  job_state_now = state
 end
 
 -- A paused or cancelled job hands out nothing; what is in flight goes on.
@@ -77,11 +102,15 @@ local function dispatch_held()
 end
 
 -- The job ends as `state` (finished or cancelled): its end time and figures are recorded, and
--- workers stop maintaining it.
+-- workers stop maintaining it. The epoch counts these ends: a sharded job is finished when two
+-- reads of every shard's state and epoch agree (redis_tracker.py), so no shard finished again in
+-- between unseen.
 local function record_end(state)
   local c = redis.call('HMGET', K_STATS, 'seen', 'done', 'dead')
   redis.call('HSET', K_CONTROL, 'state', state, 'ended', string.format('%.6f', redis_now()),
     'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
+  job_state_now = state
+  redis.call('HINCRBY', K_CONTROL, 'epoch', 1)
   local name = redis.call('HGET', K_CONTROL, 'job')
   if name then redis.call('SREM', K_ACTIVE, name) end
 end
@@ -91,7 +120,7 @@ end
 local function reactivate()
   local s = job_state()
   if s == 'finished' then
-    redis.call('HSET', K_CONTROL, 'state', 'running')
+    set_job_state('running')
     redis.call('HDEL', K_CONTROL, 'ended')
   end
   local name = redis.call('HGET', K_CONTROL, 'job')
@@ -170,6 +199,108 @@ local function enqueue(item, front)
   schedule(dom)
 end
 
+-- -- the seen set ----------------------------------------------------------------------------
+-- Every item ever added has a fingerprint in the seen set: 63 bits of the SHA-1 of the item,
+-- written as a decimal integer so that Redis keeps each bucket as an intset (8 bytes a member,
+-- while a bucket holds at most set-max-intset-entries, 512 by default). Live items are in
+-- K_ITEMS as well; a done item is only here. Two items with the same fingerprint look like one:
+-- the second is taken as seen and never fetched (about n / 8.6e18 for each new item when n are
+-- seen).
+-- Buckets grow with the set by linear hashing, so a small job has a few keys and every bucket
+-- stays well under 512: the buckets are 0 .. 2^fl + fs - 1; a fingerprint whose high part is a
+-- goes to a mod 2^fl, or to a mod 2^(fl+1) if that is below the split pointer fs. When the set
+-- holds more than SEEN_FILL per bucket, bucket fs is split in two (its members with bit fl of a
+-- set move to bucket fs + 2^fl). A bucket not yet split in a round reaches about 2 * SEEN_FILL.
+local SEEN_FILL = 160
+local TWO_33 = 8589934592
+local seen_level, seen_split, seen_count, seen_span = nil, nil, nil, nil
+local bucket_keys = {}  -- bucket number -> key, built once per call
+
+local function seen_geometry()
+  if not seen_level then
+    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'seen')
+    seen_level, seen_split, seen_count = tonumber(g[1] or '0'), tonumber(g[2] or '0'),
+      tonumber(g[3] or '0')
+    seen_span = 2 ^ seen_level
+  end
+end
+
+local function bucket_key(n)
+  local k = bucket_keys[n]
+  if not k then
+    k = K_SEEN .. string.format('%.0f', n)
+    bucket_keys[n] = k
+  end
+  return k
+end
+
+-- The fingerprint of `item` (a decimal string: a * 10^9 + b, a < 2^33, b < 10^9, so it fits an
+-- int64, which Redis needs to store it in an intset) and its high part a. Lua numbers are
+-- doubles (exact to 2^53), so the two parts are kept apart and joined as text; no leading zero.
+local function fingerprint(item)
+  local h = redis.sha1hex(item)
+  local a = tonumber(string.sub(h, 1, 9), 16) % TWO_33
+  local b = tonumber(string.sub(h, 10, 17), 16) % 1000000000
+  if a == 0 then return string.format('%d', b), 0 end
+  -- %d (a C long, 64 bits here) is exact for a < 2^33 and cheaper than %.0f.
+  return string.format('%d%09d', a, b), a
+end
+
+-- The high part a of a stored fingerprint (all but its last 9 digits).
+local function fingerprint_high(member)
+  if #member <= 9 then return 0 end
+  return tonumber(string.sub(member, 1, #member - 9))
+end
+
+local function seen_bucket(a)
+  local n = a % seen_span
+  if n < seen_split then n = a % (2 * seen_span) end
+  return bucket_key(n)
+end
+
+-- Split bucket seen_split: its members whose a has bit seen_level set move to the new bucket.
+local function split_seen_bucket()
+  local span = seen_span
+  local from, to = bucket_key(seen_split), bucket_key(seen_split + span)
+  local moving = {}
+  for _, m in ipairs(redis.call('SMEMBERS', from)) do
+    if fingerprint_high(m) % (2 * span) ~= seen_split then moving[#moving + 1] = m end
+  end
+  -- In slices, so unpack stays far from Lua's stack limit whatever a bucket holds.
+  for i = 1, #moving, 256 do
+    local last = math.min(i + 255, #moving)
+    redis.call('SREM', from, unpack(moving, i, last))
+    redis.call('SADD', to, unpack(moving, i, last))
+  end
+  seen_split = seen_split + 1
+  if seen_split == span then seen_level, seen_split, seen_span = seen_level + 1, 0, 2 * span end
+  redis.call('HSET', K_STATS, 'fl', seen_level, 'fs', seen_split)
+end
+
+-- Record `item` in the seen set; true if it was not there (the dedup decision: new to the job).
+local function see(item)
+  seen_geometry()
+  local fp, a = fingerprint(item)
+  if redis.call('SADD', seen_bucket(a), fp) == 0 then return false end
+  seen_count = seen_count + 1
+  -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
+  if seen_count > SEEN_FILL * (seen_span + seen_split) and seen_level < 33 then
+    split_seen_bucket()
+  end
+  return true
+end
+
+-- The state of `item`: its K_ITEMS value if live, 'D0' if done (in the seen set only: its depth
+-- is forgotten), nil if never added (or taken for a fingerprint collision's twin).
+local function item_value(item)
+  local v = redis.call('HGET', K_ITEMS, item)
+  if v then return v end
+  seen_geometry()
+  local fp, a = fingerprint(item)
+  if redis.call('SISMEMBER', seen_bucket(a), fp) == 1 then return 'D0' end
+  return nil
+end
+
 -- Queue the new items among ARGV[first..] at `depth`, deduplicated, within the job's max_pages
 -- and max_pages_per_domain (an item over a limit is dropped, not remembered). Returns how many.
 local function add_items(first, depth)
@@ -177,26 +308,43 @@ local function add_items(first, depth)
   local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
   local room = math.huge
   if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
-  local added, listed = 0, {}
+  -- The new items are written a slice at a time (one HSET, one RPUSH per domain): fewer calls.
+  local added, fields, new_of, doms = 0, {}, {}, {}
+  local state = 'q' .. depth
   for i = first, #ARGV do
     if added >= room then break end
     local item = ARGV[i]
     local dom = domain_of(item)
     if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
-      -- HSETNX is the dedup decision: 1 means never seen in this job.
-      if redis.call('HSETNX', K_ITEMS, item, 'q' .. depth) == 1 then
+      if see(item) then
         if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
-        redis.call('RPUSH', K_QUEUES .. dom, item)
-        if not listed[dom] then schedule(dom); listed[dom] = true end
+        fields[#fields + 1] = item
+        fields[#fields + 1] = state
+        local q = new_of[dom]
+        if not q then
+          q = {}
+          new_of[dom] = q
+          doms[#doms + 1] = dom
+        end
+        q[#q + 1] = item
         added = added + 1
       end
     end
   end
-  if added > 0 then
-    redis.call('HINCRBY', K_STATS, 'seen', added)
-    redis.call('HINCRBY', K_STATS, 'queued', added)
-    reactivate()
+  if added == 0 then return 0 end
+  for i = 1, #fields, 256 do  -- slices keep unpack far from Lua's stack limit
+    redis.call('HSET', K_ITEMS, unpack(fields, i, math.min(i + 255, #fields)))
   end
+  for _, dom in ipairs(doms) do
+    local q = new_of[dom]
+    for i = 1, #q, 256 do
+      redis.call('RPUSH', K_QUEUES .. dom, unpack(q, i, math.min(i + 255, #q)))
+    end
+    schedule(dom)
+  end
+  redis.call('HINCRBY', K_STATS, 'seen', added)
+  redis.call('HINCRBY', K_STATS, 'queued', added)
+  reactivate()
   return added
 end
 
@@ -290,6 +438,17 @@ local function delay_until(item, state, depth, due)
   clear_inflight(item, state)
   redis.call('HSET', K_ITEMS, item, 'w' .. depth)
   redis.call('ZADD', K_DELAYED, due, item)
+end
+
+-- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
+-- (so it is never added again); `done` counts it.
+local function finish(item, state)
+  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
+  clear_inflight(item, state)
+  redis.call('HDEL', K_ITEMS, item)
+  redis.call('HDEL', K_FAILS, item)
+  redis.call('HDEL', K_LOST, item)
+  redis.call('HINCRBY', K_STATS, 'done', 1)
 end
 
 -- Give up on `item` for good, keeping `reason`.

@@ -16,7 +16,7 @@
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
 local lease, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
-local v = redis.call('HGET', K_ITEMS, item)
+local v = item_value(item)
 if not v then return {'unknown', 0} end
 local state, depth = split_state(v)
 local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')

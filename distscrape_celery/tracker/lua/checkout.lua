@@ -21,7 +21,7 @@
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
-local v = redis.call('HGET', K_ITEMS, item)
+local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0'} end
 local state, depth = split_state(v)
 local fails = tonumber(redis.call('HGET', K_FAILS, item) or '0')

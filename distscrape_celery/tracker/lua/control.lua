@@ -5,23 +5,27 @@
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] action      pause|resume|cancel
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
+-- ARGV[5] shard       1: these are one shard's keys of a sharded job, whose shards finish one by
+--                     one: a finished shard is paused or cancelled like a running one (new items
+--                     must not make it dispatch while the job is held)
 -- Returns {state before, state after, dispatch_item...}; an error 'JOBSTATE ...' for a pause or
 -- cancel of a finished job
 local action = ARGV[1]
 local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local shard = ARGV[5] == '1'
 local before = job_state()
 local after = before
-if before == 'finished' and action ~= 'resume' then
+if before == 'finished' and action ~= 'resume' and not shard then
   return redis.error_reply('JOBSTATE the job is finished')
 end
-if action == 'pause' and before == 'running' then
-  redis.call('HSET', K_CONTROL, 'state', 'paused')
+if action == 'pause' and (before == 'running' or before == 'finished') then
+  set_job_state('paused')
   after = 'paused'
 elseif action == 'cancel' and before ~= 'cancelled' then
   record_end('cancelled')
   after = 'cancelled'
 elseif action == 'resume' and (before == 'paused' or before == 'cancelled') then
-  redis.call('HSET', K_CONTROL, 'state', 'running')
+  set_job_state('running')
   redis.call('HDEL', K_CONTROL, 'ended')
   reactivate()
   after = 'running'

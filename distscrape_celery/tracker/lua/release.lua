@@ -23,7 +23,7 @@ for _, set in ipairs(sets) do
     local v = redis.call('HGET', K_ITEMS, item)
     if v then
       local state, depth = split_state(v)
-      if state ~= 'D' and state ~= 'X' and state ~= 'q' and (worker == '' or holder(item) == worker) then
+      if state ~= 'X' and state ~= 'q' and (worker == '' or holder(item) == worker) then
         requeue(item, state, depth, true)
         n = n + 1
       end

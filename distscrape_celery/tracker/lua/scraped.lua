@@ -1,20 +1,26 @@
--- scraped: a worker downloaded its leased item and staged the body. Queue the items found in it
--- (deduplicated, within the page limits) and, if the caller still holds the lease, make the item
--- save-pending: it then waits for its save message for up to save_timeout, and no other worker
--- scrapes it meanwhile.
+-- scraped: a worker downloaded its leased item. Queue the items found in it (deduplicated, within
+-- the page limits) and, if the caller still holds the lease, stage the body for the save task and
+-- make the item save-pending: it then waits for its save message for up to save_timeout, and no
+-- other worker scrapes it meanwhile. Staging here rather than in a call before saves a round trip
+-- a page, and a stale holder stages nothing, so it has nothing to drop.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib.lua), then
+-- KEYS[21] body         where the body waits (keys.body_key of the token; the token's shard is
+--                       the item's, so it shares the slot); absent: the caller staged it itself
 -- ARGV[1] item
 -- ARGV[2] token         the caller's fencing token
 -- ARGV[3] save_timeout  seconds the save message may take to start
 -- ARGV[4] depth         depth of the found items
 -- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
--- ARGV[8..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[8] body_ttl     milliseconds the staged body is kept (ignored without KEYS[21])
+-- ARGV[9] body         the downloaded body (bytes)
+-- ARGV[10..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local added = add_items(8, depth)
+local body_key, body_ttl = KEYS[21], ARGV[8]
+local added = add_items(10, depth)
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)
@@ -22,6 +28,7 @@ if v then
   local state, item_depth = split_state(v)
   local _, held = holder(item)
   if state == 'l' and held == token then
+    if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
     redis.call('ZREM', K_LEASED, item)
     vacate(domain_of(item))  -- its fetch is over
     redis.call('ZADD', K_PENDING, now + save_timeout, item)

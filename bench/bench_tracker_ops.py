@@ -1,0 +1,118 @@
+"""Tracker throughput: operations per second and Redis CPU per operation, one client.
+
+    python bench/bench_tracker_ops.py [--urls 50000] [--pages 10000] [--code PATH]
+
+Starts a throwaway Redis and creates a job with default settings. Then:
+
+- add: ``--urls`` new URLs through ``RedisTracker.add_stream`` (as ``distscrape seed`` does);
+- cycle: ``--pages`` pages through the whole item protocol a worker runs, one call at a time
+  (checkout, scraped with no links, begin_save, complete), each dispatched item as soon as a
+  call hands it out, with a ``--body``-byte body staged, read and dropped as the pipeline does
+  (``--body 0``: no body). Code whose tracker stages the body in ``scraped`` and drops it in
+  ``complete`` does it so (5 round trips a page); older code uses the staging's own calls (7);
+
+and prints, for each, items per second (wall, one client: round trips included) and Redis CPU
+per item (INFO cpu, used_cpu_user + used_cpu_sys, of the embedded server only). ``--code``
+imports distscrape_celery from another checkout (e.g. /work/main) to measure before and after in
+one session; run both while the machine's load is the same and compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def redis_cpu(client) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--urls", type=int, default=50_000)
+    parser.add_argument("--pages", type=int, default=10_000)
+    parser.add_argument("--commands", action="store_true",
+                        help="also print the Redis commands the cycle runs (INFO commandstats, "
+                             "calls from inside the scripts included), per page")
+    parser.add_argument("--body", type=int, default=6000, help="bytes of each staged body")
+    parser.add_argument("--code", default=str(Path(__file__).resolve().parent.parent),
+                        help="the checkout whose distscrape_celery to measure")
+    args = parser.parse_args()
+    sys.path.insert(0, args.code)
+    import redis
+
+    import inspect
+
+    import distscrape_celery
+    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.jobspec import JobSpec
+    from distscrape_celery.staging import RedisBodyStaging
+    from distscrape_celery.tracker import RedisTracker
+
+    def url(n: int) -> str:
+        return f"http://n{n % 1000}.example.invalid/2026/11/22/s-{n % 97}/article-{n:09d}.html"
+
+    with EmbeddedRedis() as server:
+        client = redis.Redis.from_url(server.url)
+        t = RedisTracker.from_url(server.url)
+        spec = JobSpec.model_validate({"seeds": [url(0)]})
+        t.create_job("ops", spec.to_json(), spec.crawl_limits())
+        cpu, started = redis_cpu(client), time.monotonic()
+        for _ in t.add_stream("ops", (url(i) for i in range(args.urls))):
+            pass
+        add_wall, add_cpu = time.monotonic() - started, redis_cpu(client) - cpu
+
+        staging = RedisBodyStaging(client, 600)
+        fused = "body" in inspect.signature(t.scraped).parameters
+        body = b"x" * args.body
+        w = t.register_worker("bench", 0, 8)
+        todo = list(t.add("ops", []).dispatch)
+        client.config_resetstat()
+        cpu, started, pages = redis_cpu(client), time.monotonic(), 0
+        while pages < args.pages and todo:
+            item = todo.pop()
+            co = t.checkout("ops", item, w, max_lost=3)
+            todo.extend(co.dispatch)
+            if co.status.value != "ok":
+                continue
+            if not body:
+                todo.extend(t.scraped("ops", item, co.token).dispatch)
+            elif fused:
+                todo.extend(t.scraped("ops", item, co.token, body=body).dispatch)
+            else:
+                staging.stage("ops", co.token, body)
+                todo.extend(t.scraped("ops", item, co.token).dispatch)
+            todo.extend(t.begin_save("ops", item, co.token, w, max_lost=3).dispatch)
+            if body:
+                assert staging.get("ops", co.token) == body
+            if body and fused:
+                todo.extend(t.complete("ops", item, token=co.token).dispatch)
+            else:
+                todo.extend(t.complete("ops", item).dispatch)
+                if body:
+                    staging.discard("ops", co.token)
+            pages += 1
+        cycle_wall, cycle_cpu = time.monotonic() - started, redis_cpu(client) - cpu
+        commands = client.info("commandstats")
+        assert t.stats("ops").done == pages == args.pages, (t.stats("ops"), pages)
+
+    print(f"code: {Path(distscrape_celery.__file__).parent.parent}")
+    print(f"add:   {args.urls / add_wall:,.0f} URLs/s, Redis CPU {add_cpu / args.urls * 1e6:.1f} us/URL")
+    trips = 4 + (0 if not body else 1 if fused else 3)
+    print(f"cycle: {pages / cycle_wall:,.0f} pages/s ({trips} round trips, body {args.body} B), "
+          f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page")
+    if args.commands:
+        print("cycle, per page: command, calls, us (Redis's own timing; evalsha includes the "
+              "calls it makes)")
+        rows = sorted(commands.items(), key=lambda kv: -kv[1]["usec"])
+        for name, c in rows:
+            if name.startswith("cmdstat_") and c["calls"] >= pages / 10:
+                print(f"  {name[8:]:<14} {c['calls'] / pages:6.2f} {c['usec'] / pages:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

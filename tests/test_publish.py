@@ -1,0 +1,51 @@
+"""Publishing: a scraped page's messages reach the broker together, in one round trip."""
+
+from __future__ import annotations
+
+import pytest
+import redis.connection
+
+from conftest import crawl_settings
+
+from distscrape_celery.celery_app import SAVE_QUEUE, SCRAPE_QUEUE, configure_app
+from distscrape_celery.tasks import publisher
+
+
+def _queued(client) -> tuple[int, int]:
+    return client.llen(SCRAPE_QUEUE), client.llen(SAVE_QUEUE)
+
+
+def test_a_batch_sends_its_scrape_and_save_messages_in_one_round_trip(redis_url, redis_client,
+                                                                       monkeypatch):
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["warm"])  # the first publish of each queue declares it
+    publisher.save("j", "warm", 1, {})
+    before = _queued(redis_client)
+    sends = []
+    real_send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting_send(self, *args, **kwargs):
+        sends.append(1)
+        return real_send(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting_send)
+    with publisher.batch():
+        publisher.scrape("j", ["a", "b", "c"])
+        publisher.save("j", "page", 7, {"status": 200})
+        assert sends == []  # nothing went out yet
+    assert len(sends) == 1
+    monkeypatch.undo()
+    assert _queued(redis_client) == (before[0] + 3, before[1] + 1)
+
+
+def test_a_batch_whose_block_raises_sends_nothing(redis_url, redis_client):
+    configure_app(crawl_settings(redis_url))
+    before = _queued(redis_client)
+    with pytest.raises(RuntimeError):
+        with publisher.batch():
+            publisher.scrape("j", ["a", "b"])
+            publisher.save("j", "page", 7, {})
+            raise RuntimeError("the page's save could not be prepared")
+    assert _queued(redis_client) == before
+    publisher.scrape("j", ["after"])  # the thread is out of the batch: sent at once
+    assert _queued(redis_client) == (before[0] + 1, before[1])

@@ -1,0 +1,150 @@
+"""The seen set (issue 10): fingerprints in intset buckets grown by linear hashing, on a real Redis.
+
+The tracker contract for done items (they stay seen, leave every per-item structure) is in
+test_tracker.py for both trackers; these tests look at the Redis layout itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+
+import pytest
+
+from distscrape_celery import keys
+from distscrape_celery.errors import JobStateError
+from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
+
+SPEC = '{"seeds": ["http://127.0.0.1/"]}'
+FILL = 160  # SEEN_FILL in _lib.lua
+
+
+def buckets(client, job: str) -> dict[int, str]:
+    """Bucket number -> key of every seen-set bucket of ``job``."""
+    prefix = keys.JobKeys(job).seen_buckets
+    return {int(k[len(prefix):]): k for k in client.scan_iter(match=prefix + "*")}
+
+
+def expected_fingerprint(item: str) -> int:
+    """The fingerprint _lib.lua computes, in Python's exact integers."""
+    h = hashlib.sha1(item.encode()).hexdigest()
+    return (int(h[:9], 16) % 2**33) * 10**9 + int(h[9:17], 16) % 10**9
+
+
+def test_fingerprints_are_canonical_int64_and_parse_back(redis_url, redis_client):
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC)
+    lib = resources.files("distscrape_celery.tracker").joinpath("lua", "_lib.lua").read_text()
+    probe = lib + """
+local out = {}
+for i = 1, #ARGV do
+  local fp, a = fingerprint(ARGV[i])
+  out[#out + 1] = fp
+  out[#out + 1] = string.format('%.0f', fingerprint_high(fp))
+end
+for _, m in ipairs({'7', '123456789', '1000000000', '8589934591999999999'}) do
+  out[#out + 1] = string.format('%.0f', fingerprint_high(m))
+end
+return out
+"""
+    items = [f"http://h{i}.invalid/p?{i}" for i in range(300)] + ["", "x" * 5000, "é"]
+    res = redis_client.eval(probe, 20, *keys.JobKeys("j").item_keys(), *items)
+    for n, item in enumerate(items):
+        fp, high = res[2 * n], res[2 * n + 1]
+        want = expected_fingerprint(item)
+        assert fp == str(want), item  # exact, and no leading zero (Redis stores it as an int)
+        assert int(high) == want // 10**9 and 0 <= want < 2**63
+    # Members shorter than 10 digits have high part 0.
+    assert res[2 * len(items):] == ["0", "0", "1", "8589934591"]
+
+
+def test_buckets_split_as_the_set_grows_and_dedup_stays_exact(redis_url, redis_client):
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC, CrawlLimits(default=DomainLimits(concurrency=10_000)))
+    n = 20_000
+    items = [f"http://d{i % 37}.invalid/page/{i}" for i in range(n)]
+    assert t.add("j", items).added == n
+    assert t.add("j", items[::-1]).added == 0  # every one already seen
+    found = buckets(redis_client, "j")
+    # Linear hashing: buckets 0 .. count-1, no gap, about one per FILL items.
+    assert sorted(found) == list(range(len(found)))
+    assert n // FILL <= len(found) <= n // FILL + 1
+    sizes = [redis_client.scard(k) for k in found.values()]
+    assert sum(sizes) == n == t.stats("j").seen
+    assert max(sizes) < 512  # set-max-intset-entries: every bucket stays an intset
+    assert {redis_client.object("encoding", k) for k in found.values()} == {"intset"}
+    # Each member sits in the bucket its address names (level and split pointer in stats).
+    level, split = (int(redis_client.hget(keys.JobKeys("j").stats, f)) for f in ("fl", "fs"))
+    assert 2**level + split == len(found)
+    for item in items[:2000]:
+        fp = expected_fingerprint(item)
+        a = fp // 10**9
+        addr = a % 2**level
+        if addr < split:
+            addr = a % 2 ** (level + 1)
+        assert redis_client.sismember(found[addr], str(fp)), item
+
+
+def test_done_items_leave_the_live_hash_and_stay_seen(redis_url, redis_client):
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC)
+    w = t.register_worker("h", 1, 4)
+    sent = t.add("j", ["http://a.invalid/1", "http://a.invalid/2"]).dispatch
+    token = t.checkout("j", sent[0], w, max_lost=3).token
+    t.scraped("j", sent[0], token)
+    t.begin_save("j", sent[0], token, w, max_lost=3)
+    assert t.complete("j", sent[0]).changed
+    k = keys.JobKeys("j")
+    assert redis_client.hkeys(k.items) == [sent[1]]
+    for h in (k.owners, k.fails, k.lost):
+        assert not redis_client.hexists(h, sent[0])
+    assert t.checkout("j", sent[0], w, max_lost=3).status is LeaseStatus.DONE
+    assert t.add("j", [sent[0]]).added == 0
+    assert not t.complete("j", sent[0]).changed
+    s = t.stats("j")
+    assert (s.seen, s.done, s.dead) == (2, 1, 0)
+
+
+def test_a_job_of_the_old_layout_is_refused_not_corrupted(redis_url, redis_client):
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("old", SPEC)
+    k = keys.JobKeys("old")
+    # A job created before the seen set: an items hash with done items, no format recorded.
+    redis_client.hdel(k.control, "format")
+    redis_client.hset(k.items, "http://a.invalid/", "D0")
+    with pytest.raises(JobStateError, match="older distscrape"):
+        t.add("old", ["http://a.invalid/", "http://b.invalid/"])
+    with pytest.raises(JobStateError, match="older distscrape"):
+        t.checkout("old", "http://a.invalid/", "w1", max_lost=3)
+    assert redis_client.hgetall(k.items) == {"http://a.invalid/": "D0"}
+    assert buckets(redis_client, "old") == {}
+    t.create_job("old", SPEC)  # seeding it again does not make it look new
+    with pytest.raises(JobStateError, match="older distscrape"):
+        t.add("old", ["http://b.invalid/"])
+    assert t.delete_job("old") >= 1  # it can still be deleted
+
+
+def test_a_worker_logs_an_old_layout_jobs_maintenance_failure_once(redis_url, redis_client, caplog):
+    """Workers maintain every active job on every heartbeat; a job that fails the same way each
+    time (here one of the old layout) is logged once, not once a heartbeat, and its recovery is."""
+    from distscrape_celery.agent import WorkerAgent
+    from distscrape_celery.runtime import Runtime
+    from distscrape_celery.settings import Settings
+
+    rt = Runtime.for_redis(Settings.from_env({"DISTSCRAPE_REDIS_URL": redis_url}))
+    agent = WorkerAgent(rt, concurrency=1, publish=lambda job, items: None)
+    agent.register()
+    rt.tracker.create_job("old", SPEC)
+    rt.tracker.add("old", ["http://a.invalid/"])
+    control = keys.JobKeys("old").control
+    fmt = redis_client.hget(control, "format")
+    redis_client.hdel(control, "format")
+    with caplog.at_level("WARNING", logger="distscrape_celery.agent"):
+        for _ in range(5):
+            agent.maintain_all()
+        failures = [r for r in caplog.records if "maintenance of job old failed" in r.getMessage()]
+        assert len(failures) == 1 and "older distscrape" in failures[0].exc_text
+        redis_client.hset(control, "format", fmt)
+        agent.maintain_all()
+        agent.maintain_all()
+    assert sum("maintenance of job old works again" in r.getMessage() for r in caplog.records) == 1
