@@ -228,8 +228,9 @@ def test_one_signal_sent_twice_at_once_counts_once(small_site, tmp_path):
         try:
             children = started_children(crawl)
             wait_until(lambda: server.requests, 60, "the first download to start", crawl)
+            # Back to back, as `timeout` sends them: a pause here, stretched by a loaded machine,
+            # would make them two requests (lifecycle.ECHO_SECONDS).
             crawl.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.05)
             crawl.proc.send_signal(signal.SIGTERM)
             time.sleep(1)
             assert crawl.proc.poll() is None, "the worker was killed, not warm-stopped"

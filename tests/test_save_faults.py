@@ -711,4 +711,8 @@ def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start
     assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
     assert saved_files(out) == expected_files(server, site, out)
     assert wrote[slow] == 1, "the restored save message saved the item a second time"
-    assert "vanished" not in _worker_logs(procs)
+    # Only the slow item's live save must not count as vanished. A CLIENT KILL can land after
+    # Redis popped a message for the blocked BRPOP and before the reply left: that message is
+    # gone, and the tracker resends its save after the save timeout, counting a vanished holder
+    # (seen in CI). That is recovery working, not the duplicate this test is about.
+    assert not [l for l in _worker_logs(procs).splitlines() if "vanished" in l and slow in l]
