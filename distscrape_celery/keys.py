@@ -10,8 +10,8 @@ key                               type    holds
                                           ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
                                           ``s``ave pending, ``S``aving, ``X`` dead); a done item
                                           is removed (only its fingerprint stays, in ``P f:<n>``)
-``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of every
-                                          item ever added, as decimal integers (intset encoded);
+``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of the
+                                          done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
                                           hashing in tracker/lua/_lib.lua
 ``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched

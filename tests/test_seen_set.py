@@ -64,6 +64,11 @@ def test_buckets_split_as_the_set_grows_and_dedup_stays_exact(redis_url, redis_c
     n = 20_000
     items = [f"http://d{i % 37}.invalid/page/{i}" for i in range(n)]
     assert t.add("j", items).added == n
+    pipe = redis_client.pipeline(transaction=False)
+    for item in items:  # done: only now is a fingerprint written
+        t._scripts["complete"](keys=keys.JobKeys("j").item_keys(), args=[item, 0, 0, 60],
+                               client=pipe)
+    assert pipe.execute() == [[1]] * n
     assert t.add("j", items[::-1]).added == 0  # every one already seen
     found = buckets(redis_client, "j")
     # Linear hashing: buckets 0 .. count-1, no gap, about one per FILL items.
@@ -83,6 +88,25 @@ def test_buckets_split_as_the_set_grows_and_dedup_stays_exact(redis_url, redis_c
         if addr < split:
             addr = a % 2 ** (level + 1)
         assert redis_client.sismember(found[addr], str(fp)), item
+
+
+def test_only_done_items_have_fingerprints(redis_url, redis_client):
+    """A live item is deduplicated by name (the items hash); its fingerprint is written when it
+    is done. So a big import into a job with nothing done writes no bucket and computes no
+    SHA-1, and an item repeated within one batch is still added once."""
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC)
+    items = [f"id-{i}" for i in range(1000)]
+    assert t.add("j", items + items[:10]).added == 1000
+    assert t.add("j", items).added == 0
+    assert buckets(redis_client, "j") == {}
+    assert redis_client.hget(keys.JobKeys("j").stats, "fn") is None
+    assert t.complete("j", items[0]).changed and t.complete("j", items[1]).changed
+    [bucket] = buckets(redis_client, "j").values()
+    assert redis_client.smembers(bucket) == {str(expected_fingerprint(i)) for i in items[:2]}
+    assert redis_client.hget(keys.JobKeys("j").stats, "fn") == "2"
+    assert t.add("j", items[:3]).added == 0  # done, live, live
+    assert t.stats("j").seen == 1000
 
 
 def test_done_items_leave_the_live_hash_and_stay_seen(redis_url, redis_client):

@@ -572,3 +572,42 @@ def test_add_stream_takes_its_input_batch_by_batch(tracker_factory):
     assert sum(n for n, _ in results) == 2_345
     assert sum(a for _, a in results) == 2_000 - 2
     assert t.stats("j").seen == 2_000
+
+
+def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
+    """add_stream reads a seed file's next batch while Redis adds the current one: in order, at
+    most two values ahead of the consumer, and an error of the input comes out where it was."""
+    import time
+
+    from distscrape_celery.tracker.base import read_ahead
+
+    pulled = []
+
+    def values():
+        for i in range(50):
+            pulled.append(i)
+            yield i
+        raise ValueError("line 51 is bad")
+
+    got = []
+    with pytest.raises(ValueError, match="line 51"):
+        for v in read_ahead(values()):
+            time.sleep(0.002)  # a slow consumer: the reader must wait for it
+            assert len(pulled) <= v + 3
+            got.append(v)
+    assert got == list(range(50))
+
+    endless_pulled = []
+
+    def endless():
+        for i in range(10**9):
+            endless_pulled.append(i)
+            yield i
+
+    reader = read_ahead(endless())
+    assert next(reader) == 0
+    reader.close()  # the consumer stops early: so does the reading
+    time.sleep(0.3)
+    stopped_at = len(endless_pulled)
+    time.sleep(0.3)
+    assert len(endless_pulled) == stopped_at <= 3

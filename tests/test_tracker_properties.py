@@ -162,8 +162,9 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     items, *rest = pipe.execute()
     queues, rest = dict(zip(DOMAINS, rest)), rest[len(DOMAINS):]
     listed, inflight, dispatched, leased, pending, delayed, owners, fails, lost, dead, queued = rest
+    # The job knows a live item by name (items) and a done one by its fingerprint only.
     buckets = list(tracker.client.scan_iter(match=k.seen_buckets + "*"))
-    seen = sum(tracker.client.scard(b) for b in buckets)
+    seen = len(items) + sum(tracker.client.scard(b) for b in buckets)
     return Snapshot(
         states={i: v[0] for i, v in items.items()},
         depths={i: int(v[1:]) for i, v in items.items()},

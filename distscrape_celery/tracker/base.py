@@ -32,10 +32,12 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from ..errors import JobConflict, JobStateError
 from ..keys import NO_DOMAIN
@@ -96,6 +98,47 @@ def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
     """``items`` in lists of up to ``size``, taken from the iterable as they are needed."""
     it = iter(items)
     return iter(lambda: list(itertools.islice(it, size)), [])
+
+
+T = TypeVar("T")
+
+
+def read_ahead(values: Iterable[T]) -> Iterator[T]:
+    """``values``, each taken from the iterable by a background thread while the consumer works
+    on the one before: a seed file's next batch is read and checked while Redis adds the current
+    one. At most one value waits; an exception of the iterable is raised here, in its place."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for value in values:
+                if not put(("value", value)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(("error", exc))
+
+    threading.Thread(target=produce, name="distscrape-read-ahead", daemon=True).start()
+    try:
+        while True:
+            kind, value = handoff.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()  # a consumer that stops early (an error) stops the reading too
 
 
 def spec_differences(stored: str, new: str) -> list[str]:

@@ -74,6 +74,7 @@ from .base import (
     Tracker,
     WorkerInfo,
     batches,
+    read_ahead,
     job_conflict,
     spec_differences,
 )
@@ -607,7 +608,8 @@ class RedisTracker(Tracker):
     def add_stream(
         self, job: str, items: Iterable[str], depth: int = 0
     ) -> Iterator[tuple[int, AddResult]]:
-        for group in batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE):
+        # The next group is read (from a seed file: decoded and checked) while Redis adds this one.
+        for group in read_ahead(batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE)):
             yield len(group), self._add_batches(job, group, depth)
 
     def _by_shard(self, job: str, items: Iterable[str]) -> dict[int, list[str]]:

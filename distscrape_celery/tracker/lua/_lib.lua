@@ -12,9 +12,9 @@
 --   KEYS[3]  dispatched  zset  d items -> deadline
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
---   KEYS[6]  stats       hash  counters: seen (items added: the seen set's size), queued (q items),
---                              done, dead; tokens (last token); fl and fs, the seen set's level
---                              and split pointer (see "the seen set" below)
+--   KEYS[6]  stats       hash  counters: seen (items added), queued (q items), done, dead; tokens
+--                              (last token); fn, fl and fs, the seen set's size, level and split
+--                              pointer (see "the seen set" below)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
 --   KEYS[8]  dead        hash  item -> why it was given up on
 --   KEYS[9]  pending     zset  s items -> deadline (long: the save message may wait in the broker)
@@ -40,7 +40,7 @@
 --                              ds:active-jobs, or the shard's own marker (sharded jobs, Redis
 --                              Cluster), which the client mirrors into ds:active-jobs
 --   KEYS[20] seen        the prefix of the seen-set buckets: `KEYS[20] .. n` is a set of the
---                        fingerprints of items ever added (JobKeys.seen_bucket in keys.py)
+--                        fingerprints of done items (JobKeys.seen_bucket in keys.py)
 -- Every deadline is on Redis's clock (TIME), never a worker's.
 
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -200,12 +200,13 @@ local function enqueue(item, front)
 end
 
 -- -- the seen set ----------------------------------------------------------------------------
--- Every item ever added has a fingerprint in the seen set: 63 bits of the SHA-1 of the item,
--- written as a decimal integer so that Redis keeps each bucket as an intset (8 bytes a member,
--- while a bucket holds at most set-max-intset-entries, 512 by default). Live items are in
--- K_ITEMS as well; a done item is only here. Two items with the same fingerprint look like one:
--- the second is taken as seen and never fetched (about n / 8.6e18 for each new item when n are
--- seen).
+-- An item added to the job is either live, by name in K_ITEMS, or done, by fingerprint only in
+-- the seen set: 63 bits of the SHA-1 of the item, written as a decimal integer so that Redis
+-- keeps each bucket as an intset (8 bytes a member, while a bucket holds at most
+-- set-max-intset-entries, 512 by default). A fingerprint is computed and written once, when its
+-- item is done; adding items to a job with nothing done yet (a big seed import) computes none.
+-- An item whose fingerprint is a done item's looks done: it is never fetched (about n / 8.6e18
+-- for each new item when n are done).
 -- Buckets grow with the set by linear hashing, so a small job has a few keys and every bucket
 -- stays well under 512: the buckets are 0 .. 2^fl + fs - 1; a fingerprint whose high part is a
 -- goes to a mod 2^fl, or to a mod 2^(fl+1) if that is below the split pointer fs. When the set
@@ -218,7 +219,7 @@ local bucket_keys = {}  -- bucket number -> key, built once per call
 
 local function seen_geometry()
   if not seen_level then
-    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'seen')
+    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn')
     seen_level, seen_split, seen_count = tonumber(g[1] or '0'), tonumber(g[2] or '0'),
       tonumber(g[3] or '0')
     seen_span = 2 ^ seen_level
@@ -277,17 +278,25 @@ local function split_seen_bucket()
   redis.call('HSET', K_STATS, 'fl', seen_level, 'fs', seen_split)
 end
 
--- Record `item` in the seen set; true if it was not there (the dedup decision: new to the job).
-local function see(item)
+-- Record done `item` in the seen set (it has just left K_ITEMS).
+local function remember_done(item)
   seen_geometry()
   local fp, a = fingerprint(item)
-  if redis.call('SADD', seen_bucket(a), fp) == 0 then return false end
+  if redis.call('SADD', seen_bucket(a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
+  redis.call('HINCRBY', K_STATS, 'fn', 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
   if seen_count > SEEN_FILL * (seen_span + seen_split) and seen_level < 33 then
     split_seen_bucket()
   end
-  return true
+end
+
+-- Whether `item`, not live, is done (or a done item's fingerprint twin).
+local function is_done(item)
+  seen_geometry()
+  if seen_count == 0 then return false end
+  local fp, a = fingerprint(item)
+  return redis.call('SISMEMBER', seen_bucket(a), fp) == 1
 end
 
 -- The state of `item`: its K_ITEMS value if live, 'D0' if done (in the seen set only: its depth
@@ -295,9 +304,7 @@ end
 local function item_value(item)
   local v = redis.call('HGET', K_ITEMS, item)
   if v then return v end
-  seen_geometry()
-  local fp, a = fingerprint(item)
-  if redis.call('SISMEMBER', seen_bucket(a), fp) == 1 then return 'D0' end
+  if is_done(item) then return 'D0' end
   return nil
 end
 
@@ -309,14 +316,16 @@ local function add_items(first, depth)
   local room = math.huge
   if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
   -- The new items are written a slice at a time (one HSET, one RPUSH per domain): fewer calls.
-  local added, fields, new_of, doms = 0, {}, {}, {}
+  local added, fields, new_of, doms, taken = 0, {}, {}, {}, {}
   local state = 'q' .. depth
   for i = first, #ARGV do
     if added >= room then break end
     local item = ARGV[i]
     local dom = domain_of(item)
     if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
-      if see(item) then
+      -- New: neither live (K_ITEMS, or earlier in this batch, not written yet) nor done.
+      if not taken[item] and redis.call('HEXISTS', K_ITEMS, item) == 0 and not is_done(item) then
+        taken[item] = true
         if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
         fields[#fields + 1] = item
         fields[#fields + 1] = state
@@ -448,6 +457,7 @@ local function finish(item, state)
   redis.call('HDEL', K_ITEMS, item)
   redis.call('HDEL', K_FAILS, item)
   redis.call('HDEL', K_LOST, item)
+  remember_done(item)
   redis.call('HINCRBY', K_STATS, 'done', 1)
 end
 
