@@ -51,8 +51,8 @@ SAVE_PENDING, SAVING, DEAD = "s", "S", "X"
 class _Job:
     spec: str
     limits: CrawlLimits
-    # Every item ever added (the seen set; Redis keeps fingerprints), and the live ones' state
-    # letters and depths: a done item is only in `seen`, as in Redis.
+    # Every item ever added (Redis keeps the live ones by name and the done ones by fingerprint),
+    # and the live ones' state letters and depths: a done item is only in `seen`.
     seen: set[str] = field(default_factory=set)
     state: dict[str, str] = field(default_factory=dict)  # live item -> state letter
     depth: dict[str, int] = field(default_factory=dict)
