@@ -25,17 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 AUTH = "ops:flower-pw"
 
 
-class EventsWorker(WorkerProcess):
-    """A worker started with -E (task events), as the README's worker command does."""
-
-    def command(self) -> list[str]:
-        return [*super().command(), "-E"]
-
-
 def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path):
     settings = crawl_settings(redis_url, lease_seconds=10)
     procs = [
-        EventsWorker(settings, name=f"distscrape-flower{i}", concurrency=2, log_dir=str(tmp_path),
+        # Without -E, as the README starts them: Flower turns task events on in every worker.
+        WorkerProcess(settings, name=f"distscrape-flower{i}", concurrency=2, log_dir=str(tmp_path),
                      loglevel="INFO")
         for i in range(2)
     ]
@@ -69,6 +63,9 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
         names = wait_for("two workers in Flower", both_workers)
         host = socket.gethostname()
         assert names == {f"distscrape-flower0@{host}", f"distscrape-flower1@{host}"}
+        # Flower asks every worker for task events every 5 s (enable_events in flowerconfig.py).
+        wait_for("Flower to turn task events on in both workers", lambda: all(
+            "enabled by remote" in p.log_path.read_text(errors="replace") for p in procs))
 
         site = generate_site(n_pages=30, seed=11)
         with SiteServer(site, delay=0.2) as server:

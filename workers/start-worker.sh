@@ -17,9 +17,9 @@ fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
 events=()
-# Task events let Flower show every task; with the threads pool they cost about a quarter more CPU
-# per page (bench/RESULTS.md). WORKER_EVENTS=0 drops them (Flower turns them on while it runs).
-if [[ "${WORKER_EVENTS:-1}" != 0 ]]; then events=(-E); fi
+# Task events cost about a quarter more CPU per page with the threads pool (bench/RESULTS.md), and
+# Flower turns them on in every worker while it runs; WORKER_EVENTS=1 sends them from the start.
+if [[ "${WORKER_EVENTS:-0}" != 0 ]]; then events=(-E); fi
 exec "$python" -m celery -A distscrape_celery worker \
   -Q distscrape.scrape,distscrape.save \
   -P "${WORKER_POOL:-threads}" -c "${WORKER_CONCURRENCY:-8}" \
