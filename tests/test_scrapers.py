@@ -20,14 +20,6 @@ PAGE_URL = "http://site.invalid/dir/sub/page.html?old=1"
 OFFSITE = '<a href="http://example.invalid/elsewhere">off</a>'
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours proxy variables; the test traffic must stay on loopback.
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
-
 def page(html: str | bytes, content_type: str = "text/html", url: str = PAGE_URL) -> Download:
     body = html.encode() if isinstance(html, str) else html
     return Download(url=url, status=200, content_type=content_type, body=body)
