@@ -80,6 +80,33 @@ def test_relative_links_resolve_against_the_page_url() -> None:
     ]
 
 
+def test_one_scraper_resolves_the_same_href_on_many_pages_against_each_page() -> None:
+    """The scraper remembers resolved links per base directory: the same href on pages of other
+    directories, hosts, schemes or queries must still resolve against each page."""
+    scraper = SimpleScraper()
+    html = '<a href="x.html">1</a><a href="../y">2</a><a href="?q=2">3</a><a href="">4</a>'
+    cases = {
+        "http://a.invalid/d/p.html": ["http://a.invalid/d/x.html", "http://a.invalid/y",
+                                      "http://a.invalid/d/p.html?q=2", "http://a.invalid/d/p.html"],
+        "http://a.invalid/d/other.html?z=1": ["http://a.invalid/d/x.html", "http://a.invalid/y",
+                                              "http://a.invalid/d/other.html?q=2",
+                                              "http://a.invalid/d/other.html?z=1"],
+        "http://a.invalid/e/f/p.html": ["http://a.invalid/e/f/x.html", "http://a.invalid/e/y",
+                                        "http://a.invalid/e/f/p.html?q=2",
+                                        "http://a.invalid/e/f/p.html"],
+        "https://a.invalid/d/p.html": ["https://a.invalid/d/x.html", "https://a.invalid/y",
+                                       "https://a.invalid/d/p.html?q=2",
+                                       "https://a.invalid/d/p.html"],
+        "http://b.invalid:8080/d/p.html": ["http://b.invalid:8080/d/x.html",
+                                           "http://b.invalid:8080/y",
+                                           "http://b.invalid:8080/d/p.html?q=2",
+                                           "http://b.invalid:8080/d/p.html"],
+    }
+    for _ in range(2):  # the second round from what the first remembered
+        for url, expected in cases.items():
+            assert links(html, scraper, url=url) == expected, url
+
+
 def test_links_are_normalised_and_deduplicated_in_document_order() -> None:
     html = """<a href="HTTP://Site.INVALID:80/b">1</a><a href="/a">2</a>
         <a href="http://site.invalid/b">3</a><area href="/c"><a href="/a#frag">4</a>
