@@ -1,6 +1,10 @@
-"""HTTP downloads: one pooled session per thread, limits on time and size always on, every
+"""HTTP downloads: one urllib3 connection pool per thread, limits on time and size always on, every
 connection and redirect hop past the SSRF guard (and the job's robots.txt, see
-:func:`redirect_check`), and failures classified as retryable or not."""
+:func:`redirect_check`), and failures classified as retryable or not.
+
+urllib3 directly rather than requests: requests' per-request work (merging settings, preparing
+and re-parsing the URL, building its Response) was about half of a download's CPU, and the
+crawl is CPU-bound (bench/RESULTS.md, "Issue 9, CPU per page")."""
 
 from __future__ import annotations
 
@@ -15,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-import requests
-import requests.utils
+import certifi
+import urllib3
 import urllib3.exceptions
+from urllib3.util import make_headers, parse_url
 
 from .errors import FetchError
 from .jobspec import FetchSpec, JobSpec
-from .ssrf import AddressGuard, AddressRefused, guarded_adapter
+from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
 
 _CHUNK_BYTES = 64 * 1024
 # Statuses worth trying again later; every other 4xx is the request's own fault.
@@ -77,7 +82,7 @@ class Fetcher:
     With a ``guard``, every connection (each redirect hop's too) goes only to addresses it
     allows; without one, anywhere. ``content_types`` (fnmatch patterns of media types), if given,
     are the only types whose body is read. Safe to share between threads: each thread gets its
-    own pooled ``requests.Session``.
+    own urllib3 ``PoolManager``.
     """
 
     def __init__(
@@ -90,6 +95,11 @@ class Fetcher:
         self.guard = guard
         self.content_types = tuple(content_types) if content_types is not None else None
         self._local = threading.local()
+        self._headers = {
+            "User-Agent": spec.user_agent, "Accept": "*/*",
+            **make_headers(accept_encoding=True),
+        }
+        self._timeout = urllib3.Timeout(connect=spec.connect_timeout, read=_read_timeout(spec))
 
     @classmethod
     def for_job(cls, spec: JobSpec, **guard_hooks) -> "Fetcher":
@@ -100,23 +110,23 @@ class Fetcher:
             spec.scraper.allowed_content_types,
         )
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            # No proxies, .netrc credentials or CA bundles from the environment: a crawl must not
-            # send a user's credentials to the sites it visits.
-            session.trust_env = False
-            session.headers["User-Agent"] = self.spec.user_agent
+    def _pool(self) -> urllib3.PoolManager:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            # urllib3 reads no proxies or .netrc credentials from the environment (requests
+            # did, unless told not to): a crawl must not send a user's credentials to the sites
+            # it visits. Retries and redirects are ours (each hop is checked), never urllib3's.
+            pool = urllib3.PoolManager(
+                headers={**self._headers}, retries=False, ca_certs=certifi.where(),
+            )
             if self.guard is not None:
-                for prefix in ("http://", "https://"):
-                    session.mount(prefix, guarded_adapter(self.guard))
-            self._local.session = session
-        return session
+                pool.pool_classes_by_scheme = guarded_pool_classes(self.guard)
+            self._local.pool = pool
+        return pool
 
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
-        raises :class:`FetchError` for anything else, never an exception of requests or urllib3."""
+        raises :class:`FetchError` for anything else, never an exception of urllib3."""
         _check_scheme(url)
         spec = self.spec
         deadline = time.monotonic() + spec.total_timeout
@@ -146,55 +156,64 @@ class Fetcher:
     def _get_one(self, url: str, deadline: float) -> "Download | str":
         """One request: the download, or the URL its redirect points to."""
         spec = self.spec
-        timeout = (spec.connect_timeout, _read_timeout(spec))
+        _check_host(url)
+        response = None
         try:
-            session = self._session()
-            with session.get(url, stream=True, timeout=timeout, allow_redirects=False) as response:
-                location = _redirect_target(session, response)
-                if location is not None:
-                    return location
-                _check_status(response)
-                self._check_type(response)
-                body = self._read_body(response, deadline)
-                return Download(
-                    url=response.url,
-                    status=response.status_code,
-                    content_type=response.headers.get("Content-Type", ""),
-                    body=body,
-                )
+            response = self._pool().urlopen(
+                "GET", url, redirect=False, retries=False, timeout=self._timeout,
+                preload_content=False, decode_content=True,
+            )
+            location = _redirect_target(url, response)
+            if location is not None:
+                return location
+            _check_status(url, response)
+            self._check_type(url, response)
+            body = self._read_body(url, response, deadline)
+            return Download(
+                url=url,
+                status=response.status,
+                content_type=response.headers.get("Content-Type", ""),
+                body=body,
+            )
         except AddressRefused as exc:
             raise FetchError(f"{exc}: {url}", retryable=False) from None
-        except requests.RequestException as exc:
-            raise _request_error(exc, url, spec) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise _urllib3_error(exc, url, spec) from exc
+        except UnicodeError as exc:  # a host name the IDNA codec refuses, met when resolving
+            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
+        finally:
+            if response is not None:
+                # A body read to its end has already given its connection back for the next
+                # request; one left unread (a redirect, an error, a limit) closes it.
+                response.close()
+                response.release_conn()
 
-    def _check_type(self, response: requests.Response) -> None:
+    def _check_type(self, url: str, response: urllib3.BaseHTTPResponse) -> None:
         if self.content_types is None:
             return
         media_type = media_type_of(response.headers.get("Content-Type", ""))
         if not any(fnmatch.fnmatchcase(media_type, p) for p in self.content_types):
             raise FetchError(
-                f"content type {media_type or '(none)'} of {response.url} is not one of "
+                f"content type {media_type or '(none)'} of {url} is not one of "
                 f"allowed_content_types", retryable=False,
             )
 
-    def _read_body(self, response: requests.Response, deadline: float) -> bytes:
+    def _read_body(self, url: str, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
         """The decoded body, read as it arrives so the deadline holds even against a slow drip
         (``iter_content`` would block until a whole chunk had come in)."""
         limit = self.spec.max_bytes
         body = bytearray()
-        while chunk := response.raw.read1(_CHUNK_BYTES, decode_content=True):
+        while chunk := response.read1(_CHUNK_BYTES, decode_content=True):
             body += chunk
             # Decoded bytes count, so max_bytes also caps what a compressed body expands to.
             if len(body) > limit:
                 raise FetchError(
-                    f"body of {response.url} exceeds max_bytes={limit}", retryable=False
+                    f"body of {url} exceeds max_bytes={limit}", retryable=False
                 )
             if time.monotonic() > deadline:
                 raise FetchError(
                     f"timed out after {self.spec.total_timeout:g}s (total_timeout) "
-                    f"reading {response.url}",
+                    f"reading {url}",
                     retryable=True,
                 )
         return bytes(body)
@@ -219,31 +238,47 @@ def _check_scheme(url: str) -> None:
         raise FetchError(f"not an http(s) URL: {url}", retryable=False)
 
 
-def _redirect_target(session: requests.Session, response: requests.Response) -> Optional[str]:
+def _check_host(url: str) -> None:
+    """Refuse a host name with an empty label ("a..b", ".a") before anything is resolved: the
+    resolver would fail on it later, as if the network were at fault."""
+    try:
+        host = parse_url(url).host
+    except ValueError:
+        return  # urllib3 reports it as an invalid URL
+    if host and not host.startswith("[") and "" in host.rstrip(".").split("."):
+        raise FetchError(f"invalid URL {url}: empty label in host {host!r}", retryable=False)
+
+
+def _redirect_target(url: str, response: urllib3.BaseHTTPResponse) -> Optional[str]:
     """The absolute URL a redirect response points to (fragment dropped), or None."""
-    if response.status_code not in _REDIRECT_STATUSES:
+    if response.status not in _REDIRECT_STATUSES:
         return None
-    location = session.get_redirect_target(response)
+    location = response.headers.get("Location")
     if location is None:
         return None  # a redirect status without a Location is returned as it is
+    # http.client decodes headers as latin-1; servers send UTF-8 in practice.
     try:
-        target = urldefrag(requests.utils.requote_uri(urljoin(response.url, location)))[0]
+        location = location.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
+    try:
+        target = urldefrag(parse_url(urljoin(url, location)).url)[0]
         scheme = urlsplit(target).scheme
     except ValueError as exc:
-        raise FetchError(f"invalid URL {response.url}: bad redirect: {exc}", retryable=False)
+        raise FetchError(f"invalid URL {url}: bad redirect: {exc}", retryable=False)
     if scheme not in ("http", "https"):
         raise FetchError(
-            f"invalid URL {response.url}: redirect to a non-http(s) URL {target}", retryable=False
+            f"invalid URL {url}: redirect to a non-http(s) URL {target}", retryable=False
         )
     return target
 
 
-def _check_status(response: requests.Response) -> None:
-    status = response.status_code
+def _check_status(url: str, response: urllib3.BaseHTTPResponse) -> None:
+    status = response.status
     if status >= 400:
         retryable = status >= 500 or status in _RETRY_STATUSES
         after = retry_after(response.headers.get("Retry-After")) if retryable else None
-        message = f"HTTP {status} for {response.url}"
+        message = f"HTTP {status} for {url}"
         if after is not None:
             message += f" (Retry-After {after:g}s)"
         raise FetchError(message, retryable=retryable, retry_after=after)
@@ -266,52 +301,31 @@ def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[f
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _request_error(exc: requests.RequestException, url: str, spec: FetchSpec) -> FetchError:
-    """Map an exception requests raised (connecting, redirecting, reading headers)."""
-    if isinstance(exc, requests.ConnectTimeout):
+def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec) -> FetchError:
+    """Map an exception urllib3 raised (connecting, sending, reading headers or the body)."""
+    # Subclasses before their bases: NameResolutionError is a NewConnectionError, which is a
+    # ConnectTimeoutError.
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):
+        return FetchError(f"cannot resolve host for {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        refused = isinstance(exc.__cause__, ConnectionRefusedError)
+        return FetchError(
+            f"{'connection refused' if refused else 'connection failed'} for {url}",
+            retryable=True,
+        )
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
         return FetchError(
             f"timed out after {spec.connect_timeout:g}s connecting to {url}", retryable=True
         )
-    if isinstance(exc, requests.ReadTimeout):
-        return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
-    if isinstance(
-        exc,
-        (
-            requests.exceptions.InvalidURL,
-            requests.exceptions.InvalidSchema,
-            requests.exceptions.MissingSchema,
-            requests.exceptions.InvalidHeader,
-        ),
-    ):
-        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
-    if isinstance(exc, requests.ConnectionError):
-        return FetchError(f"{_connection_reason(exc)} for {url}", retryable=True)
-    return FetchError(f"request for {url} failed: {exc}", retryable=True)
-
-
-def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec) -> FetchError:
-    """Map an exception urllib3 raised: reading the body, or a URL requests let through."""
     if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
         return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
-    if isinstance(exc, urllib3.exceptions.ProtocolError):
-        return FetchError(f"connection broken while reading {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.LocationValueError):
+        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
     if isinstance(exc, urllib3.exceptions.DecodeError):
         # The server sent a body its own Content-Encoding does not describe; a retry gets the same.
         return FetchError(f"cannot decode the body of {url}", retryable=False)
-    if isinstance(exc, urllib3.exceptions.LocationValueError):
-        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return FetchError(f"TLS error for {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        return FetchError(f"connection broken while reading {url}", retryable=True)
     return FetchError(f"HTTP error for {url}: {exc}", retryable=True)
-
-
-def _connection_reason(exc: requests.ConnectionError) -> str:
-    """A few words on why a connection failed, from the cause urllib3 wrapped."""
-    reason = exc.args[0] if exc.args else None
-    if isinstance(reason, urllib3.exceptions.MaxRetryError):
-        reason = reason.reason
-    if isinstance(reason, urllib3.exceptions.NameResolutionError):
-        return "cannot resolve host"
-    if isinstance(getattr(reason, "__cause__", None), ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, requests.exceptions.SSLError):
-        return "TLS error"
-    return "connection failed"

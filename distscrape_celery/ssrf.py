@@ -2,7 +2,7 @@
 seeds are there, or when it says ``allow_private``.
 
 The guard resolves every host a connection is made to, checks each address, and the connection
-then goes to an address it checked (:func:`guarded_adapter`), so a DNS answer that changes
+then goes to an address it checked (:func:`guarded_pool_classes`), so a DNS answer that changes
 between the check and the connect (rebinding) cannot slip through.
 """
 
@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Optional, Union
 
-import requests.adapters
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NameResolutionError, NewConnectionError
@@ -128,8 +127,9 @@ class AddressGuard:
             return trusted
 
 
-def guarded_adapter(guard: AddressGuard, **kwargs) -> requests.adapters.HTTPAdapter:
-    """A requests adapter whose every new connection goes to an address ``guard`` checked."""
+def guarded_pool_classes(guard: AddressGuard) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 pool classes (a ``PoolManager``'s ``pool_classes_by_scheme``) whose every new
+    connection goes to an address ``guard`` checked."""
 
     class Connection(HTTPConnection):
         def _new_conn(self) -> socket.socket:
@@ -145,12 +145,7 @@ def guarded_adapter(guard: AddressGuard, **kwargs) -> requests.adapters.HTTPAdap
     class TLSPool(HTTPSConnectionPool):
         ConnectionCls = TLSConnection
 
-    class Adapter(requests.adapters.HTTPAdapter):
-        def init_poolmanager(self, *args, **kw) -> None:
-            super().init_poolmanager(*args, **kw)
-            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
-
-    return Adapter(**kwargs)
+    return {"http": Pool, "https": TLSPool}
 
 
 def _connect_checked(conn: HTTPConnection, guard: AddressGuard, connect) -> socket.socket:

@@ -40,12 +40,27 @@ class CeleryPublisher:
     def scrape(self, job: str, items: Sequence[str]) -> None:
         with self.batch():
             for item in items:
-                scrape.apply_async((job, item), producer=self._local.producer)
+                args = (job, item)
+                scrape.apply_async(args, producer=self._local.producer, **_reprs(args))
 
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
         with self.batch():
-            save.apply_async((job, item, token, meta), countdown=delay or None,
-                             producer=self._local.producer)
+            args = (job, item, token, meta)
+            save.apply_async(args, countdown=delay or None, producer=self._local.producer,
+                             **_reprs(args))
+
+
+# The arguments' text that Flower shows: Python's repr, at a tenth of the cost of Celery's saferepr
+# per message, and the same text for our arguments (strings, numbers, a flat dict) but for how a
+# quote inside a string is escaped.
+_REPR_MAX = 1024  # Celery's own limit (amqp.argsrepr_maxsize)
+
+
+def _reprs(args: tuple) -> dict[str, str]:
+    text = repr(args)
+    if len(text) > _REPR_MAX:
+        text = text[:_REPR_MAX - 3] + "..."
+    return {"argsrepr": text, "kwargsrepr": "{}"}
 
 
 publisher = CeleryPublisher()

@@ -19,14 +19,6 @@ from distscrape_celery.jobspec import FetchSpec
 Route = Callable[[BaseHTTPRequestHandler], None]
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours proxy variables; the test traffic must stay on loopback.
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
-
 def reply(
     handler: BaseHTTPRequestHandler,
     status: int = 200,
@@ -304,3 +296,21 @@ def test_one_pooled_session_per_thread() -> None:
     # The same thread reuses its connection; another thread brings its own.
     assert ports[0] == ports[1]
     assert ports[2] != ports[0]
+
+
+def test_proxy_and_netrc_from_the_environment_are_not_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    # A crawl must not route through a user's proxy or send their .netrc credentials to sites.
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login user password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    for name in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # the discard port: refused
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    routes = {"/p": lambda h: reply(h, 200, b"direct")}
+    with serve(routes) as (base, _, log):
+        assert fetcher().get(base + "/p").body == b"direct"
+    assert log[0]["headers"].get("Authorization") is None

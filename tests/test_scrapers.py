@@ -20,14 +20,6 @@ PAGE_URL = "http://site.invalid/dir/sub/page.html?old=1"
 OFFSITE = '<a href="http://example.invalid/elsewhere">off</a>'
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours proxy variables; the test traffic must stay on loopback.
-    for name in ("http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.upper(), raising=False)
-
-
 def page(html: str | bytes, content_type: str = "text/html", url: str = PAGE_URL) -> Download:
     body = html.encode() if isinstance(html, str) else html
     return Download(url=url, status=200, content_type=content_type, body=body)
@@ -86,6 +78,33 @@ def test_relative_links_resolve_against_the_page_url() -> None:
         "http://other.invalid/proto-relative",
         "http://site.invalid/dir/sub/spaced.html",
     ]
+
+
+def test_one_scraper_resolves_the_same_href_on_many_pages_against_each_page() -> None:
+    """The scraper remembers resolved links per base directory: the same href on pages of other
+    directories, hosts, schemes or queries must still resolve against each page."""
+    scraper = SimpleScraper()
+    html = '<a href="x.html">1</a><a href="../y">2</a><a href="?q=2">3</a><a href="">4</a>'
+    cases = {
+        "http://a.invalid/d/p.html": ["http://a.invalid/d/x.html", "http://a.invalid/y",
+                                      "http://a.invalid/d/p.html?q=2", "http://a.invalid/d/p.html"],
+        "http://a.invalid/d/other.html?z=1": ["http://a.invalid/d/x.html", "http://a.invalid/y",
+                                              "http://a.invalid/d/other.html?q=2",
+                                              "http://a.invalid/d/other.html?z=1"],
+        "http://a.invalid/e/f/p.html": ["http://a.invalid/e/f/x.html", "http://a.invalid/e/y",
+                                        "http://a.invalid/e/f/p.html?q=2",
+                                        "http://a.invalid/e/f/p.html"],
+        "https://a.invalid/d/p.html": ["https://a.invalid/d/x.html", "https://a.invalid/y",
+                                       "https://a.invalid/d/p.html?q=2",
+                                       "https://a.invalid/d/p.html"],
+        "http://b.invalid:8080/d/p.html": ["http://b.invalid:8080/d/x.html",
+                                           "http://b.invalid:8080/y",
+                                           "http://b.invalid:8080/d/p.html?q=2",
+                                           "http://b.invalid:8080/d/p.html"],
+    }
+    for _ in range(2):  # the second round from what the first remembered
+        for url, expected in cases.items():
+            assert links(html, scraper, url=url) == expected, url
 
 
 def test_links_are_normalised_and_deduplicated_in_document_order() -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Optional
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import lxml.etree
 import lxml.html
@@ -17,6 +18,10 @@ from .base import Scraper
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _HTML_STARTS = (b"<!doctype html", b"<html")
 _HTML_WHITESPACE = " \t\n\f\r"
+# Links resolved and scoped, per scraper (job) and process: a site's menus and footers repeat on
+# every page. About 2 MB when full; then it starts over.
+_CACHED_LINKS = 8192
+_MISSING = object()
 
 
 class SimpleScraper(Scraper):
@@ -27,6 +32,7 @@ class SimpleScraper(Scraper):
     def __init__(self, scope: Optional[LinkScope] = None, fetcher: Optional[Fetcher] = None) -> None:
         self.scope = scope if scope is not None else LinkScope()
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
+        self._links: dict[tuple[tuple[str, str, str], str], Optional[str]] = {}
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "SimpleScraper":
@@ -48,15 +54,37 @@ class SimpleScraper(Scraper):
         except ValueError:
             base = download.url
         found: dict[str, None] = {}  # an ordered set
-        accept = self.scope.accept
+        try:
+            scheme, netloc, path, _, _ = urlsplit(base)
+            # What urljoin takes from the base for an href with a path of its own: the base's
+            # directory, not its last segment, query or fragment. Pages of one directory share
+            # the resolved links.
+            where: Optional[tuple[str, str, str]] = (scheme, netloc, path[:path.rfind("/") + 1])
+        except ValueError:
+            where = None
+        links = self._links
         for href in hrefs:
-            try:
-                url = accept(urljoin(base, href))
-            except ValueError:  # urljoin on a malformed href (a bad IPv6 literal)
-                continue
+            # An empty href, or one that starts with "?", "#" or ";", takes more of the base.
+            if where is None or not href or href[0] in "?#;":
+                url = self._follow(base, href)
+            else:
+                key = (where, href)
+                url = links.get(key, _MISSING)
+                if url is _MISSING:
+                    url = self._follow(base, href)
+                    if len(links) >= _CACHED_LINKS:
+                        links.clear()
+                    links[key] = url
             if url is not None:
                 found[url] = None
         return list(found)
+
+    def _follow(self, base: str, href: str) -> Optional[str]:
+        """The canonical URL ``href`` on a page at ``base`` points to, if the scope takes it."""
+        try:
+            return self.scope.accept(urljoin(base, href))
+        except ValueError:  # urljoin on a malformed href (a bad IPv6 literal)
+            return None
 
 
 def _looks_like_html(download: Download) -> bool:
@@ -75,6 +103,9 @@ class _LinkCollector:
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.base_href: Optional[str] = None
         self.hrefs: list[str] = []
 
@@ -91,12 +122,22 @@ class _LinkCollector:
         pass
 
 
+_parsers = threading.local()
+
+
 def _parse_links(text: str) -> tuple[Optional[str], list[str]]:
     """(first base href, hrefs) of an HTML page; whatever libxml2 recovers from broken input."""
-    collector = _LinkCollector()
-    # huge_tree: libxml2's default limits would stop the parse at a text or attribute over
-    # 10 MB and lose every later link; the fetcher's max_bytes already bounds the input.
-    parser = lxml.html.HTMLParser(target=collector, encoding="utf-8", huge_tree=True)
+    # One parser and collector per thread, reused: building a target parser inspects the
+    # target's methods (inspect.getfullargspec), which cost about as much as the parse itself.
+    state = getattr(_parsers, "state", None)
+    if state is None:
+        collector = _LinkCollector()
+        # huge_tree: libxml2's default limits would stop the parse at a text or attribute over
+        # 10 MB and lose every later link; the fetcher's max_bytes already bounds the input.
+        parser = lxml.html.HTMLParser(target=collector, encoding="utf-8", huge_tree=True)
+        state = _parsers.state = (collector, parser)
+    collector, parser = state
+    collector.reset()
     try:
         # Bytes, already decoded once: libxml2 refuses text that carries an encoding declaration.
         lxml.etree.fromstring(text.encode("utf-8", "surrogatepass"), parser)
