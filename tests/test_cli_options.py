@@ -273,7 +273,8 @@ def test_a_url_file_is_normalised_and_bad_urls_reported(redis_url, tmp_path, red
 
 def test_seeding_streams_in_batches_never_the_whole_input(redis_url):
     """The manager takes items from its input as it adds them: while it is still reading, the
-    items read so far (but one round trip's worth) are already in Redis."""
+    items read so far are already in Redis but for at most three round trips' worth (the one
+    Redis is adding, the next one read ahead, and the one being read)."""
     tracker = RedisTracker.from_url(redis_url)
     watcher = redis.Redis.from_url(redis_url, decode_responses=True)
     stats_key = keys.JobKeys("big").stats
@@ -284,7 +285,7 @@ def test_seeding_streams_in_batches_never_the_whole_input(redis_url):
         for i in range(60_000):
             if i and i % 5_000 == 0:
                 in_redis = int(watcher.hget(stats_key, "seen") or 0)
-                assert in_redis >= i - round_trip, (i, in_redis)  # a materialised list fails here
+                assert in_redis >= i - 3 * round_trip, (i, in_redis)  # a materialised list fails
                 checked.append(i)
             yield f"id-{i}"
 
