@@ -495,7 +495,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     if args.profile:
         # Collapsed stacks of every Python process of the crawl; CPU figures then include py-spy.
         command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking",
-                   "--format", "raw",
+                   "--format", "raw", "--gil",
                    "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
                    "--", *command]
     env = clean_env()
