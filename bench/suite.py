@@ -493,7 +493,8 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     command = [str(BIN / "distscrape"), "crawl", site.url, "--output", str(out), "--quiet",
                *HIGH_LIMITS, *extra]
     if args.profile:
-        # Collapsed stacks of every Python process of the crawl; CPU figures then include py-spy.
+        # Collapsed stacks of every Python process of the crawl, only samples holding the GIL
+        # (Python CPU, not threads blocked in socket reads); CPU figures then include py-spy.
         command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking",
                    "--format", "raw", "--gil",
                    "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
@@ -646,7 +647,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
     parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
     parser.add_argument("--profile", metavar="DIR",
-                        help="record `distscrape crawl` with py-spy (collapsed stacks into DIR)")
+                        help="record `distscrape crawl` with py-spy --gil (collapsed stacks into DIR)")
     parser.add_argument("--variant", action="append", default=[], metavar="N|OPTIONS|ENV",
                         help="with --only ...,variants: N celery workers started with OPTIONS "
                         "(e.g. '2|-P threads -c 16|DISTSCRAPE_BROKER_ACK_EMULATION=False'), "
