@@ -70,3 +70,75 @@ def test_messages_carry_the_argument_text_flower_shows(redis_url, redis_client):
     assert save["argsrepr"] == repr(("j", "http://h.example/x", 7,
                                      {"status": 200, "url": "http://h.example/x"}))
     assert all(h["kwargsrepr"] == "{}" for h in [*scrapes, save])
+
+
+def _decoded(raw: bytes) -> dict:
+    import base64
+    import json
+
+    message = json.loads(raw)
+    assert message["properties"]["body_encoding"] == "base64"  # kombu's Redis transport
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    return message
+
+
+@pytest.mark.parametrize("delay", [0, 30])
+def test_the_publisher_writes_the_message_apply_async_writes(redis_url, redis_client, delay):
+    """The publisher builds its messages with Celery's own protocol-2 builder and skips the rest
+    of apply_async; a worker (or Flower) must not be able to tell the two apart: same headers
+    (parent and root IDs of the task that published it, an ETA for a delayed save), the same
+    routing, body and delivery mode."""
+    from celery._state import _task_stack
+
+    from distscrape_celery.tasks import save as save_task
+
+    configure_app(crawl_settings(redis_url))
+    redis_client.delete(SAVE_QUEUE)
+    args = ("j", "http://h.example/x", 7, {"status": 200, "url": "http://h.example/x"})
+    save_task.push_request(id="parent-1", root_id="root-1", called_directly=False)
+    _task_stack.push(save_task)  # as while a worker runs the task
+    try:
+        publisher.save(*args, delay=delay)
+        save_task.apply_async(args, countdown=delay or None, argsrepr=repr(args), kwargsrepr="{}")
+    finally:
+        _task_stack.pop()
+        save_task.pop_request()
+    ours, theirs = (_decoded(m) for m in reversed(redis_client.lrange(SAVE_QUEUE, 0, -1)))
+    for message in (ours, theirs):
+        message["headers"].pop("id")
+        for per_message in ("correlation_id", "delivery_tag"):
+            message["properties"].pop(per_message)
+        eta = message["headers"].pop("eta")
+        assert (eta is not None) == bool(delay)
+    # apply_async also copies the argument text into the properties, and names a reply queue
+    # for results, which the tasks never keep.
+    for extra in ("argsrepr", "kwargsrepr", "reply_to"):
+        theirs["properties"].pop(extra)
+    assert ours["properties"].pop("reply_to") == ""
+    assert ours == theirs
+    assert ours["headers"]["parent_id"] == "parent-1" and ours["headers"]["root_id"] == "root-1"
+    assert ours["properties"]["delivery_info"] == {"exchange": "", "routing_key": SAVE_QUEUE}
+    assert ours["body"][0] == list(args)
+
+
+def test_the_publisher_declares_a_queue_once_per_connection(redis_url, monkeypatch):
+    """kombu would copy and bind the queue for every message only to find it declared already:
+    the publisher asks the connection's record first."""
+    from kombu import Queue
+
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["first"])
+    declares = []
+    real_declare = Queue.declare
+
+    def counting_declare(self, *args, **kwargs):
+        declares.append(self.name)
+        return real_declare(self, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "declare", counting_declare)
+    copies = []
+    real_copy = Queue.__copy__
+    monkeypatch.setattr(Queue, "__copy__", lambda self: copies.append(1) or real_copy(self))
+    with publisher.batch():
+        publisher.scrape("j", ["a", "b"])
+    assert declares == [] and copies == []
