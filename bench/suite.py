@@ -14,7 +14,7 @@ One run, in this order, so every figure is taken under the same machine load:
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
-   multi-worker setup (one ``celery worker -P threads -c 8`` per core and ``distscrape seed``) for the whole
+   multi-worker setup (one ``celery worker -P threads -c 32`` per core and ``distscrape seed``) for the whole
    site; the scale-out runs (1, 2, 4 README workers) against the latency site.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
@@ -518,7 +518,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     return r
 
 
-README_WORKER_ARGS = ["-P", "threads", "-c", "8"]  # one such worker per core
+README_WORKER_ARGS = ["-P", "threads", "-c", "32"]  # one such worker per core
 _RUNS = itertools.count(1)
 
 
@@ -526,7 +526,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
                   worker_env: Optional[dict[str, str]] = None) -> Result:
     """The README's many-host setup on this host: ``workers`` times ``celery worker -P threads
-    -c 8`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
+    -c 32`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
     the tracker says the job is finished."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     from distscrape_celery.settings import Settings

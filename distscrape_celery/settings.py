@@ -21,9 +21,10 @@ ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (one per core, each a
 # threads pool: see crawl_worker_processes). bench/RESULTS.md, issue 9: 2 threads processes of 8 did
 # 2.8x the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
-# (the prefork parent passes every message to a child), and 16 tasks at once made a 50 ms site as
-# fast as the loopback one.
-DEFAULT_CRAWL_CONCURRENCY = 16
+# (the prefork parent passes every message to a child). 32 threads per process (stop 16) keep a
+# site 50 ms away at 92-99 % of the loopback rate, where 8 reached 72-79 %, and cost the loopback
+# site at most a tenth.
+DEFAULT_CRAWL_CONCURRENCY = 64
 
 
 def crawl_worker_processes(concurrency: int, cpus: Optional[int] = None) -> list[int]:
