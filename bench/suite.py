@@ -665,8 +665,10 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
     print(header, flush=True)
-    if any(o.startswith("scrapy") for o in only):
+    if any(o.startswith("scrapy") for o in only) or args.profile:  # --profile needs py-spy
         ensure_peers()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     args.pages_map = site_pages(args.pages, args.page_bytes)
     work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
     nginx = NginxSite(args.pages_map, work)

@@ -321,3 +321,31 @@ def test_fsync_file_and_directory_only_when_asked(tmp_path, monkeypatch, fsync, 
     saver.save("http://h/a.html", Download("http://h/a.html", 200, "text/html", b"x"))
     assert len(calls) == expected_calls  # the file, then the directory holding its new name
     assert (tmp_path / "out" / "h" / "a.html").read_bytes() == b"x"
+
+
+def test_a_save_into_an_existing_directory_makes_no_directory(tmp_path, monkeypatch):
+    """Every system call of a save hands the GIL over under load (issue 9): the directory is made
+    only when it is missing, and the body goes straight to the descriptor."""
+    saver = FileItemSaver(tmp_path / "out", fsync=False)
+    saver.save("http://h/d/a.html", page(b"a"))  # makes h/d
+    made = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda *a, **k: (made.append(a[0]), real_mkdir(*a, **k)))
+    fdopens = []
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda *a, **k: (fdopens.append(1), real_fdopen(*a, **k))[1])
+    saver.save("http://h/d/b.html", page(b"b"))
+    assert made == [] and fdopens == []
+    saver.save("http://h/e/c.html", page(b"c"))  # a new directory is still made
+    assert [Path(m).name for m in made] == ["e"]
+    assert (tmp_path / "out" / "h" / "d" / "b.html").read_bytes() == b"b"
+    assert (tmp_path / "out" / "h" / "e" / "c.html").read_bytes() == b"c"
+
+
+def test_a_short_write_is_continued(tmp_path, monkeypatch):
+    """os.write may write less than it was given; the rest follows, nothing is lost."""
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:1000])))
+    body = bytes(range(256)) * 40
+    path = FileItemSaver(tmp_path / "out", fsync=False).save("http://h/big", page(body))
+    assert Path(path).read_bytes() == body
