@@ -80,6 +80,19 @@ def test_scrape_then_save_completes_and_queues_links(env, tmp_path):
     assert [p.read_bytes() for p in saved] == [ROUTES["/ok"][1]]
 
 
+def test_a_save_reads_its_body_with_begin_save_not_on_its_own(env, tmp_path, monkeypatch):
+    """Issue 9: the staged body comes back with begin_save, one Redis round trip fewer per page."""
+    rt, pipe, rec, server = env
+    rt.tracker.add("p", [server.base + "/ok"])
+    assert pipe.scrape("p", server.base + "/ok") == "scraped"
+    reads = []
+    real_get = rt.staging.get
+    monkeypatch.setattr(rt.staging, "get", lambda *a: (reads.append(a), real_get(*a))[1])
+    assert pipe.save(*rec.saves[0]) == "saved"
+    assert reads == []
+    assert [p.read_bytes() for p in (tmp_path / "out").rglob("*.html")] == [ROUTES["/ok"][1]]
+
+
 def test_redelivered_duplicate_of_a_done_item_does_nothing(env):
     rt, pipe, rec, server = env
     url = server.base + "/ok2"

@@ -290,6 +290,36 @@ def test_scraped_stages_the_body_and_complete_drops_it(tracker_factory):
     assert t.complete("j", "x", new).changed is False  # idempotent, body or not
 
 
+def test_begin_save_hands_over_the_staged_body(tracker_factory):
+    """The save reads its body in the begin_save step (in Redis: the same round trip), binary
+    bytes as they are, for the live holder and for a stale one (whose late save still counts);
+    a body that is gone reads as None; a save that will not run gets no body."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=30)
+    bodies = body_reader(t)
+    w = new_job(t)
+    t.add("j", ["x", "y", "gone"])
+    body = bytes(range(256)) + "é".encode("latin-1")  # not UTF-8
+    token = lease(t, "x", w)
+    assert t.scraped("j", "x", token, body=body).held
+    begin = t.begin_save("j", "x", token, w, max_lost=LOST)
+    assert (begin.status, begin.body_read, begin.body) == (SaveStart.OK, True, body)
+    assert t.complete("j", "x", token).changed
+    assert t.begin_save("j", "x", token, w, max_lost=LOST).body is None  # done: nothing to save
+    old = lease(t, "y", w)
+    assert t.scraped("j", "y", old, body=b"first").held
+    t.fail("j", "y", old, "lost it", fault=Fault.LOST, max_retries=3, max_lost=LOST)
+    new = lease(t, "y", w)
+    stale = t.begin_save("j", "y", old, w, max_lost=LOST)
+    assert (stale.status, stale.body) == (SaveStart.STALE, b"first")
+    assert t.scraped("j", "y", new, body=b"second").held
+    assert t.begin_save("j", "y", new, w, max_lost=LOST).body == b"second"
+    token = lease(t, "gone", w)
+    assert t.scraped("j", "gone", token, body=b"soon gone").held
+    bodies.discard("j", token)
+    begin = t.begin_save("j", "gone", token, w, max_lost=LOST)
+    assert (begin.status, begin.body_read, begin.body) == (SaveStart.OK, True, None)
+
+
 def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):
     """A save message a worker has prefetched is out of the broker: if that worker vanishes, its
     item is reclaimed within a lease, not after the long save timeout. If it stops cleanly, the

@@ -39,8 +39,9 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 import redis
+from redis.client import NEVER_DECODE
 from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
 
 from .. import keys
 from ..errors import JobNotFound, JobStateError, TrackerUnavailable
@@ -710,10 +711,29 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         bound, max_batch, lease = self._top_up_args(job)
-        res = self._run_item(
-            "begin_save", job, item, [item, token, worker_id, lease, max_lost, bound, max_batch]
+        home = self._shard_of(job, item)
+        # The staged body comes back in the same round trip; it is binary, so the reply is read
+        # undecoded.
+        body_keys = self._body_keys(job, token, home)
+        res = self._run_undecoded(
+            "begin_save", [*self._item_keys(job, home), *body_keys],
+            [item, token, worker_id, lease, max_lost, bound, max_batch],
         )
-        return SaveBegin(dispatch=list(res[2:]), status=SaveStart(res[0]), lost=int(res[1]))
+        return SaveBegin(
+            dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
+            lost=int(res[1]), body=res[2], body_read=bool(body_keys),
+        )
+
+    def _run_undecoded(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
+        """Run an item script and return its reply as bytes, whatever the client decodes."""
+        script = self._scripts[name]
+        command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+        try:
+            return self.client.execute_command(*command, **{NEVER_DECODE: []})
+        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
+            script.sha = self.client.script_load(script.script)
+            return self.client.execute_command("EVALSHA", script.sha, *command[2:],
+                                               **{NEVER_DECODE: []})
 
     @_converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:

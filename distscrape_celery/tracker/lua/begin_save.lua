@@ -4,36 +4,43 @@
 -- counts against max_lost, so a save that always kills its worker ends dead instead of looping;
 -- the dead run's lease must have expired first (a live one means a duplicate delivery).
 -- A stale token changes nothing: the caller may still save (a late save completes the item).
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib.lua), then
+-- KEYS[21] body      optional: the body staged for this save (keys.body_key of the token), read
+--                    here so the save needs no second round trip
 -- ARGV[1] item
 -- ARGV[2] token      the fencing token the save message carries
 -- ARGV[3] worker     id of the saving worker
 -- ARGV[4] lease      lease length in seconds
 -- ARGV[5] max_lost   as in retry_or_dead
 -- ARGV[6] bound, ARGV[7] max_batch   dispatch top-up, as in add.lua (a pending save left the broker)
--- Returns {status, lost, dispatch_item...}; status is ok|busy|stale|done|dead|unknown; lost is
--- the item's count of vanished holders; busy: a run of this save holds a live lease
+-- Returns {status, lost, body, dispatch_item...}; status is ok|busy|stale|done|dead|unknown; lost
+-- is the item's count of vanished holders; busy: a run of this save holds a live lease; body is
+-- the staged body with ok and stale (whoever saves), false otherwise or when it is gone (or
+-- without KEYS[21]). The body is binary: the caller reads this reply undecoded.
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
 local lease, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
 local v = item_value(item)
-if not v then return {'unknown', 0} end
+if not v then return {'unknown', 0, false} end
 local state, depth = split_state(v)
 local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')
-if state == 'D' then return {'done', lost} end
-if state == 'X' then return {'dead', lost} end
+if state == 'D' then return {'done', lost, false} end
+if state == 'X' then return {'dead', lost, false} end
 local _, held = holder(item)
-if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then return {'stale', lost} end
+local function body() return KEYS[21] and redis.call('GET', KEYS[21]) or false end
+if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then
+  return {'stale', lost, body()}
+end
 local now = redis_now()
 if state == 'S' then
   -- A run of this save is under a live lease: this is a duplicate delivery (the broker restored
   -- the message after a connection loss, say), not a redelivery after a death. Come back later.
-  if tonumber(redis.call('ZSCORE', K_LEASED, item) or '0') > now then return {'busy', lost} end
+  if tonumber(redis.call('ZSCORE', K_LEASED, item) or '0') > now then return {'busy', lost, false} end
   lost = redis.call('HINCRBY', K_LOST, item, 1)
   if lost > max_lost then
     give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..
       'process died while saving it (out of memory, or a crashing saver?)')
-    return {'dead', lost}
+    return {'dead', lost, false}
   end
 end
 redis.call('ZREM', K_PENDING, item)
@@ -41,5 +48,5 @@ if state == 'l' then vacate(domain_of(item)) end
 redis.call('ZADD', K_LEASED, now + lease, item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
 redis.call('HSET', K_ITEMS, item, 'S' .. depth)
-local out = {'ok', lost}
+local out = {'ok', lost, body()}
 return take_for_dispatch(bound, max_batch, now + lease, out)
