@@ -14,7 +14,7 @@ One run, in this order, so every figure is taken under the same machine load:
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
-   multi-worker setup (one ``celery worker -P threads -c 32`` per core and ``distscrape seed``) for the whole
+   multi-worker setup (two ``celery worker -P threads -c 16`` per core and ``distscrape seed``) for the whole
    site; the scale-out runs (1, 2, 4 README workers) against the latency site.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
@@ -137,8 +137,23 @@ class Site:
     url: str
     log: Path
 
-    def mark(self) -> int:
-        return self.log.stat().st_size if self.log.exists() else 0
+    proc_pid: int
+
+    def mark(self) -> tuple[int, float]:
+        """Where the access log ends now, and the server's CPU seconds so far."""
+        return (self.log.stat().st_size if self.log.exists() else 0), self.cpu_seconds()
+
+    def cpu_seconds(self) -> float:
+        """CPU of the server's processes (nginx: master and workers): it shares the 2 cores."""
+        total = 0
+        for pid in [self.proc_pid, *descendants(self.proc_pid)]:
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    fields = fh.read().rpartition(")")[2].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+            except OSError:
+                pass
+        return total / os.sysconf("SC_CLK_TCK")
 
     def requests_since(self, offset: int) -> list[tuple[float, str]]:
         with self.log.open("rb") as fh:
@@ -163,6 +178,7 @@ class NginxSite(Site):
         self.url = f"http://127.0.0.1:{port}/"
         self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
                                      start_new_session=True)
+        self.proc_pid = self.proc.pid
         wait_port(port)
 
     def stop(self) -> None:
@@ -214,6 +230,7 @@ class LatencySite(Site):
         self.proc = ctx.Process(target=_serve_latency, args=(pages, port, delay, str(self.log)),
                                 daemon=True)
         self.proc.start()
+        self.proc_pid = self.proc.pid
         wait_port(port)
 
     def stop(self) -> None:
@@ -245,6 +262,7 @@ class Result:
     cpu: float = 0.0  # seconds, crawler processes, Redis excluded
     redis_cmds: float = 0.0
     redis_cpu: float = 0.0
+    site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     note: str = ""
     ok: bool = True
 
@@ -366,8 +384,9 @@ class ThrowawayRedis:
         self.proc.wait(10)
 
 
-def site_figures(result: Result, site: Site, mark: int) -> None:
-    hits = [(t, p) for t, p in site.requests_since(mark) if p != "/robots.txt"]
+def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
+    result.site_cpu = site.cpu_seconds() - mark[1]
+    hits = [(t, p) for t, p in site.requests_since(mark[0]) if p != "/robots.txt"]
     result.pages = len(hits)
     result.distinct = len({p for _, p in hits})
     if len(hits) > 1:
@@ -487,7 +506,8 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
                   baseline: bool = False) -> Result:
     """The README's one command: ``distscrape crawl URL --output DIR``, limits set high. With
     ``baseline``, the package is imported from ``--baseline`` (another version's source)."""
-    out = work / f"default-{site_name}-{'baseline-' if baseline else ''}out"
+    # Each run its own output: a crawl refuses an output that holds another job's state.
+    out = work / f"default-{site_name}-{'baseline-' if baseline else ''}{next(_RUNS)}-out"
     mark = site.mark()
     state = Path(str(out) + ".distscrape-state")
     command = [str(BIN / "distscrape"), "crawl", site.url, "--output", str(out), "--quiet",
@@ -518,7 +538,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     return r
 
 
-README_WORKER_ARGS = ["-P", "threads", "-c", "32"]  # one such worker per core
+README_WORKER_ARGS = ["-P", "threads", "-c", "16"]  # two such workers per core
 _RUNS = itertools.count(1)
 
 
@@ -526,7 +546,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
                   worker_env: Optional[dict[str, str]] = None) -> Result:
     """The README's many-host setup on this host: ``workers`` times ``celery worker -P threads
-    -c 32`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
+    -c 16`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
     the tracker says the job is finished."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     from distscrape_celery.settings import Settings
@@ -596,8 +616,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
 
 def table(results: list[Result], peers: dict[str, Result]) -> str:
     rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
-            "| Redis cmds/page | Redis CPU ms/page | command wall s | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| Redis cmds/page | Redis CPU ms/page | site CPU ms/page | command wall s | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
         ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
@@ -605,7 +625,7 @@ def table(results: list[Result], peers: dict[str, Result]) -> str:
             f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
             f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
             f"{r.per_page(r.redis_cmds):.1f} | {1000 * r.per_page(r.redis_cpu):.2f} | "
-            f"{r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
+            f"{1000 * r.per_page(r.site_cpu):.2f} | {r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
             f"{' (' + r.note + ')' if r.note else ''} |")
     return "\n".join(rows)
 
@@ -710,7 +730,7 @@ def main() -> int:
             elif kind == "baseline":
                 r = crawl_default(site, name, work, args, extra, baseline=True)
             else:
-                r = crawl_workers(site, name, work, args, os.cpu_count() or 1)
+                r = crawl_workers(site, name, work, args, 2 * (os.cpu_count() or 1))
             results.append(r)
             print(table([r], peers), flush=True)
     finally:

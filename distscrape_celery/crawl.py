@@ -195,7 +195,7 @@ def run_local_crawl(
     say: Callable[[str], None] = _quiet,
     stop_timeout: float = 20.0,
 ) -> CrawlResult:
-    """Crawl ``spec`` with real worker processes on this machine, one per core, each a threads
+    """Crawl ``spec`` with real worker processes on this machine, two per core, each a threads
     pool (``concurrency`` threads in all, see :func:`crawl_worker_processes`), and wait until it
     is finished.
 

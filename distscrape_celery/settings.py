@@ -18,19 +18,23 @@ from pydantic import (
 from .errors import ConfigError
 
 ENV_PREFIX = "DISTSCRAPE_"
-# Concurrent tasks of `distscrape crawl`, shared by its worker processes (one per core, each a
-# threads pool: see crawl_worker_processes). bench/RESULTS.md, issue 9: 2 threads processes of 8 did
-# 2.8x the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
-# (the prefork parent passes every message to a child). 32 threads per process (stop 16) keep a
-# site 50 ms away at 92-99 % of the loopback rate, where 8 reached 72-79 %, and cost the loopback
-# site at most a tenth.
+# Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
+# threads pool: see crawl_worker_processes). bench/RESULTS.md, issue 9: threads processes did 2.8x
+# the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
+# (the prefork parent passes every message to a child); 64 tasks keep a site 50 ms away as fast
+# as a local one.
 DEFAULT_CRAWL_CONCURRENCY = 64
+# Worker processes per core. One process holds its GIL for at most about one core, and leaves
+# that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
+# of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site
+# (bench/RESULTS.md, issue 9, stop 16). More (6 or 8 of 8) cost more than they bought.
+PROCESSES_PER_CORE = 2
 
 
 def crawl_worker_processes(concurrency: int, cpus: Optional[int] = None) -> list[int]:
-    """How `distscrape crawl` splits ``concurrency`` tasks over its worker processes: one per
-    core (the GIL lets one process use one core), at most one per task, as evenly as can be."""
-    procs = max(1, min(cpus or os.cpu_count() or 1, concurrency))
+    """How `distscrape crawl` splits ``concurrency`` tasks over its worker processes: two per
+    core (see PROCESSES_PER_CORE), at most one per task, as evenly as can be."""
+    procs = max(1, min(PROCESSES_PER_CORE * (cpus or os.cpu_count() or 1), concurrency))
     return [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
 
 

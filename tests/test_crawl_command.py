@@ -28,7 +28,7 @@ from distscrape_celery.settings import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
 TEMP_PREFIXES = ("distscrape-redis-", "distscrape-worker-")
-# Worker processes of `crawl --concurrency 2`: one per core, at most one per task.
+# Worker processes of `crawl --concurrency 2`: two per core, at most one per task.
 CRAWL_WORKERS = len(crawl_worker_processes(2))
 
 
@@ -588,8 +588,8 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
         kill_all(children)
 
 
-def test_crawl_splits_its_concurrency_over_one_worker_process_per_core():
-    assert crawl_worker_processes(16, cpus=2) == [8, 8]
-    assert crawl_worker_processes(5, cpus=2) == [3, 2]
+def test_crawl_splits_its_concurrency_over_two_worker_processes_per_core():
+    assert crawl_worker_processes(64, cpus=2) == [16, 16, 16, 16]
+    assert crawl_worker_processes(5, cpus=2) == [2, 1, 1, 1]
     assert crawl_worker_processes(1, cpus=4) == [1]
-    assert crawl_worker_processes(3, cpus=1) == [3]
+    assert crawl_worker_processes(3, cpus=1) == [2, 1]
