@@ -437,7 +437,7 @@ def ensure_peers() -> None:
 
 
 def crawl_scrapy(site: Site, site_name: str, work: Path, args) -> Result:
-    out = work / "scrapy-out"
+    out = work / f"scrapy-out-{next(_RUNS)}"
     out.mkdir()
     spider = work / "scrapy_spider.py"
     spider.write_text(SPIDER.format(extra_import="", base="CrawlSpider",
@@ -456,13 +456,13 @@ def crawl_scrapy(site: Site, site_name: str, work: Path, args) -> Result:
 
 
 def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
-    out = work / "scrapy-redis-out"
+    out = work / f"scrapy-redis-out-{next(_RUNS)}"
     out.mkdir()
     spider = work / "scrapy_redis_spider.py"
     spider.write_text(SPIDER.format(
         extra_import="from scrapy_redis.spiders import RedisCrawlSpider", base="RedisCrawlSpider",
         start='redis_key = "bench:start_urls"'))
-    server = ThrowawayRedis(work, "scrapy-redis-redis")
+    server = ThrowawayRedis(work, f"scrapy-redis-redis-{next(_RUNS)}")
     server.probe.client.lpush("bench:start_urls", site.url)
     env = dict(clean_env(), BENCH_OUT=str(out))
     settings = ["-s", "SCHEDULER=scrapy_redis.scheduler.Scheduler",
