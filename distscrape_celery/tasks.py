@@ -29,9 +29,9 @@ class CeleryPublisher:
     default exchange, which is where ``apply_async`` routes a direct queue too. What it skips, at
     about 45 % of the cost of publishing a page's messages (bench/RESULTS.md, issue 9): Celery's
     router and option merging, the ``before/after_task_publish`` signals (nothing here listens),
-    publish retries (a batch sends nothing until it ends), a ``reply_to`` for results that are never
-    kept, and kombu copying and binding the queue
-    for every message to find it declared already.
+    publish retries (a batch sends nothing until it ends), a ``reply_to`` for results that are
+    never kept, and kombu copying and binding the queue for every message only to find it
+    declared already.
     """
 
     def __init__(self) -> None:
