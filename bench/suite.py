@@ -137,7 +137,7 @@ class Site:
     url: str
     log: Path
 
-    proc_pid: int
+    proc: "subprocess.Popen | multiprocessing.Process"
 
     def mark(self) -> tuple[int, float]:
         """Where the access log ends now, and the server's CPU seconds so far."""
@@ -146,7 +146,7 @@ class Site:
     def cpu_seconds(self) -> float:
         """CPU of the server's processes (nginx: master and workers): it shares the 2 cores."""
         total = 0
-        for pid in [self.proc_pid, *descendants(self.proc_pid)]:
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
             try:
                 with open(f"/proc/{pid}/stat") as fh:
                     fields = fh.read().rpartition(")")[2].split()
@@ -178,7 +178,6 @@ class NginxSite(Site):
         self.url = f"http://127.0.0.1:{port}/"
         self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
                                      start_new_session=True)
-        self.proc_pid = self.proc.pid
         wait_port(port)
 
     def stop(self) -> None:
@@ -230,7 +229,6 @@ class LatencySite(Site):
         self.proc = ctx.Process(target=_serve_latency, args=(pages, port, delay, str(self.log)),
                                 daemon=True)
         self.proc.start()
-        self.proc_pid = self.proc.pid
         wait_port(port)
 
     def stop(self) -> None:

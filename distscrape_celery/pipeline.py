@@ -186,7 +186,7 @@ class ItemPipeline:
                 "%s %s: saving again; the worker holding it vanished %d time(s) so far",
                 job, item, begin.lost,
             )
-        body = begin.body if begin.body_read else staging.get(job, token)
+        body = begin.body
         if body is None:
             if stale:
                 return "stale"

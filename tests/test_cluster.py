@@ -355,3 +355,18 @@ def test_cli_seeds_reports_and_deletes_a_sharded_job_on_the_cluster(cluster, tmp
     res = run("delete", "sj", "--force", env=env)
     assert res.returncode == 0, res.stderr
     assert not any(found for found in cluster.keys_by_node("ds:{sj*").values())
+
+
+def test_a_stale_save_with_another_shards_token_still_gets_its_body(tracker):
+    """begin_save reads the body in its own script when the token's shard holds the item; a token
+    of another shard (so a stale one) has its body read on its own, from that shard's slot."""
+    t = tracker
+    w, res = new_job(t)
+    by_shard = {shard_items(t)[i]: i for i in res.dispatch}
+    token = t.checkout("j", by_shard[2], w, max_lost=3).token
+    assert t.scraped("j", by_shard[2], token, body=b"\x00page\xff").held
+    other = t.checkout("j", by_shard[0], w, max_lost=3).token
+    assert t.scraped("j", by_shard[0], other, body=b"other").held
+    stale = t.begin_save("j", by_shard[0], token, w, max_lost=3)
+    assert (stale.status, stale.body) == (SaveStart.STALE, b"\x00page\xff")
+    assert t.begin_save("j", by_shard[0], other, w, max_lost=3).body == b"other"

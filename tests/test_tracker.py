@@ -302,7 +302,7 @@ def test_begin_save_hands_over_the_staged_body(tracker_factory):
     token = lease(t, "x", w)
     assert t.scraped("j", "x", token, body=body).held
     begin = t.begin_save("j", "x", token, w, max_lost=LOST)
-    assert (begin.status, begin.body_read, begin.body) == (SaveStart.OK, True, body)
+    assert (begin.status, begin.body) == (SaveStart.OK, body)
     assert t.complete("j", "x", token).changed
     assert t.begin_save("j", "x", token, w, max_lost=LOST).body is None  # done: nothing to save
     old = lease(t, "y", w)
@@ -317,7 +317,7 @@ def test_begin_save_hands_over_the_staged_body(tracker_factory):
     assert t.scraped("j", "gone", token, body=b"soon gone").held
     bodies.discard("j", token)
     begin = t.begin_save("j", "gone", token, w, max_lost=LOST)
-    assert (begin.status, begin.body_read, begin.body) == (SaveStart.OK, True, None)
+    assert (begin.status, begin.body) == (SaveStart.OK, None)
 
 
 def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):

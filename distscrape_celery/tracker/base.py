@@ -232,10 +232,7 @@ class ScrapedResult(Dispatchable):
 class SaveBegin(Dispatchable):
     status: SaveStart = SaveStart.UNKNOWN
     lost: int = 0  # times the item's holder vanished so far
-    # With OK or STALE, the body staged for this save when the tracker read it in the same step
-    # (body_read; None then means it is gone); without body_read, ask the runtime's staging.
-    body: Optional[bytes] = None
-    body_read: bool = False
+    body: Optional[bytes] = None  # with OK or STALE, the body staged for this save; None: gone
 
 
 @dataclass(frozen=True)
@@ -494,7 +491,7 @@ class Tracker(ABC):
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         """Start saving ``item`` under a lease. A save of the same token that was already running
         vanished with its process: that counts against ``max_lost``. Reads the body staged for
-        ``token`` too, where the tracker can in the same step (see :class:`SaveBegin`)."""
+        ``token`` too, for whoever saves (OK or STALE)."""
 
     @abstractmethod
     def defer_save(self, job: str, item: str, token: int) -> bool:

@@ -499,8 +499,7 @@ class InMemoryTracker(Tracker):
             if state == DEAD:
                 return SaveBegin(status=SaveStart.DEAD, lost=lost)
             if not self._holds(j, item, token) or state not in (SAVE_PENDING, SAVING, LEASED):
-                return SaveBegin(status=SaveStart.STALE, lost=lost,
-                                 body=self.bodies.get(job, token), body_read=True)
+                return SaveBegin(status=SaveStart.STALE, lost=lost, body=self.bodies.get(job, token))
             if state == SAVING:
                 if j.leased[item] > self._clock():  # a live run: this is a duplicate delivery
                     return SaveBegin(status=SaveStart.BUSY, lost=lost)
@@ -520,7 +519,7 @@ class InMemoryTracker(Tracker):
             j.state[item] = SAVING
             return SaveBegin(
                 dispatch=self._take_for_dispatch(j, now), status=SaveStart.OK, lost=lost,
-                body=self.bodies.get(job, token), body_read=True,
+                body=self.bodies.get(job, token),
             )
 
     def defer_save(self, job: str, item: str, token: int) -> bool:

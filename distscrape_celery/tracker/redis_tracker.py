@@ -98,6 +98,10 @@ MAX_PRUNE_BATCH = 100
 SHARDS_FIELD = "shards"
 
 
+# execute_command's option for a reply read as bytes (bodies are binary).
+_UNDECODED = {NEVER_DECODE: []}
+
+
 def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
     """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
     slots from that one node) when ``cluster``, else a plain one."""
@@ -712,28 +716,35 @@ class RedisTracker(Tracker):
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         bound, max_batch, lease = self._top_up_args(job)
         home = self._shard_of(job, item)
-        # The staged body comes back in the same round trip; it is binary, so the reply is read
+        # The staged body comes back in the same round trip. It is binary: the reply is read
         # undecoded.
         body_keys = self._body_keys(job, token, home)
         res = self._run_undecoded(
             "begin_save", [*self._item_keys(job, home), *body_keys],
             [item, token, worker_id, lease, max_lost, bound, max_batch],
         )
+        status, body = SaveStart(res[0].decode()), res[2]
+        if not body_keys and status is SaveStart.STALE:
+            # A token of another shard (see _body_keys): its body is read on its own.
+            body = self.client.execute_command("GET", keys.body_key(job, token), **_UNDECODED)
         return SaveBegin(
-            dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
-            lost=int(res[1]), body=res[2], body_read=bool(body_keys),
+            dispatch=[x.decode() for x in res[3:]], status=status, lost=int(res[1]), body=body,
         )
 
     def _run_undecoded(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run an item script and return its reply as bytes, whatever the client decodes."""
         script = self._scripts[name]
-        command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+
+        def run() -> Any:
+            return self.client.execute_command(
+                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **_UNDECODED
+            )
+
         try:
-            return self.client.execute_command(*command, **{NEVER_DECODE: []})
+            return run()
         except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
             script.sha = self.client.script_load(script.script)
-            return self.client.execute_command("EVALSHA", script.sha, *command[2:],
-                                               **{NEVER_DECODE: []})
+            return run()
 
     @_converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:
