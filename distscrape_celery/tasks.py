@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from typing import Optional
 
 from celery.utils.nodenames import anon_nodename
+from kombu import Producer
 from kombu.utils.uuid import uuid
 
 from .celery_app import SAVE_TASK, SCRAPE_TASK, app, current_settings
@@ -35,7 +36,8 @@ class CeleryPublisher:
     """
 
     def __init__(self) -> None:
-        self._local = threading.local()  # the open batch's producer, per thread (threads pool)
+        # Per thread (threads pool): the open batch's producer, and the thread's own producer.
+        self._local = threading.local()
         self._origin: tuple[int, str] = (0, "")
 
     @contextlib.contextmanager
@@ -45,12 +47,41 @@ class CeleryPublisher:
         if getattr(self._local, "producer", None) is not None:
             yield  # nested: the outer batch sends it all
             return
-        with app.producer_or_acquire() as producer, producer.batch():
-            self._local.producer = producer
-            try:
-                yield
-            finally:
-                self._local.producer = None
+        producer = self._own_producer()
+        try:
+            with producer.batch():
+                self._local.producer = producer
+                try:
+                    yield
+                finally:
+                    self._local.producer = None
+        except BaseException:
+            # Its connection may be broken: the thread's next batch starts on a new one.
+            self._drop_own_producer()
+            raise
+
+    def _own_producer(self) -> Producer:
+        """This thread's producer on a broker connection of its own, kept between batches.
+
+        Celery's producer pool would hand out a producer per batch and bind it to a connection
+        again each time (a third of the cost of publishing, bench/RESULTS.md). The cost of keeping
+        one: a broker connection per publishing thread. It is rebuilt after a fork, and when
+        :func:`~.celery_app.configure_app` replaced the app's connections (another broker).
+        """
+        pool, pid = app.pool, os.getpid()
+        own = getattr(self._local, "own", None)
+        if own is not None and own[0] is pool and own[1] == pid:
+            return own[2]
+        self._drop_own_producer()
+        producer = app.amqp.Producer(app.connection_for_write())
+        self._local.own = (pool, pid, producer)
+        return producer
+
+    def _drop_own_producer(self) -> None:
+        own, self._local.own = getattr(self._local, "own", None), None
+        if own is not None and own[1] == os.getpid():  # a forked child leaves its parent's be
+            with contextlib.suppress(Exception):
+                own[2].connection.close()
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
         settings = current_settings()

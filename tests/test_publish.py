@@ -142,3 +142,58 @@ def test_the_publisher_declares_a_queue_once_per_connection(redis_url, monkeypat
     with publisher.batch():
         publisher.scrape("j", ["a", "b"])
     assert declares == [] and copies == []
+
+
+def test_a_thread_keeps_its_producer_between_batches(redis_url, redis_client, monkeypatch):
+    """Celery's producer pool binds a producer to a connection again for every batch; a thread
+    keeps its own instead."""
+    from kombu import Producer
+
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["warm"])
+    publisher.save("j", "warm", 1, {})
+    before = _queued(redis_client)
+    revives = []
+    real_revive = Producer.revive
+    monkeypatch.setattr(Producer, "revive", lambda self, ch: revives.append(1) or real_revive(self, ch))
+    for n in range(3):
+        with publisher.batch():
+            publisher.scrape("j", [f"page-{n}"])
+            publisher.save("j", f"page-{n}", n, {})
+    assert revives == []
+    assert _queued(redis_client) == (before[0] + 3, before[1] + 3)
+
+
+def test_a_failed_batch_leaves_the_next_one_a_fresh_connection(redis_url, redis_client):
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["warm"])
+    first = publisher._own_producer()
+    with pytest.raises(RuntimeError):
+        with publisher.batch():
+            publisher.scrape("j", ["lost"])
+            raise RuntimeError("the broker went away mid-batch")
+    assert publisher._own_producer() is not first
+    before = _queued(redis_client)
+    publisher.scrape("j", ["after"])
+    assert _queued(redis_client) == (before[0] + 1, before[1])
+
+
+def test_the_publisher_follows_the_app_to_another_broker(redis_url, redis_client):
+    """configure_app (tests, the in-memory crawl) may point the app at another broker: a thread's
+    kept producer must not go on publishing to the old one."""
+    import redis
+
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["to-the-first"])
+    other_url = redis_url.rsplit("/", 1)[0] + "/7"
+    other = redis.Redis.from_url(other_url)
+    other.flushdb()
+    try:
+        configure_app(crawl_settings(redis_url, broker_url=other_url))
+        publisher.scrape("j", ["to-the-second"])
+        assert other.llen(SCRAPE_QUEUE) == 1
+        assert redis_client.llen(SCRAPE_QUEUE) == 1
+    finally:
+        other.flushdb()
+        other.close()
+        configure_app(crawl_settings(redis_url))
