@@ -542,11 +542,15 @@ _RUNS = itertools.count(1)
 
 def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
-                  worker_env: Optional[dict[str, str]] = None) -> Result:
+                  worker_env: Optional[dict[str, str]] = None,
+                  worker_groups: Optional[list[tuple[int, list[str]]]] = None) -> Result:
     """The README's many-host setup on this host: ``workers`` times ``celery worker -P threads
-    -c 16`` (or ``worker_args``, with ``worker_env``), then ``distscrape seed``; waits until
-    the tracker says the job is finished."""
+    -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with options of their
+    own), with ``worker_env``, then ``distscrape seed``; waits until the tracker says the job
+    is finished."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
+    groups = worker_groups or [(workers, worker_args)]
+    workers = sum(n for n, _ in groups)
     from distscrape_celery.settings import Settings
     from distscrape_celery.tracker import RedisTracker
 
@@ -558,11 +562,11 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     out = work / f"{job}-out"
     started = time.monotonic()
     procs = []
-    for i in range(workers):
+    for i, opts in enumerate(opts for n, opts in groups for _ in range(n)):
         with (work / f"{job}-worker{i}.log").open("ab") as log:
             procs.append(subprocess.Popen(
                 [str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
-                 "distscrape.scrape,distscrape.save", *worker_args, "-n",
+                 "distscrape.scrape,distscrape.save", *opts, "-n",
                  f"distscrape-{i}@%h", "--loglevel", "WARNING"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + 60
@@ -599,10 +603,11 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     stats = tracker.stats(job)
     server.stop()
     cmds, rcpu = server.probe.delta()
-    label = " ".join(worker_args + [f"{k}={v}" for k, v in (worker_env or {}).items()])
-    who = "README workers" if worker_args is README_WORKER_ARGS and not worker_env else "workers"
-    r = Result(f"{who}: {workers} x celery {label}", site_name, wall=wall, cpu=cpu,
-               redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
+    label = " + ".join(f"{n} x celery {' '.join(opts)}" for n, opts in groups)
+    label = " ".join([label, *(f"{k}={v}" for k, v in (worker_env or {}).items())])
+    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env
+    r = Result(f"{'README workers' if readme else 'workers'}: {label}", site_name, wall=wall,
+               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}"
     r.ok = r.ok and r.pages == r.distinct
@@ -646,13 +651,19 @@ ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-defa
 # `git archive OLD distscrape_celery | tar -x -C DIR`), also: nginx-baseline, latency-baseline.
 
 
-def parse_variant(text: str) -> tuple[int, list[str], dict[str, str]]:
-    """``N|celery worker options|VAR=VALUE,...`` (the last part optional)."""
-    parts = text.split("|")
-    if len(parts) not in (2, 3) or not parts[0].strip().isdigit():
-        raise SystemExit(f"--variant: {text!r} is not N|OPTIONS[|VAR=VALUE,...]")
-    env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) == 3 else {}
-    return int(parts[0]), parts[1].split(), env
+def parse_variant(text: str) -> tuple[list[tuple[int, list[str]]], dict[str, str]]:
+    """``N|celery worker options|VAR=VALUE,...`` (the last part optional). Groups of workers
+    with options of their own are joined by `` + ``, e.g. ``3|-P threads -c 16 -Q
+    distscrape.scrape + 1|-P solo -Q distscrape.save``."""
+    groups, env = [], {}
+    for part in text.split(" + "):
+        fields = part.split("|")
+        if len(fields) not in (2, 3) or not fields[0].strip().isdigit():
+            raise SystemExit(f"--variant: {part!r} is not N|OPTIONS[|VAR=VALUE,...]")
+        if len(fields) == 3:
+            env.update(kv.split("=", 1) for kv in fields[2].split(",") if kv)
+        groups.append((int(fields[0]), fields[1].split()))
+    return groups, env
 
 
 def main() -> int:
@@ -661,6 +672,9 @@ def main() -> int:
     parser.add_argument("--page-bytes", type=int, default=6000)
     parser.add_argument("--peer-pages", type=int, default=2000)
     parser.add_argument("--scale-pages", type=int, default=1500)
+    parser.add_argument("--scale-args", default=" ".join(README_WORKER_ARGS),
+                        help="celery worker options of each scale-out worker (default: the "
+                             "README's)")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
     parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
@@ -698,17 +712,21 @@ def main() -> int:
         for what in only:
             if what == "variants":
                 for text in args.variant:
-                    n, opts, env = parse_variant(text)
+                    groups, env = parse_variant(text)
                     for name in args.variant_sites.split(","):
                         site = nginx if name == "nginx" else latency
-                        results.append(crawl_workers(site, name, work, args, n, worker_args=opts,
-                                                     worker_env=env))
+                        results.append(crawl_workers(site, name, work, args, 0, worker_env=env,
+                                                     worker_groups=groups))
                         print(table(results[-1:], peers), flush=True)
                 continue
             if what == "scale":
+                scale_args = args.scale_args.split()
+                if scale_args == README_WORKER_ARGS:
+                    scale_args = README_WORKER_ARGS  # labelled as the README's
                 for n in (1, 2, 4):
                     results.append(crawl_workers(latency, "latency", work, args, n,
-                                                 max_pages=args.scale_pages))
+                                                 max_pages=args.scale_pages,
+                                                 worker_args=scale_args))
                     print(table(results[-1:], peers), flush=True)
                 continue
             if what.startswith("scrapy"):
