@@ -24,11 +24,6 @@ ROOT = HERE.parent
 NOOP_TASK = "distscrape.bench.noop"
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20_000)
@@ -40,6 +35,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(HERE))
 
+    from bench_crawl import own_cpu
     from bench_noop_app import app  # noqa: F401  (registers the no-op task)
     from distscrape_celery.celery_app import SCRAPE_QUEUE, configure_app
     from distscrape_celery.embedded import EmbeddedRedis
@@ -66,12 +62,12 @@ def main() -> int:
                 # Start-up (imports) is not per task: measure from the first task taken.
                 while client.llen(SCRAPE_QUEUE) >= args.tasks:
                     time.sleep(0.01)
-                cpu, wall = cpu_seconds(worker.pid), time.monotonic()
+                cpu, wall = own_cpu(worker.pid), time.monotonic()
                 done_from = client.llen(SCRAPE_QUEUE)
                 while client.llen(SCRAPE_QUEUE):
                     time.sleep(0.01)
                 time.sleep(0.3)  # the last tasks run
-                cpu, wall = cpu_seconds(worker.pid) - cpu, time.monotonic() - wall
+                cpu, wall = own_cpu(worker.pid) - cpu, time.monotonic() - wall
             finally:
                 worker.terminate()
                 worker.wait()

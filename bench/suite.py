@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+from bench_crawl import own_cpu  # noqa: E402
 from sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
@@ -145,15 +146,7 @@ class Site:
 
     def cpu_seconds(self) -> float:
         """CPU of the server's processes (nginx: master and workers): it shares the 2 cores."""
-        total = 0
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-            try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    fields = fh.read().rpartition(")")[2].split()
-                total += int(fields[11]) + int(fields[12])  # utime, stime
-            except OSError:
-                pass
-        return total / os.sysconf("SC_CLK_TCK")
+        return sum(own_cpu(pid) for pid in [self.proc.pid, *descendants(self.proc.pid)])
 
     def requests_since(self, offset: int) -> list[tuple[float, str]]:
         with self.log.open("rb") as fh:
@@ -720,13 +713,10 @@ def main() -> int:
                         print(table(results[-1:], peers), flush=True)
                 continue
             if what == "scale":
-                scale_args = args.scale_args.split()
-                if scale_args == README_WORKER_ARGS:
-                    scale_args = README_WORKER_ARGS  # labelled as the README's
                 for n in (1, 2, 4):
                     results.append(crawl_workers(latency, "latency", work, args, n,
                                                  max_pages=args.scale_pages,
-                                                 worker_args=scale_args))
+                                                 worker_args=args.scale_args.split()))
                     print(table(results[-1:], peers), flush=True)
                 continue
             if what.startswith("scrapy"):

@@ -25,13 +25,15 @@ def body_ttl_ms(seconds: float) -> int:
 
 
 class BodyStaging(ABC):
-    """Reads and keeps the bodies that the tracker stages (:meth:`Tracker.scraped` stages a body
-    in the same step as its item turns save-pending, :meth:`Tracker.complete` drops it): an
-    implementation reads the store of the tracker it is paired with in the runtime."""
+    """Keeps and drops the bodies that the tracker stages (:meth:`Tracker.scraped` stages a body
+    in the same step as its item turns save-pending, :meth:`Tracker.begin_save` hands it to the
+    save, :meth:`Tracker.complete` drops it): an implementation works on the store of the tracker
+    it is paired with in the runtime."""
 
     @abstractmethod
     def get(self, job: str, token: int) -> Optional[bytes]:
-        """The staged body; None if it expired or was discarded."""
+        """The staged body; None if it expired or was discarded. To look at it: a save gets its
+        body from :meth:`Tracker.begin_save`, in the same round trip."""
 
     @abstractmethod
     def keep(self, job: str, token: int) -> None:

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from celery.utils.nodenames import anon_nodename
 from kombu import Producer
@@ -19,6 +19,15 @@ from .pipeline import ItemPipeline
 from .runtime import current_runtime
 
 log = logging.getLogger(__name__)
+
+
+class _OwnProducer(NamedTuple):
+    """A thread's kept producer, and what it was made for: the app's connection pool (replaced
+    by configure_app) and the process (a fork must not share its connection)."""
+
+    pool: object
+    pid: int
+    producer: Producer
 
 
 class CeleryPublisher:
@@ -70,18 +79,18 @@ class CeleryPublisher:
         """
         pool, pid = app.pool, os.getpid()
         own = getattr(self._local, "own", None)
-        if own is not None and own[0] is pool and own[1] == pid:
-            return own[2]
+        if own is not None and own.pool is pool and own.pid == pid:
+            return own.producer
         self._drop_own_producer()
         producer = app.amqp.Producer(app.connection_for_write())
-        self._local.own = (pool, pid, producer)
+        self._local.own = _OwnProducer(pool, pid, producer)
         return producer
 
     def _drop_own_producer(self) -> None:
         own, self._local.own = getattr(self._local, "own", None), None
-        if own is not None and own[1] == os.getpid():  # a forked child leaves its parent's be
+        if own is not None and own.pid == os.getpid():  # a forked child leaves its parent's be
             with contextlib.suppress(Exception):
-                own[2].connection.close()
+                own.producer.connection.close()
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
         settings = current_settings()

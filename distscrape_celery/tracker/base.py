@@ -484,8 +484,7 @@ class Tracker(ABC):
         """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
         pending for up to ``save_timeout``. With ``body``, and only if ``token`` holds the item,
         the body is staged for the save of lease ``token`` in the same step (for ``body_ttl``
-        seconds), where the runtime's :class:`~distscrape_celery.staging.BodyStaging` reads
-        it; a stale holder's body is not staged."""
+        seconds), where :meth:`begin_save` reads it; a stale holder's body is not staged."""
 
     @abstractmethod
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
