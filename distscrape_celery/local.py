@@ -50,8 +50,10 @@ class WorkerProcess:
         self.proc: Optional[subprocess.Popen] = None
 
     def command(self) -> list[str]:
+        # The same worker as `celery -A distscrape_celery worker`, started without Celery's
+        # command line and its plugins (see worker_main).
         return [
-            sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker",
+            sys.executable, "-m", "distscrape_celery.worker_main",
             "-Q", f"{self.settings.scrape_queue},{self.settings.save_queue}", "-P", self.pool, "-c", str(self.concurrency),
             "-n", f"{self.name}@%h", "--loglevel", self.loglevel,
             "--without-gossip", "--without-mingle",
