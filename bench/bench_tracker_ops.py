@@ -12,7 +12,8 @@ Starts a throwaway Redis and creates a job with default settings. Then:
   ``complete`` does it so (5 round trips a page); older code uses the staging's own calls (7);
 
 and prints, for each, items per second (wall, one client: round trips included) and Redis CPU
-per item (INFO cpu, used_cpu_user + used_cpu_sys, of the embedded server only). ``--code``
+per item (INFO cpu, used_cpu_user + used_cpu_sys, of the embedded server only); for the cycle
+also the client's own CPU per page (this process: redis-py and the tracker's Python). ``--code``
 imports distscrape_celery from another checkout (e.g. /work/main) to measure before and after in
 one session; run both while the machine's load is the same and compare ratios.
 """
@@ -72,6 +73,7 @@ def main() -> int:
         todo = list(t.add("ops", []).dispatch)
         client.config_resetstat()
         cpu, started, pages = redis_cpu(client), time.monotonic(), 0
+        own = time.process_time()
         while pages < args.pages and todo:
             item = todo.pop()
             co = t.checkout("ops", item, w, max_lost=3)
@@ -95,6 +97,7 @@ def main() -> int:
                 if body:
                     staging.discard("ops", co.token)
             pages += 1
+        cycle_own = time.process_time() - own
         cycle_wall, cycle_cpu = time.monotonic() - started, redis_cpu(client) - cpu
         commands = client.info("commandstats")
         assert t.stats("ops").done == pages == args.pages, (t.stats("ops"), pages)
@@ -103,7 +106,8 @@ def main() -> int:
     print(f"add:   {args.urls / add_wall:,.0f} URLs/s, Redis CPU {add_cpu / args.urls * 1e6:.1f} us/URL")
     trips = 4 + (0 if not body else 1 if fused else 3)
     print(f"cycle: {pages / cycle_wall:,.0f} pages/s ({trips} round trips, body {args.body} B), "
-          f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page")
+          f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page, client CPU {cycle_own / pages * 1e6:.1f} "
+          f"us/page")
     if args.commands:
         print("cycle, per page: command, calls, us (Redis's own timing; evalsha includes the "
               "calls it makes)")

@@ -549,7 +549,11 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
 
     run = next(_RUNS)  # each crawl its own Redis directory, job and output
     server = ThrowawayRedis(work, f"redis-{site_name}-{workers}w-{max_pages}-{run}")
-    env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **(worker_env or {}))
+    worker_env = dict(worker_env or {})
+    # BENCH_PIN=1: each worker process on one CPU (taskset), round robin, to see what the
+    # scheduler moving threads between CPUs costs.
+    pin = worker_env.pop("BENCH_PIN", "") not in ("", "0")
+    env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
     job = f"bench-{site_name}-{workers}-{run}"
     out = work / f"{job}-out"
@@ -557,8 +561,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     procs = []
     for i, opts in enumerate(opts for n, opts in groups for _ in range(n)):
         with (work / f"{job}-worker{i}.log").open("ab") as log:
+            taskset = ["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []
             procs.append(subprocess.Popen(
-                [str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
+                [*taskset, str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
                  "distscrape.scrape,distscrape.save", *opts, "-n",
                  f"distscrape-{i}@%h", "--loglevel", "WARNING"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -597,8 +602,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     server.stop()
     cmds, rcpu = server.probe.delta()
     label = " + ".join(f"{n} x celery {' '.join(opts)}" for n, opts in groups)
-    label = " ".join([label, *(f"{k}={v}" for k, v in (worker_env or {}).items())])
-    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env
+    label = " ".join([label, *(f"{k}={v}" for k, v in worker_env.items()), *(["pinned"] * pin)])
+    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env and not pin
     r = Result(f"{'README workers' if readme else 'workers'}: {label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
