@@ -29,12 +29,13 @@ def main() -> int:
     parser.add_argument("--pool", default="threads -c 16", help="-P value and options after it")
     args = parser.parse_args()
 
+    from distscrape_celery.celery_app import SAVE_QUEUE, SCRAPE_QUEUE
     from distscrape_celery.embedded import EmbeddedRedis
     from distscrape_celery.settings import Settings
     from distscrape_celery.tracker import RedisTracker
 
     pool = ["-P", *args.pool.split()]
-    common = ["-Q", "distscrape.scrape,distscrape.save", *pool, "--loglevel", "WARNING",
+    common = ["-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", *pool, "--loglevel", "WARNING",
               "--without-gossip", "--without-mingle"]
     kinds = {
         "celery worker": [sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker"],
@@ -58,8 +59,7 @@ def main() -> int:
                 time.sleep(1.0)
                 cpu = own_cpu(proc.pid)
                 proc.send_signal(signal.SIGTERM)
-                proc.wait(30)
-                tracker.deregister_worker(tracker.workers()[-1].id)
+                proc.wait(30)  # its warm shutdown deregisters it
                 readings[name].append(cpu)
                 print(f"round {r + 1}: {name:<14} {cpu:.2f} s CPU", flush=True)
     base = statistics.median(readings["celery worker"])

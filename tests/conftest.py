@@ -79,6 +79,13 @@ def site_server(site):
         yield server
 
 
+def plugins_path(*first: str) -> str:
+    """PYTHONPATH for a worker that imports the tests' ``plugins``: ``first``, tests/, then the
+    caller's own PYTHONPATH."""
+    return os.pathsep.join(filter(None, [*first, str(Path(__file__).parent),
+                                         os.environ.get("PYTHONPATH")]))
+
+
 def crawl_settings(redis_url: str, **overrides) -> Settings:
     # An empty environ: tests must not depend on the shell's DISTSCRAPE_* variables.
     return Settings.from_env({}, redis_url=redis_url, **overrides)

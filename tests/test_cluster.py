@@ -5,13 +5,11 @@ by real worker processes whose job lives on several masters."""
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from conftest import crawl_settings, expected_files, saved_files
+from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from redis.cluster import RedisCluster
 from redis_cluster import RedisClusterProcess
 from sitegen import SiteServer, generate_site
@@ -287,10 +285,8 @@ def test_crawl_on_a_three_master_cluster(cluster, workers, tmp_path):
                 servers.append(SiteServer(site).__enter__())
             settings = crawl_settings(cluster.url, redis_cluster=True, broker_url=broker.url,
                                       lease_seconds=30)
-            path = os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                 os.environ.get("PYTHONPATH")]))
             procs = [workers(settings, f"cluster-{i}", include=["plugins.hooks"],
-                             extra_env={"PYTHONPATH": path}) for i in range(2)]
+                             extra_env={"PYTHONPATH": plugins_path()}) for i in range(2)]
             tracker = RedisTracker.from_url(cluster.url, cluster=True)
             wait_for_workers(tracker, 2, procs=procs)
             configure_app(settings)

@@ -6,20 +6,17 @@ maintained; `workers` lists both workers; a dead worker's records are pruned."""
 from __future__ import annotations
 
 import json
-import os
 import time
-from pathlib import Path
 
 import pytest
 import redis
 
-from conftest import RouteServer, crawl_settings
+from conftest import RouteServer, crawl_settings, plugins_path
 from test_cli import run
 
 from distscrape_celery.local import wait_for_workers
 from distscrape_celery.tracker import JobAction, JobState, RedisTracker
 
-TESTS_DIR = Path(__file__).parent
 PAGES = 30
 
 
@@ -49,7 +46,7 @@ def wait_until(what: str, cond, timeout: float = 90.0, procs=()):
 @pytest.fixture
 def two_workers(redis_url, workers):
     settings = crawl_settings(redis_url, lease_seconds=5, worker_prune_seconds=6)
-    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    path = plugins_path()
     tracker = RedisTracker.from_url(redis_url)
     ghost = tracker.register_worker("ghost.invalid", 1, 1)  # never beats again
     procs = [

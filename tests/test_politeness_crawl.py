@@ -4,13 +4,11 @@ measured by the servers' own request timestamps."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from conftest import RouteServer, crawl_settings
+from conftest import RouteServer, crawl_settings, plugins_path
 
 from distscrape_celery.celery_app import configure_app
 from distscrape_celery.jobspec import build_spec
@@ -19,7 +17,6 @@ from distscrape_celery.manager import CrawlManager
 from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-TESTS_DIR = Path(__file__).parent
 # (status, body, extra headers, seconds to wait before answering)
 Response = tuple[int, bytes, dict, float]
 
@@ -59,7 +56,7 @@ def crawl(redis_url, tmp_path):
     def run(job: str, seeds: list[str], timeout: float = 120, **spec):
         settings = crawl_settings(redis_url, lease_seconds=30)
         tracker = RedisTracker.from_url(redis_url)
-        path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+        path = plugins_path()
         for i in range(2):
             w = WorkerProcess(settings, name=f"{job}-{i}", concurrency=3, log_dir=str(tmp_path),
                               loglevel="INFO", extra_env={"PYTHONPATH": path})

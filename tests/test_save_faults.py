@@ -19,10 +19,9 @@ import signal
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from conftest import crawl_settings, expected_files, saved_files
+from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from plugins.savers import event_counts, instruct, paused_pid, save_events
 from sitegen import SiteServer, generate_site
 
@@ -35,7 +34,6 @@ from distscrape_celery.tasks import publisher, save as save_task
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.urls import normalize_url
 
-TESTS_DIR = Path(__file__).parent
 LEASE = 2.0
 SAVER = "plugins.savers:CrashingSaver"
 
@@ -60,7 +58,7 @@ def start_worker(tmp_path):
     ``tmp_path/logs``."""
     started: list[PluginWorker] = []
     (tmp_path / "logs").mkdir()
-    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+    path = plugins_path()
 
     def start(settings, name, *, concurrency=3, queues=None, pool="prefork") -> PluginWorker:
         w = PluginWorker(

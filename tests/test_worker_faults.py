@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import crawl_settings, expected_files, saved_files
+from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from sitegen import SiteServer, _Handler, generate_site
 
 from distscrape_celery.celery_app import configure_app
@@ -24,7 +24,6 @@ from distscrape_celery.manager import CrawlManager
 from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-TESTS_DIR = Path(__file__).parent
 FULL_DISK_SAVER = "plugins.full_disk:FullDiskSaver"
 
 
@@ -37,12 +36,9 @@ def start_worker(tmp_path):
     logs.mkdir()
 
     def start(settings, name, *, concurrency=3, path_first=(), env=None) -> WorkerProcess:
-        path = [*map(str, path_first), str(TESTS_DIR)]
-        if os.environ.get("PYTHONPATH"):
-            path.append(os.environ["PYTHONPATH"])
         w = WorkerProcess(
             settings, name=name, concurrency=concurrency, log_dir=str(logs), loglevel="INFO",
-            extra_env={"PYTHONPATH": os.pathsep.join(path), **(env or {})},
+            extra_env={"PYTHONPATH": plugins_path(*map(str, path_first)), **(env or {})},
         )
         started.append(w.start())
         return w

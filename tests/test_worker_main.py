@@ -3,20 +3,17 @@ the same worker as `celery -A distscrape_celery worker`, without Celery's comman
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
 import time
-from pathlib import Path
+
+from conftest import plugins_path
 
 from distscrape_celery.local import WorkerProcess, wait_for_workers
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.worker_main import parse_args
-
-TESTS_DIR = Path(__file__).resolve().parent
-
 
 def wait_for_line(worker: WorkerProcess, pattern: str, timeout: float = 60) -> re.Match:
     deadline = time.monotonic() + timeout
@@ -31,10 +28,9 @@ def wait_for_line(worker: WorkerProcess, pattern: str, timeout: float = 60) -> r
 
 def test_a_started_worker_runs_without_celerys_command_line(redis_url, tmp_path):
     settings = Settings(redis_url=redis_url)
-    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
     worker = WorkerProcess(
-        settings, name="lean", concurrency=2, pool="threads", loglevel="INFO",
-        log_dir=str(tmp_path), extra_env={"PYTHONPATH": path}, include=["plugins.loaded_modules"],
+        settings, name="lean", concurrency=2, pool="threads", loglevel="INFO", log_dir=str(tmp_path),
+        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"],
     ).start()
     try:
         m = wait_for_line(worker, r"command-line modules loaded: (\d+) (.*)")

@@ -10,10 +10,11 @@ from celery.signals import worker_ready
 
 log = logging.getLogger(__name__)
 
-CLI_MODULES = ("celery.bin", "flower", "click_repl", "prompt_toolkit")
+CLI_PACKAGES = ("celery.bin", "flower", "click_repl", "prompt_toolkit")
 
 
 @worker_ready.connect
 def _report(**_):
-    loaded = sorted(m for m in sys.modules if m.split(".")[0] in CLI_MODULES or m.startswith("celery.bin"))
+    loaded = sorted(m for m in sys.modules
+                    if any(m == p or m.startswith(p + ".") for p in CLI_PACKAGES))
     log.warning("command-line modules loaded: %d %s", len(loaded), loaded[:5])
