@@ -108,8 +108,8 @@ class ItemPipeline:
         return check
 
     def scrape(self, job: str, item: str) -> str:
-        """Lease and download ``item``, queue what it links to, hand it to a save task.
-        Returns what happened (for logs and tests)."""
+        """Lease and download ``item``, queue what it links to, hand it to a save task (or save
+        it here, with the ``save_inline`` setting). Returns what happened (for logs and tests)."""
         tracker = self.rt.tracker
         spec = self.rt.spec(job)
         co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
@@ -151,16 +151,25 @@ class ItemPipeline:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)
             return "stale"
+        inline = self.rt.settings.save_inline
         try:
             # The page's new scrape messages and its save message: one broker round trip.
             with self.publisher.batch():
                 self._dispatch(job, res.dispatch)
-                self.publisher.save(job, item, token, download.meta())
+                if not inline:
+                    self.publisher.save(job, item, token, download.meta())
         except Exception as exc:
             # Hand the item back now rather than after its save timeout. Scrape messages of the
             # batch that were not sent leave their items dispatched: reclaimed within a lease.
             self.rt.staging.discard(job, token)
-            return self._fail(job, item, token, f"could not queue the save: {exc}", fault=Fault.FREE)
+            what = "the items found in it" if inline else "the save"
+            return self._fail(job, item, token, f"could not queue {what}: {exc}", fault=Fault.FREE)
+        if inline:
+            # The same steps as the save task's, so every guarantee of a save holds; what differs
+            # is recovery: if this process dies now, no save message is left to be delivered
+            # again, and the item is reclaimed (downloaded again) once its saving lease and one
+            # more lease have passed.
+            return self.save(job, item, token, download.meta())
         return "scraped"
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:

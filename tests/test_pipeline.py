@@ -287,3 +287,44 @@ def test_scraper_bug_fails_the_item_not_the_worker(env, monkeypatch):
     monkeypatch.setattr(rt.scraper("p"), "find_items", broken)
     assert pipe.scrape("p", url) == "retry"
     assert rec.saves == []
+
+
+@pytest.fixture
+def inline_env(redis_url, server, tmp_path):
+    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, save_inline=True))
+    rt.tracker.register_worker("test", 1, 4)
+    spec = build_spec(
+        {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
+    )
+    rt.tracker.create_job("p", spec.to_json())
+    rec = Recorder()
+    return rt, ItemPipeline(rt, rec), rec, server
+
+
+def test_save_inline_saves_in_the_scrape_and_queues_no_save(inline_env, tmp_path):
+    """Issue 9: with ``save_inline`` the scrape task saves its page itself; no save message."""
+    rt, pipe, rec, server = inline_env
+    rt.tracker.add("p", [server.base + "/ok"])
+    assert pipe.scrape("p", server.base + "/ok") == "saved"
+    assert rec.saves == []
+    assert rec.scrapes == [server.base + "/ok2"]  # what it links to is still queued
+    assert rt.tracker.stats("p").done == 1
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+    saved = list((tmp_path / "out").rglob("*.html"))
+    assert [p.read_bytes() for p in saved] == [ROUTES["/ok"][1]]
+
+
+def test_save_inline_failure_fails_the_item_as_a_save_task_would(inline_env, monkeypatch):
+    rt, pipe, rec, server = inline_env
+    rt.tracker.add("p", [server.base + "/ok"])
+
+    def broken(item, download):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(rt.saver("p"), "save", broken)
+    assert pipe.scrape("p", server.base + "/ok") == "retry"
+    assert rec.saves == []
+    stats = rt.tracker.stats("p")
+    assert stats.done == 0 and stats.dead == 0
+    assert pipe.scrape("p", server.base + "/ok") == "dead"  # max_retries = 1
+    assert "save failed: disk on fire" in rt.tracker.dead_items("p")[server.base + "/ok"]

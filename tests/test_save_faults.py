@@ -714,3 +714,48 @@ def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start
     # gone, and the tracker resends its save after the save timeout, counting a vanished holder
     # (seen in CI). That is recovery working, not the duplicate this test is about.
     assert not [l for l in _worker_logs(procs).splitlines() if "vanished" in l and slow in l]
+
+
+# -- issue 9: saves run inside the scrape task (save_inline) ------------------------------------
+
+def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
+    redis_url, redis_client, start_worker, tmp_path
+):
+    """With ``save_inline`` no save message exists to be delivered again: when the process dies
+    in the save, its scrape message comes back (task_reject_on_worker_lost) and finds the item
+    being saved, so it is the tracker that reclaims the item, once the saving lease and one more
+    lease have passed. README, "Saving inline": the page is downloaded again, saved once, and
+    nothing is lost; no save task runs at all."""
+    site = generate_site(n_pages=40, seed=909, unreachable=0)
+    settings = crawl_settings(redis_url, lease_seconds=LEASE, save_inline=True)
+    tracker = RedisTracker.from_url(redis_url)
+    procs = [start_worker(settings, name) for name in ("inline-a", "inline-b")]
+    wait_for_workers(tracker, len(procs), procs=procs)
+    configure_app(settings)
+    out, job = tmp_path / "out", "inline-kill"
+    n = len(site.reachable)
+    with SiteServer(site, delay=0.02) as server:
+        victims = {_item(server, p): p for p in _pages(site, 3, seed=9)}
+        instruct(out, "crash_once", victims)
+        CrawlManager(tracker, publisher.scrape).seed(job, _spec(server, out))
+        stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
+        fetched = server.counts()
+
+    kills, wrote = event_counts(out, "kill"), event_counts(out, "wrote")
+    logs = _worker_logs(procs)
+    _report("sigkill-in-inline-save", kills=sum(kills.values()),
+            victim_fetches=[fetched[p] for p in victims.values()], results=dict(_results(procs)))
+    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
+    assert saved_files(out) == expected_files(server, site, out)
+    assert kills == Counter(list(victims)), "every victim's first save must have killed its process"
+    assert {p: fetched[p] for p in victims.values()} == {p: 2 for p in victims.values()}
+    assert wrote == Counter(_item(server, p) for p in site.reachable)
+    assert "distscrape.save[" not in logs, "a save task ran although saves are inline"
+    assert _results(procs)["saved"] == n
+    left = _in_flight(redis_client, job)
+    # The body each killed save had staged waits out its TTL: the page was downloaded again
+    # under a new token, and no save will ask for the old one.
+    assert left == {**dict.fromkeys(("owners", "leased", "pending", "dispatched"), 0),
+                    "bodies": len(victims)}
+    bodies = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
+    assert all(0 < redis_client.pttl(b) <= settings.body_ttl * 1000 for b in bodies)
