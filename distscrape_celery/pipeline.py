@@ -144,14 +144,19 @@ class ItemPipeline:
             except Exception as exc:
                 log.exception("%s %s: scraper find_items raised", job, item)
                 return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
-        # Staged in the same step as the item turns save-pending, so a pending save always has a
-        # body to take, and a stale lease stages nothing.
-        res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body)
+        inline = self.rt.settings.save_inline
+        if inline:
+            # Saved here and now: the item turns saving under our lease in the same step, and
+            # its body, which only a save task on another run would need, is not staged.
+            res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id)
+        else:
+            # Staged in the same step as the item turns save-pending, so a pending save always
+            # has a body to take, and a stale lease stages nothing.
+            res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body)
         if not res.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)
             return "stale"
-        inline = self.rt.settings.save_inline
         try:
             # The page's new scrape messages and its save message: one broker round trip.
             with self.publisher.batch():
@@ -161,15 +166,14 @@ class ItemPipeline:
         except Exception as exc:
             # Hand the item back now rather than after its save timeout. Scrape messages of the
             # batch that were not sent leave their items dispatched: reclaimed within a lease.
-            self.rt.staging.discard(job, token)
+            if not inline:
+                self.rt.staging.discard(job, token)
             what = "the items found in it" if inline else "the save"
             return self._fail(job, item, token, f"could not queue {what}: {exc}", fault=Fault.FREE)
         if inline:
-            # The same steps as the save task's, so every guarantee of a save holds; what differs
-            # is recovery: if this process dies now, no save message is left to be delivered
-            # again, and the item is reclaimed (downloaded again) once its saving lease and one
-            # more lease have passed.
-            return self.save(job, item, token, download.meta())
+            # If this process dies now, no save message is left to be delivered again: the item
+            # is reclaimed (downloaded again) once its saving lease and one more have passed.
+            return self._store(job, item, token, download)
         return "scraped"
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
@@ -205,29 +209,34 @@ class ItemPipeline:
                 "TTL, or Redis lost it); it will be downloaded again",
                 fault=Fault.LOST,
             )
+        return self._store(job, item, token, Download.from_meta(meta, body), stale=stale)
+
+    def _store(self, job: str, item: str, token: int, download: Download, *, stale: bool = False) -> str:
+        """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
-            self.rt.saver(job).save(item, Download.from_meta(meta, body))
+            self.rt.saver(job).save(item, download)
         except Exception as exc:
             if stale:  # the live holder saves it; a late failure changes nothing
                 return "stale"
             full = output_full(exc)
             if full is not None:
-                return self._defer(job, item, token, meta, full)
+                return self._defer(job, item, token, download, full)
             log.exception("%s %s: save failed", job, item)
             return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
-        res = tracker.complete(job, item, token)  # drops the staged body too
+        res = self.rt.tracker.complete(job, item, token)  # drops the staged body too
         self._dispatch(job, res.dispatch)
         return "saved" if res.changed else "saved-again"
 
-    def _defer(self, job: str, item: str, token: int, meta: dict, error: OSError) -> str:
+    def _defer(self, job: str, item: str, token: int, download: Download, error: OSError) -> str:
         """The output is full: keep the item and its body, and try the save again later."""
         if not self.rt.tracker.defer_save(job, item, token):
             return "stale"
-        self.rt.staging.keep(job, token)
+        # Staged afresh, not only kept alive: an inline save had staged nothing.
+        self.rt.staging.stage(job, token, download.body)
         delay = self.rt.settings.save_retry_delay
         log.error(
             "%s %s: cannot save, the output is full (%s); the item is kept and its save retried "
             "in %.0f s", job, item, error, delay,
         )
-        self.publisher.save(job, item, token, meta, delay=delay)
+        self.publisher.save(job, item, token, download.meta(), delay=delay)
         return "deferred"

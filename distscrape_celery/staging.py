@@ -20,7 +20,8 @@ from .keys import body_key
 
 def body_ttl_ms(seconds: float) -> int:
     """A staged body's TTL in milliseconds, as both the tracker (which stages it) and
-    :class:`RedisBodyStaging` (which keeps it alive) set it: at least a second."""
+    :class:`RedisBodyStaging` (which stages a deferred save's body again) set it: at least a
+    second."""
     return max(int(seconds * 1000), 1000)
 
 
@@ -28,7 +29,7 @@ class BodyStaging(ABC):
     """Keeps and drops the bodies that the tracker stages (:meth:`Tracker.scraped` stages a body
     in the same step as its item turns save-pending, :meth:`Tracker.begin_save` hands it to the
     save, :meth:`Tracker.complete` drops it): an implementation works on the store of the tracker
-    it is paired with in the runtime."""
+    it is paired with in the runtime. It stages a body itself only for a deferred save."""
 
     @abstractmethod
     def get(self, job: str, token: int) -> Optional[bytes]:
@@ -36,8 +37,9 @@ class BodyStaging(ABC):
         body from :meth:`Tracker.begin_save`, in the same round trip."""
 
     @abstractmethod
-    def keep(self, job: str, token: int) -> None:
-        """Restart the body's TTL (its save was deferred)."""
+    def stage(self, job: str, token: int, body: bytes) -> None:
+        """Keep ``body`` for the save of lease ``token``, with a fresh TTL (a save deferred
+        because the output is full stages its body again)."""
 
     @abstractmethod
     def discard(self, job: str, token: int) -> None:
@@ -72,9 +74,9 @@ class RedisBodyStaging(BodyStaging):
     def get(self, job: str, token: int) -> Optional[bytes]:
         return self.client.get(body_key(job, token))
 
-    @_redis_errors("keep")
-    def keep(self, job: str, token: int) -> None:
-        self.client.pexpire(body_key(job, token), self.ttl_ms)
+    @_redis_errors("stage")
+    def stage(self, job: str, token: int, body: bytes) -> None:
+        self.client.set(body_key(job, token), body, px=self.ttl_ms)
 
     @_redis_errors("drop")
     def discard(self, job: str, token: int) -> None:
@@ -89,16 +91,12 @@ class InMemoryBodyStaging(BodyStaging):
         self._bodies: dict[tuple[str, int], bytes] = {}
 
     def stage(self, job: str, token: int, body: bytes) -> None:
-        """Keep ``body`` for the save of lease ``token``."""
         with self._lock:
             self._bodies[(job, int(token))] = body
 
     def get(self, job: str, token: int) -> Optional[bytes]:
         with self._lock:
             return self._bodies.get((job, int(token)))
-
-    def keep(self, job: str, token: int) -> None:
-        pass
 
     def discard(self, job: str, token: int) -> None:
         with self._lock:

@@ -314,6 +314,59 @@ def test_save_inline_saves_in_the_scrape_and_queues_no_save(inline_env, tmp_path
     assert [p.read_bytes() for p in saved] == [ROUTES["/ok"][1]]
 
 
+def test_save_inline_stages_no_body_and_needs_no_begin_save(inline_env, monkeypatch):
+    """Issue 9: the body of an inline save never goes through Redis, and the item turns saving in
+    the ``scraped`` step: three tracker calls a page, not four."""
+    rt, pipe, rec, server = inline_env
+    rt.tracker.add("p", [server.base + "/ok"])
+    bodies_at_save = []
+    saver = rt.saver("p")
+    real_save = saver.save
+
+    def look(item, download):
+        bodies_at_save.append(list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")))
+        assert rt.tracker.client.hget(JobKeys("p").items, item).startswith("S")  # saving
+        return real_save(item, download)
+
+    def no_begin_save(*args, **kwargs):
+        raise AssertionError("begin_save called by an inline save")
+
+    monkeypatch.setattr(saver, "save", look)
+    monkeypatch.setattr(rt.tracker, "begin_save", no_begin_save)
+    assert pipe.scrape("p", server.base + "/ok") == "saved"
+    assert bodies_at_save == [[]]
+    assert rt.tracker.stats("p").done == 1
+
+
+def test_save_inline_on_a_full_output_stages_the_body_for_a_later_save(inline_env, monkeypatch):
+    """A full disk must not cost an inline save's page a second download: its body is staged
+    then, and the deferred save task finds it."""
+    import errno
+
+    from distscrape_celery.errors import SaveError
+
+    rt, pipe, rec, server = inline_env
+    url = server.base + "/ok2"
+    rt.tracker.add("p", [url])
+    saver = rt.saver("p")
+    real_save = saver.save
+
+    def full(item, download):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise SaveError(f"cannot write {item!r}: No space left on device") from exc
+
+    monkeypatch.setattr(saver, "save", full)
+    assert pipe.scrape("p", url) == "deferred"
+    assert len(rec.saves) == 1 and rec.delays[-1] > 0
+    monkeypatch.setattr(saver, "save", real_save)  # space came back
+    assert pipe.save(*rec.saves[-1]) == "saved"
+    assert len(server.page_hits) == 1  # no second download
+    assert rt.tracker.stats("p").done == 1
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+
+
 def test_save_inline_failure_fails_the_item_as_a_save_task_would(inline_env, monkeypatch):
     rt, pipe, rec, server = inline_env
     rt.tracker.add("p", [server.base + "/ok"])

@@ -290,6 +290,50 @@ def test_scraped_stages_the_body_and_complete_drops_it(tracker_factory):
     assert t.complete("j", "x", new).changed is False  # idempotent, body or not
 
 
+def test_scraped_save_as_turns_the_item_saving_under_the_callers_lease(tracker_factory):
+    """Issue 9, save_inline: ``scraped(save_as=worker)`` stages nothing and leaves the item
+    saving under a lease held by the caller, as begin_save would: its heartbeat keeps it, and if
+    it vanishes the item is recovered like a save whose process died (one more lease for a save
+    message that never comes, then queued again, counting a vanished holder)."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=30)
+    bodies = body_reader(t)
+    w = new_job(t)
+    t.add("j", ["x"])
+    token = lease(t, "x", w)
+    with pytest.raises(ValueError, match="exclude each other"):
+        t.scraped("j", "x", token, body=b"page", save_as=w)
+    assert t.scraped("j", "x", token, ["found"], 1, save_as=w).held
+    assert bodies.get("j", token) is None
+    s = t.stats("j")
+    assert (s.saving, s.leased) == (0, 1)  # being saved under a lease, not waiting for a save
+    assert t.checkout("j", "x", "w2", max_lost=LOST).status is LeaseStatus.BUSY
+    for _ in range(3):  # its holder's heartbeat keeps it for three leases
+        time.sleep(0.2)
+        t.extend("j", [], w, running=["x"])
+        t.maintain("j", max_lost=LOST)  # reclaims "found" (its message was never sent), not x
+        assert t.checkout("j", "x", "w2", max_lost=LOST).status is LeaseStatus.BUSY
+        assert t.stats("j").leased == 1
+    assert t.complete("j", "x", token).changed
+    assert t.stats("j").done == 1
+    # A stale holder hands nothing to itself.
+    t.add("j", ["y", "z"])
+    old = lease(t, "y", w)
+    time.sleep(0.4)
+    t.maintain("j", max_lost=LOST)
+    new = lease(t, "y", w)
+    assert t.scraped("j", "y", old, save_as=w).held is False
+    assert t.scraped("j", "y", new, save_as=w).held
+    # The holder vanishes in the save: reclaimed once the saving lease and one more have passed.
+    lost = lease(t, "z", w)
+    assert t.scraped("j", "z", lost, save_as=w).held
+    deadline = time.monotonic() + 5
+    while (co := t.checkout("j", "z", w, max_lost=LOST)).status is not LeaseStatus.OK:
+        assert co.status is LeaseStatus.BUSY and time.monotonic() < deadline, co
+        time.sleep(0.1)
+        t.maintain("j", max_lost=LOST)
+    assert co.token != lost and t.scraped("j", "z", co.token, save_as=w).held
+
+
 def test_begin_save_hands_over_the_staged_body(tracker_factory):
     """The save reads its body in the begin_save step (in Redis: the same round trip), binary
     bytes as they are, for the live holder and for a stale one (whose late save still counts);

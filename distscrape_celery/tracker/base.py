@@ -94,6 +94,13 @@ class SaveStart(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
+def check_save_as(body: Optional[bytes], save_as: Optional[str]) -> None:
+    """:meth:`Tracker.scraped` stages a body for a save task, or hands the item to its caller's
+    own save: never both."""
+    if body is not None and save_as is not None:
+        raise ValueError("scraped: a body to stage and save_as exclude each other")
+
+
 def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
     """``items`` in lists of up to ``size``, taken from the iterable as they are needed."""
     it = iter(items)
@@ -479,12 +486,16 @@ class Tracker(ABC):
     @abstractmethod
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None,
     ) -> ScrapedResult:
         """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
         pending for up to ``save_timeout``. With ``body``, and only if ``token`` holds the item,
         the body is staged for the save of lease ``token`` in the same step (for ``body_ttl``
-        seconds), where :meth:`begin_save` reads it; a stale holder's body is not staged."""
+        seconds), where :meth:`begin_save` reads it; a stale holder's body is not staged.
+
+        With ``save_as`` (the caller's worker id; not with ``body``), the caller saves the item
+        itself right away: the item turns saving under a lease held by ``save_as``, as
+        :meth:`begin_save` would make it, and nothing is staged."""
 
     @abstractmethod
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:

@@ -37,6 +37,7 @@ from .base import (
     ScrapedResult,
     Tracker,
     WorkerInfo,
+    check_save_as,
     job_conflict,
     spec_differences,
 )
@@ -472,21 +473,27 @@ class InMemoryTracker(Tracker):
 
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None,
     ) -> ScrapedResult:
+        check_save_as(body, save_as)
         with self._lock:
             j = self._job(job)
             now = self._clock()
             added = self._add_locked(j, found, depth, now)
             held = j.state.get(item) == LEASED and self._holds(j, item, token)
             if held:
-                if body is not None:
-                    self.bodies.stage(job, token, body)
-                j.leased.pop(item, None)
                 self._vacate(j, self._domain(j, item), now)
-                j.pending[item] = now + self.save_timeout
-                j.owners[item] = ("-", int(token))  # its message is in the broker: no holder
-                j.state[item] = SAVE_PENDING
+                if save_as is not None:  # its holder saves it now, under a lease
+                    j.leased[item] = now + self.lease_seconds
+                    j.owners[item] = (save_as, int(token))
+                    j.state[item] = SAVING
+                else:
+                    if body is not None:
+                        self.bodies.stage(job, token, body)
+                    j.leased.pop(item, None)
+                    j.pending[item] = now + self.save_timeout
+                    j.owners[item] = ("-", int(token))  # its message is in the broker: no holder
+                    j.state[item] = SAVE_PENDING
             return ScrapedResult(dispatch=self._take_for_dispatch(j, now), added=added, held=held)
 
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:

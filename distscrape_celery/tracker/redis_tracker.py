@@ -50,8 +50,8 @@ from ..settings import redact
 from .base import (
     ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,
-    MAX_REASON,
     MAX_DISPATCH_BATCH,
+    MAX_REASON,
     MAX_RECLAIM_BATCH,
     WAKE_WHILE_LEASED,
     AddResult,
@@ -75,8 +75,9 @@ from .base import (
     Tracker,
     WorkerInfo,
     batches,
-    read_ahead,
+    check_save_as,
     job_conflict,
+    read_ahead,
     spec_differences,
 )
 
@@ -683,8 +684,9 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None,
     ) -> ScrapedResult:
+        check_save_as(body, save_as)
         home = self._shard_of(job, item)
         groups = self._by_shard(job, found)
         found = groups.pop(home, [])
@@ -704,7 +706,7 @@ class RedisTracker(Tracker):
         res = self._scripts["scraped"](
             keys=[*self._item_keys(job, home), *body_keys],
             args=[item, token, self.save_timeout, depth, *self._top_up_args(job),
-                  self._body_ttl_ms, body if body_keys else b"", *found],
+                  self._body_ttl_ms, body if body_keys else b"", save_as or "", *found],
         )
         if int(res[1]):
             self._mirror_active(job, [home])

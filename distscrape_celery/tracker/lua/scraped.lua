@@ -14,13 +14,17 @@
 -- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
 -- ARGV[8] body_ttl     milliseconds the staged body is kept (ignored without KEYS[21])
 -- ARGV[9] body         the downloaded body (bytes)
--- ARGV[10..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[10] saver       '' or the id of the calling worker, which saves the item itself at once
+--                       (save_inline): the item turns saving under its lease, as begin_save
+--                       would make it, and nothing is staged (the caller has the body)
+-- ARGV[11..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local body_key, body_ttl = KEYS[21], ARGV[8]
-local added = add_items(10, depth)
+local saver = ARGV[10]
+local added = add_items(11, depth)
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)
@@ -28,13 +32,21 @@ if v then
   local state, item_depth = split_state(v)
   local _, held = holder(item)
   if state == 'l' and held == token then
-    if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
-    redis.call('ZREM', K_LEASED, item)
     vacate(domain_of(item))  -- its fetch is over
-    redis.call('ZADD', K_PENDING, now + save_timeout, item)
-    -- Its save message is in the broker now, not with any worker: no holder, same token.
-    redis.call('HSET', K_OWNERS, item, '- ' .. token)
-    redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
+    if saver ~= '' then
+      -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
+      -- process died if the holder vanishes.
+      redis.call('ZADD', K_LEASED, now + lease, item)
+      redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token)
+      redis.call('HSET', K_ITEMS, item, 'S' .. item_depth)
+    else
+      if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
+      redis.call('ZREM', K_LEASED, item)
+      redis.call('ZADD', K_PENDING, now + save_timeout, item)
+      -- Its save message is in the broker now, not with any worker: no holder, same token.
+      redis.call('HSET', K_OWNERS, item, '- ' .. token)
+      redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
+    end
     status = 'ok'
   end
 end
