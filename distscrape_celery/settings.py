@@ -102,7 +102,7 @@ class Settings(BaseModel):
     save_inline: bool = Field(
         False,
         description="Run each page's save in the scrape task that downloaded it, in the same "
-        "worker, instead of queueing a save task: 11-29 % less CPU per page (bench/RESULTS.md). "
+        "worker, instead of queueing a save task: 11-40 % less CPU per page (bench/RESULTS.md). "
         "Save workers of the save queue then get only deferred saves, Flower shows no save "
         "tasks, and a page whose worker dies while saving it is downloaded again (see the "
         "README's 'Saving inline').",
