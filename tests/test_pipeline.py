@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 
 import pytest
 
@@ -53,9 +54,8 @@ def server():
         yield server
 
 
-@pytest.fixture
-def env(redis_url, server, tmp_path):
-    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+def pipeline_env(redis_url, server, tmp_path, **settings):
+    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, **settings))
     rt.tracker.register_worker("test", 1, 4)
     spec = build_spec(
         {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
@@ -63,6 +63,21 @@ def env(redis_url, server, tmp_path):
     rt.tracker.create_job("p", spec.to_json())
     rec = Recorder()
     return rt, ItemPipeline(rt, rec), rec, server
+
+
+@pytest.fixture
+def env(redis_url, server, tmp_path):
+    return pipeline_env(redis_url, server, tmp_path)
+
+
+def full_disk_save(item, download):
+    """A saver's save on a full disk."""
+    from distscrape_celery.errors import SaveError
+
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as exc:
+        raise SaveError(f"cannot write {item!r}: No space left on device") from exc
 
 
 def test_scrape_then_save_completes_and_queues_links(env, tmp_path):
@@ -214,24 +229,13 @@ def test_duplicate_save_while_the_first_runs_comes_back_later(env):
 
 
 def test_full_output_defers_the_save_without_counting(env, tmp_path, monkeypatch):
-    import errno
-
-    from distscrape_celery.errors import SaveError
-
     rt, pipe, rec, server = env
     url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     pipe.scrape("p", url)
     saver = rt.saver("p")
     real_save = saver.save
-
-    def full(item, download):
-        try:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        except OSError as exc:
-            raise SaveError(f"cannot write {item!r}: No space left on device") from exc
-
-    monkeypatch.setattr(saver, "save", full)
+    monkeypatch.setattr(saver, "save", full_disk_save)
     for n in range(1, 6):  # far more than max_retries=1
         assert pipe.save(*rec.saves[-1]) == "deferred"
         assert len(rec.saves) == n + 1 and rec.delays[-1] > 0  # the save is sent again, later
@@ -291,14 +295,7 @@ def test_scraper_bug_fails_the_item_not_the_worker(env, monkeypatch):
 
 @pytest.fixture
 def inline_env(redis_url, server, tmp_path):
-    rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, save_inline=True))
-    rt.tracker.register_worker("test", 1, 4)
-    spec = build_spec(
-        {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
-    )
-    rt.tracker.create_job("p", spec.to_json())
-    rec = Recorder()
-    return rt, ItemPipeline(rt, rec), rec, server
+    return pipeline_env(redis_url, server, tmp_path, save_inline=True)
 
 
 def test_save_inline_saves_in_the_scrape_and_queues_no_save(inline_env, tmp_path):
@@ -341,23 +338,12 @@ def test_save_inline_stages_no_body_and_needs_no_begin_save(inline_env, monkeypa
 def test_save_inline_on_a_full_output_stages_the_body_for_a_later_save(inline_env, monkeypatch):
     """A full disk must not cost an inline save's page a second download: its body is staged
     then, and the deferred save task finds it."""
-    import errno
-
-    from distscrape_celery.errors import SaveError
-
     rt, pipe, rec, server = inline_env
     url = server.base + "/ok2"
     rt.tracker.add("p", [url])
     saver = rt.saver("p")
     real_save = saver.save
-
-    def full(item, download):
-        try:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        except OSError as exc:
-            raise SaveError(f"cannot write {item!r}: No space left on device") from exc
-
-    monkeypatch.setattr(saver, "save", full)
+    monkeypatch.setattr(saver, "save", full_disk_save)
     assert pipe.scrape("p", url) == "deferred"
     assert len(rec.saves) == 1 and rec.delays[-1] > 0
     monkeypatch.setattr(saver, "save", real_save)  # space came back
