@@ -79,8 +79,8 @@ def start_worker(tmp_path):
         t.join()
 
 
-def _setup(redis_url, start_worker, names, *, lease=LEASE, **worker_kw):
-    settings = crawl_settings(redis_url, lease_seconds=lease)
+def _setup(redis_url, start_worker, names, *, lease=LEASE, settings_kw=None, **worker_kw):
+    settings = crawl_settings(redis_url, lease_seconds=lease, **(settings_kw or {}))
     tracker = RedisTracker.from_url(redis_url)
     procs = [start_worker(settings, name, **worker_kw) for name in names]
     wait_for_workers(tracker, len(procs), procs=procs)
@@ -727,11 +727,8 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
     lease have passed. README, "Saving inline": the page is downloaded again, saved once, and
     nothing is lost; no save task runs at all."""
     site = generate_site(n_pages=40, seed=909, unreachable=0)
-    settings = crawl_settings(redis_url, lease_seconds=LEASE, save_inline=True)
-    tracker = RedisTracker.from_url(redis_url)
-    procs = [start_worker(settings, name) for name in ("inline-a", "inline-b")]
-    wait_for_workers(tracker, len(procs), procs=procs)
-    configure_app(settings)
+    _, tracker, procs = _setup(redis_url, start_worker, ["inline-a", "inline-b"],
+                               settings_kw={"save_inline": True})
     out, job = tmp_path / "out", "inline-kill"
     n = len(site.reachable)
     with SiteServer(site, delay=0.02) as server:
