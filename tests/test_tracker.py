@@ -334,6 +334,52 @@ def test_scraped_save_as_turns_the_item_saving_under_the_callers_lease(tracker_f
     assert co.token != lost and t.scraped("j", "z", co.token, save_as=w).held
 
 
+def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
+    """Issue 9, save batches: ``scraped(keep_as=worker)`` stages the body and leaves the item
+    waiting for its save under the keeper's lease, not the save timeout: if the keeper dies before
+    it queued the save, the item is reclaimed a lease later. ``handoff`` then gives it the save
+    timeout, and only for the keeper's own token; a save that began first is left alone."""
+    t = tracker_factory(lease_seconds=0.3, save_timeout=30)
+    bodies = body_reader(t)
+    w = new_job(t)
+    t.add("j", ["x", "y", "z"])
+    with pytest.raises(ValueError, match="exclude each other"):
+        t.scraped("j", "x", lease(t, "x", w), save_as=w, keep_as=w)
+    time.sleep(0.4)
+    t.maintain("j", max_lost=LOST)
+    # The keeper dies before queuing the save: reclaimed a lease later, counting a lost holder.
+    dying = lease(t, "x", w)
+    assert t.scraped("j", "x", dying, body=b"x-page", keep_as=w).held
+    assert bodies.get("j", dying) == b"x-page"
+    assert t.checkout("j", "x", "w2", max_lost=LOST).status is LeaseStatus.BUSY
+    assert t.stats("j").saving == 1
+    time.sleep(0.4)
+    assert t.maintain("j", max_lost=LOST).reclaimed >= 1
+    co = t.checkout("j", "x", "w2", max_lost=LOST)
+    assert co.status is LeaseStatus.OK and co.token != dying
+    # Handed over: from then on it waits the save timeout, not a lease.
+    kept = lease(t, "y", w)
+    assert t.scraped("j", "y", kept, body=b"y-page", keep_as=w).held
+    assert t.handoff("j", "w2", [("y", kept)]) == 0  # not w2's
+    assert t.handoff("j", w, [("y", kept + 1)]) == 0  # not that token
+    assert t.handoff("j", w, [("y", kept)]) == 1
+    assert t.handoff("j", w, [("y", kept)]) == 0  # no longer w's
+    time.sleep(0.4)
+    t.maintain("j", max_lost=LOST)
+    assert t.checkout("j", "y", "w2", max_lost=LOST).status is LeaseStatus.BUSY
+    begin = t.begin_save("j", "y", kept, "w2", max_lost=LOST)
+    assert (begin.status, begin.body, begin.lost) == (SaveStart.OK, b"y-page", 0)
+    assert t.complete("j", "y", kept).changed
+    # The save began before its keeper handed it over: the handoff leaves the save alone.
+    raced = lease(t, "z", w)
+    assert t.scraped("j", "z", raced, body=b"z-page", keep_as=w).held
+    assert t.begin_save("j", "z", raced, "w2", max_lost=LOST).status is SaveStart.OK
+    assert t.handoff("j", w, [("z", raced)]) == 0
+    assert t.stats("j").saving == 0  # z is being saved by w2, not waiting
+    assert t.checkout("j", "z", "w3", max_lost=LOST).status is LeaseStatus.BUSY
+    assert t.complete("j", "z", raced).changed
+
+
 def test_begin_save_hands_over_the_staged_body(tracker_factory):
     """The save reads its body in the begin_save step (in Redis: the same round trip), binary
     bytes as they are, for the live holder and for a stale one (whose late save still counts);

@@ -94,11 +94,13 @@ class SaveStart(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-def check_save_as(body: Optional[bytes], save_as: Optional[str]) -> None:
+def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Optional[str] = None) -> None:
     """:meth:`Tracker.scraped` stages a body for a save task, or hands the item to its caller's
-    own save: never both."""
+    own save: never both. Only an item waiting for a save task can be kept."""
     if body is not None and save_as is not None:
         raise ValueError("scraped: a body to stage and save_as exclude each other")
+    if save_as is not None and keep_as is not None:
+        raise ValueError("scraped: save_as and keep_as exclude each other")
 
 
 def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -486,7 +488,7 @@ class Tracker(ABC):
     @abstractmethod
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None, save_as: Optional[str] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
     ) -> ScrapedResult:
         """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
         pending for up to ``save_timeout``. With ``body``, and only if ``token`` holds the item,
@@ -495,7 +497,17 @@ class Tracker(ABC):
 
         With ``save_as`` (the caller's worker id; not with ``body``), the caller saves the item
         itself right away: the item turns saving under a lease held by ``save_as``, as
-        :meth:`begin_save` would make it, and nothing is staged."""
+        :meth:`begin_save` would make it, and nothing is staged.
+
+        With ``keep_as`` (the caller's worker id), the caller queues the save task later: the
+        item waits for it under ``keep_as``'s lease (kept by its heartbeat's ``saves``) until
+        :meth:`handoff`, so it is reclaimed a lease after ``keep_as`` vanishes."""
+
+    @abstractmethod
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        """``worker_id`` queued the save tasks of these (item, token) pairs, which it kept
+        (``scraped(keep_as=...)``): each now waits for its save task for up to ``save_timeout``.
+        Pairs that are no longer ``worker_id``'s are left alone. Returns how many were handed."""
 
     @abstractmethod
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:

@@ -473,9 +473,9 @@ class InMemoryTracker(Tracker):
 
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None, save_as: Optional[str] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
     ) -> ScrapedResult:
-        check_save_as(body, save_as)
+        check_save_as(body, save_as, keep_as)
         with self._lock:
             j = self._job(job)
             now = self._clock()
@@ -491,10 +491,26 @@ class InMemoryTracker(Tracker):
                     if body is not None:
                         self.bodies.stage(job, token, body)
                     j.leased.pop(item, None)
-                    j.pending[item] = now + self.save_timeout
-                    j.owners[item] = ("-", int(token))  # its message is in the broker: no holder
+                    if keep_as is not None:  # its keeper queues the save later (handoff)
+                        j.pending[item] = now + self.lease_seconds
+                        j.owners[item] = (keep_as, int(token))
+                    else:
+                        j.pending[item] = now + self.save_timeout
+                        j.owners[item] = ("-", int(token))  # its message is in the broker
                     j.state[item] = SAVE_PENDING
             return ScrapedResult(dispatch=self._take_for_dispatch(j, now), added=added, held=held)
+
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        with self._lock:
+            j = self._job(job)
+            later = self._clock() + self.save_timeout
+            n = 0
+            for item, token in saves:
+                if j.state.get(item) == SAVE_PENDING and j.owners.get(item) == (worker_id, int(token)):
+                    j.pending[item] = later
+                    j.owners[item] = ("-", int(token))
+                    n += 1
+            return n
 
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         with self._lock:

@@ -88,7 +88,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
-    "maintain", "release", "retry_dead", "control",
+    "maintain", "release", "retry_dead", "control", "handoff",
 )
 # Keys (or hash fields, set members) removed per command when a job is deleted: each command
 # stays short, so Redis keeps answering others meanwhile.
@@ -684,9 +684,9 @@ class RedisTracker(Tracker):
     @_converts_redis_errors
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
-        body: Optional[bytes] = None, save_as: Optional[str] = None,
+        body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
     ) -> ScrapedResult:
-        check_save_as(body, save_as)
+        check_save_as(body, save_as, keep_as)
         home = self._shard_of(job, item)
         groups = self._by_shard(job, found)
         found = groups.pop(home, [])
@@ -706,13 +706,26 @@ class RedisTracker(Tracker):
         res = self._scripts["scraped"](
             keys=[*self._item_keys(job, home), *body_keys],
             args=[item, token, self.save_timeout, depth, *self._top_up_args(job),
-                  self._body_ttl_ms, body if body_keys else b"", save_as or "", *found],
+                  self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "",
+                  *found],
         )
         if int(res[1]):
             self._mirror_active(job, [home])
         return ScrapedResult(
             dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
+
+    @_converts_redis_errors
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        n = 0
+        by_shard: dict[int, list[tuple[str, int]]] = {}
+        for item, token in saves:
+            by_shard.setdefault(self._shard_of(job, item), []).append((item, token))
+        for s, group in sorted(by_shard.items()):
+            for chunk in _chunks(group, MAX_ADD_BATCH // 2):
+                pairs = [x for item, token in chunk for x in (item, token)]
+                n += int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
+        return n
 
     @_converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:

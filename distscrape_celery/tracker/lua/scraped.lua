@@ -17,14 +17,18 @@
 -- ARGV[10] saver       '' or the id of the calling worker, which saves the item itself at once
 --                       (save_inline): the item turns saving under its lease, as begin_save
 --                       would make it, and nothing is staged (the caller has the body)
--- ARGV[11..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[11] keeper      '' or the id of the calling worker, which queues the save message later
+--                       (with those of other pages): until it hands the item over (handoff.lua)
+--                       the item waits under the keeper's lease, so if the keeper dies first the
+--                       item is reclaimed a lease later, not a save timeout later
+-- ARGV[12..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local body_key, body_ttl = KEYS[21], ARGV[8]
-local saver = ARGV[10]
-local added = add_items(11, depth)
+local saver, keeper = ARGV[10], ARGV[11]
+local added = add_items(12, depth)
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)
@@ -42,9 +46,14 @@ if v then
     else
       if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
       redis.call('ZREM', K_LEASED, item)
-      redis.call('ZADD', K_PENDING, now + save_timeout, item)
-      -- Its save message is in the broker now, not with any worker: no holder, same token.
-      redis.call('HSET', K_OWNERS, item, '- ' .. token)
+      if keeper ~= '' then
+        redis.call('ZADD', K_PENDING, now + lease, item)
+        redis.call('HSET', K_OWNERS, item, keeper .. ' ' .. token)
+      else
+        redis.call('ZADD', K_PENDING, now + save_timeout, item)
+        -- Its save message is in the broker now, not with any worker: no holder, same token.
+        redis.call('HSET', K_OWNERS, item, '- ' .. token)
+      end
       redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
     end
     status = 'ok'
