@@ -62,7 +62,7 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
     later; the hung run's fencing token is then stale)."""
     from celery.worker import state
 
-    from .celery_app import SAVE_TASK, SCRAPE_TASK
+    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
     held: dict[str, Held] = defaultdict(Held)
     active = set(state.active_requests)
@@ -73,14 +73,20 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
         requests = [r for r in requests if not (r.time_start and r.time_start < too_old)]
     for request in requests:
         try:
-            if request.name not in (SCRAPE_TASK, SAVE_TASK):
+            if request.name == SCRAPE_TASK:
+                saves = []
+            elif request.name == SAVE_TASK:
+                saves = [(request.args[1], int(request.args[2]))]
+            elif request.name == SAVE_BATCH_TASK:  # a worker process's saves, in one message
+                saves = [(item, int(token)) for item, token, _ in request.args[1]]
+            else:
                 continue
-            job, item = request.args[0], request.args[1]
-            held[job].items.append(item)
+            job = request.args[0]
+            items = [item for item, _ in saves] if saves else [request.args[1]]
+            held[job].items.extend(items)
             if request in active:
-                held[job].running.append(item)
-            if request.name == SAVE_TASK:
-                held[job].saves.append((item, int(request.args[2])))
+                held[job].running.extend(items)
+            held[job].saves.extend(saves)
         except (IndexError, TypeError, ValueError):
             continue
     return held
@@ -266,14 +272,42 @@ def _on_worker_ready(**_):
         _agent.start()
 
 
+def _flush_saves() -> None:
+    """Queue the saves this process gathered before it lets go of its items: else they wait in
+    the tracker for a lease (and are downloaded again)."""
+    from .tasks import flush_saves
+
+    if not flush_saves():
+        log.warning("some gathered saves could not be queued; their items are downloaded again")
+
+
+@signals.task_received.connect
+def _on_task_received(request, **_):
+    """A batch of saves just left the broker for this worker: take its items into the worker's
+    hands now rather than at its next heartbeat, so that if the worker dies before then, they
+    come back a lease later, not a save timeout later. One round trip per batch, not per page."""
+    from .celery_app import SAVE_BATCH_TASK
+
+    if _agent is None or request.name != SAVE_BATCH_TASK:
+        return
+    try:
+        job = request.args[0]
+        saves = [(item, int(token)) for item, token, _ in request.args[1]]
+        _agent.rt.tracker.extend(job, [], _agent.rt.worker_id, saves=saves, running=[])
+    except Exception as exc:  # the next heartbeat claims them instead
+        log.warning("could not claim a received batch of saves: %s", exc)
+
+
 @signals.worker_shutdown.connect
 def _on_worker_shutdown(**_):
+    _flush_saves()
     if _agent is not None:
         _agent.stop()
 
 
 @signals.worker_process_shutdown.connect
 def _on_pool_process_shutdown(**_):
+    _flush_saves()
     # Pool processes own their savers; close them so buffered output is flushed.
     from . import runtime
 

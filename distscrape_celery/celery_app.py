@@ -19,6 +19,8 @@ SCRAPE_QUEUE = "distscrape.scrape"
 SAVE_QUEUE = "distscrape.save"
 SCRAPE_TASK = "distscrape.scrape"
 SAVE_TASK = "distscrape.save"
+# The saves of several pages, scraped by one worker process, in one message.
+SAVE_BATCH_TASK = "distscrape.save_batch"
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -50,7 +52,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         ],
         "task_default_queue": settings.scrape_queue,
         "task_routes": {SCRAPE_TASK: {"queue": settings.scrape_queue},
-                        SAVE_TASK: {"queue": settings.save_queue}},
+                        SAVE_TASK: {"queue": settings.save_queue},
+                        SAVE_BATCH_TASK: {"queue": settings.save_queue}},
         "task_soft_time_limit": settings.task_soft_time_limit,
         "task_time_limit": settings.task_time_limit,
         # The Redis transport re-delivers an unacknowledged message after this; it must exceed

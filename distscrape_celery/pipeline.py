@@ -14,10 +14,11 @@ import errno
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Optional, Protocol
+from typing import NamedTuple, Optional, Protocol
 
 from .backoff import Backoff
-from .errors import FetchError
+from .batching import Batcher
+from .errors import FetchError, TrackerUnavailable
 from .fetch import Download, redirect_check
 from .keys import domain_of
 from .runtime import Runtime
@@ -41,6 +42,9 @@ class Publisher(Protocol):
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
         """Publish the save task of an item scraped under lease ``token``, to run after ``delay``."""
 
+    def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> None:
+        """Publish one save task for several scraped items: (item, token, meta) each."""
+
     def batch(self) -> AbstractContextManager[None]:
         """A block whose publishes may be sent together when it ends (none if it raises); the
         send's error is raised at the end of the block."""
@@ -58,11 +62,38 @@ def output_full(exc: BaseException) -> Optional[OSError]:
     return None
 
 
+class ScrapedSave(NamedTuple):
+    """A scraped item waiting in its worker process for its save task to be queued, with the
+    items found in it that the tracker handed out for scraping."""
+
+    job: str
+    item: str
+    token: int
+    meta: dict
+    dispatch: list[str]
+
+
 class ItemPipeline:
     def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
         self.rt = runtime
         self.publisher = publisher
         self._crawl_delays: dict[tuple[str, str], float] = {}
+        settings = runtime.settings
+        self._saves: Optional[Batcher[ScrapedSave]] = None
+        if settings.save_batch_size > 1 and not settings.save_inline:
+            self._saves = Batcher(
+                self._queue_saves, max_items=settings.save_batch_size,
+                max_wait=settings.save_batch_seconds, name="distscrape-saves",
+            )
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Queue the save tasks of every item scraped so far now (a worker stopping calls it).
+        True if none is left waiting."""
+        return self._saves is None or self._saves.flush(timeout)
+
+    def close(self, timeout: float = 30.0) -> bool:
+        """Queue what waits, and stop gathering saves; scrapes after this fail."""
+        return self._saves is None or self._saves.close(timeout)
 
     def _dispatch(self, job: str, items: Sequence[str]) -> None:
         if items:
@@ -145,7 +176,11 @@ class ItemPipeline:
                 log.exception("%s %s: scraper find_items raised", job, item)
                 return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
         inline = self.rt.settings.save_inline
-        if inline:
+        if self._saves is not None:
+            # Kept under our lease until its save task is queued with those of other pages.
+            res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
+                                  keep_as=self.rt.worker_id)
+        elif inline:
             # Saved here and now: the item turns saving under our lease in the same step, and
             # its body, which only a save task on another run would need, is not staged.
             res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id)
@@ -157,6 +192,9 @@ class ItemPipeline:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)
             return "stale"
+        if self._saves is not None:
+            self._saves.add(ScrapedSave(job, item, token, download.meta(), list(res.dispatch)))
+            return "scraped"
         try:
             # The page's new scrape messages and its save message: one broker round trip.
             with self.publisher.batch():
@@ -175,6 +213,47 @@ class ItemPipeline:
             # is reclaimed (downloaded again) once its saving lease and one more have passed.
             return self._store(job, item, token, download)
         return "scraped"
+
+    def _queue_saves(self, saves: list[ScrapedSave]) -> None:
+        """Publish one save task per job for ``saves``, with the scrape messages of the items
+        found in them: one broker round trip. What cannot be published is handed back."""
+        by_job: dict[str, list[ScrapedSave]] = {}
+        for entry in saves:
+            by_job.setdefault(entry.job, []).append(entry)
+        for job, group in by_job.items():
+            try:
+                with self.publisher.batch():
+                    self._dispatch(job, [x for entry in group for x in entry.dispatch])
+                    self.publisher.save_batch(job, [(e.item, e.token, e.meta) for e in group])
+            except Exception as exc:
+                # Handed back now rather than a lease later. Scrape messages that were not sent
+                # leave their items dispatched: reclaimed within a lease.
+                for entry in group:
+                    try:
+                        self.rt.staging.discard(job, entry.token)
+                        self._fail(job, entry.item, entry.token, f"could not queue the save: {exc}",
+                                   fault=Fault.FREE)
+                    except Exception as again:  # the tracker reclaims it within a lease
+                        log.warning("%s %s: left for recovery: %s", job, entry.item, again)
+                continue
+            try:
+                self.rt.tracker.handoff(job, self.rt.worker_id, [(e.item, e.token) for e in group])
+            except Exception as exc:
+                # The messages are out: each save runs, and if it waits longer than a lease its
+                # item is downloaded again meanwhile, which the late save's complete settles.
+                log.warning("%s: could not hand over %d queued saves: %s", job, len(group), exc)
+
+    def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> list[str]:
+        """Save several scraped items, each as :meth:`save` would; returns what happened to each."""
+        results = []
+        for item, token, meta in saves:
+            try:
+                results.append(self.save(job, item, int(token), meta))
+            except TrackerUnavailable as exc:
+                # Left in flight: the tracker reclaims it. The others may still get through.
+                log.warning("%s %s: left for recovery, the tracker is unavailable: %s", job, item, exc)
+                results.append("tracker-unavailable")
+        return results
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""

@@ -107,6 +107,23 @@ class Settings(BaseModel):
         "tasks, and a page whose worker dies while saving it is downloaded again (see the "
         "README's 'Saving inline').",
     )
+    save_batch_size: int = Field(
+        32,
+        ge=1,
+        le=1000,
+        description="Most pages one save task carries. A worker process gathers the saves of the "
+        "pages it scraped for up to save_batch_seconds and queues them as one save task, with the "
+        "links found in them: one broker message and one delivery for many pages "
+        "(bench/RESULTS.md). 1: a save task per page, sent at once.",
+    )
+    save_batch_seconds: float = Field(
+        0.05,
+        ge=0,
+        le=5,
+        description="Longest a scraped page waits in its worker process for its save task to be "
+        "queued. Until then the worker holds the page under its lease, so a worker that dies "
+        "meanwhile costs a download again, one lease later.",
+    )
     save_timeout_seconds: Optional[float] = Field(
         None,
         ge=1,
@@ -120,6 +137,16 @@ class Settings(BaseModel):
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
         "unset, it answers anyone who can reach it.",
     )
+
+    @field_validator("save_batch_seconds")
+    @classmethod
+    def _check_save_batch_seconds(cls, value: float, info: ValidationInfo) -> float:
+        # A page waits this long under its worker's lease: far less than the lease, so a slow
+        # broker round trip on top does not let the lease run out.
+        lease = info.data.get("lease_seconds")
+        if lease is not None and value > lease / 4:
+            raise ValueError(f"must be at most a quarter of lease_seconds ({lease:g})")
+        return value
 
     @field_validator("worker_prune_seconds")
     @classmethod

@@ -13,7 +13,7 @@ from celery.utils.nodenames import anon_nodename
 from kombu import Producer
 from kombu.utils.uuid import uuid
 
-from .celery_app import SAVE_TASK, SCRAPE_TASK, app, current_settings
+from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, app, current_settings
 from .errors import TrackerUnavailable
 from .pipeline import ItemPipeline
 from .runtime import current_runtime
@@ -103,6 +103,11 @@ class CeleryPublisher:
             self._send(SAVE_TASK, current_settings().save_queue, (job, item, token, meta),
                        countdown=delay or None)
 
+    def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> None:
+        with self.batch():
+            self._send(SAVE_BATCH_TASK, current_settings().save_queue,
+                       (job, [list(entry) for entry in saves]))
+
     def _send(self, name: str, queue: str, args: tuple, countdown: Optional[float] = None) -> None:
         producer, conf = self._local.producer, app.conf
         parent_id = root_id = None
@@ -178,6 +183,12 @@ def scrape(job: str, item: str) -> str:
         return _tracker_down(job, item, exc)
 
 
+def flush_saves(timeout: float = 30.0) -> bool:
+    """Queue the saves this process gathered (a worker stopping calls it). True if none is
+    left waiting."""
+    return _pipeline is None or _pipeline.flush(timeout)
+
+
 @app.task(name=SAVE_TASK, ignore_result=True)
 def save(job: str, item: str, token: int, meta: dict) -> str:
     """Store one downloaded item (scraped under lease ``token``) through the job's saver, then
@@ -186,3 +197,9 @@ def save(job: str, item: str, token: int, meta: dict) -> str:
         return pipeline().save(job, item, token, meta)
     except TrackerUnavailable as exc:
         return _tracker_down(job, item, exc)
+
+
+@app.task(name=SAVE_BATCH_TASK, ignore_result=True)
+def save_batch(job: str, saves: list) -> list[str]:
+    """Store several downloaded items, each ``[item, token, meta]``, as :func:`save` would."""
+    return pipeline().save_batch(job, saves)

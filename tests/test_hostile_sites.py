@@ -51,6 +51,9 @@ class InlinePublisher:
     def save(self, job, item, token, meta, delay=0):
         self.tasks.append(("save", job, item, token, meta))
 
+    def save_batch(self, job, saves):
+        self.tasks.extend(("save", job, item, token, meta) for item, token, meta in saves)
+
     def batch(self):
         return contextlib.nullcontext()
 
@@ -64,6 +67,8 @@ def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500, tim
     CrawlManager(rt.tracker, publish.scrape).seed(job, spec)
     deadline = time.monotonic() + timeout
     for _ in range(max_tasks):
+        if not publish.tasks and pipe.flush() and publish.tasks:
+            continue  # the gathered saves
         if not publish.tasks:
             if rt.tracker.stats(job).finished or time.monotonic() > deadline:
                 break

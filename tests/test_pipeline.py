@@ -27,6 +27,7 @@ class Recorder:
         self.scrapes: list[str] = []
         self.saves: list[tuple] = []
         self.delays: list[float] = []
+        self.batches: list[list[tuple]] = []
 
     def scrape(self, job, items):
         self.scrapes.extend(items)
@@ -34,6 +35,11 @@ class Recorder:
     def save(self, job, item, token, meta, delay=0):
         self.saves.append((job, item, token, meta))
         self.delays.append(delay)
+
+    def save_batch(self, job, saves):
+        self.batches.append([tuple(entry) for entry in saves])
+        for item, token, meta in saves:
+            self.save(job, item, token, meta)
 
     def batch(self):
         return contextlib.nullcontext()
@@ -55,6 +61,8 @@ def server():
 
 
 def pipeline_env(redis_url, server, tmp_path, **settings):
+    # A save message per page, sent at once, unless a test gathers them (save_batch_size).
+    settings.setdefault("save_batch_size", 1)
     rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, **settings))
     rt.tracker.register_worker("test", 1, 4)
     spec = build_spec(

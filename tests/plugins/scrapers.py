@@ -3,7 +3,7 @@ the control directory ``<output>.ctl`` next to the saver's output).
 
 Control file ``die_before_save_publish`` (one item per line): once the pipeline has made that item
 save-pending (``scraped``), the process group of the worker that scraped it is SIGKILLed (a power
-cut of its host) just before the save message would be sent. ``died/<sha1>`` records the pid.
+cut of its host) just before the save message (or the batch of saves with it) would be sent. ``died/<sha1>`` records the pid.
 """
 
 from __future__ import annotations
@@ -33,14 +33,19 @@ class DyingScraper(SimpleScraper):
 
 def _die_before_publishing_save_of(item: str) -> None:
     """In this process, make the publisher kill the whole worker instead of sending the save
-    message of ``item`` (the pipeline calls it right after ``tracker.scraped``)."""
+    message of ``item``, alone or in a batch (the pipeline sends it after ``tracker.scraped``)."""
     from distscrape_celery.tasks import publisher
 
-    send = publisher.save
+    send, send_batch = publisher.save, publisher.save_batch
 
     def save(job, it, token, meta, delay=0):
         if it == item:
             os.killpg(os.getpgrp(), signal.SIGKILL)
         return send(job, it, token, meta, delay)
 
-    publisher.save = save
+    def save_batch(job, saves):
+        if any(entry[0] == item for entry in saves):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        return send_batch(job, saves)
+
+    publisher.save, publisher.save_batch = save, save_batch

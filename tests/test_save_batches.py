@@ -1,0 +1,182 @@
+"""Issue 9: a worker process gathers the saves of the pages it scraped into one save task.
+
+The pipeline against a real Redis tracker and real HTTP (no Celery); the crash cases, with real
+worker processes, are in test_save_faults.py (the worker killed before its batch is queued).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from distscrape_celery.agent import reserved_items
+from distscrape_celery.batching import Batcher
+from distscrape_celery.celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
+from distscrape_celery.keys import JobKeys
+from distscrape_celery.tracker import LeaseStatus
+from test_pipeline import ROUTES, pipeline_env, server  # noqa: F401  (server: a fixture)
+
+
+def wait_for(check, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# -- the batcher ------------------------------------------------------------------------------
+
+
+def test_batcher_sends_a_full_group_at_once_and_the_rest_when_the_oldest_waited():
+    groups, sent_at = [], []
+
+    def flush(group):
+        groups.append(group)
+        sent_at.append(time.monotonic())
+
+    b = Batcher(flush, max_items=3, max_wait=0.3, name="t")
+    start = time.monotonic()
+    for n in range(4):
+        b.add(n)
+    wait_for(lambda: len(groups) == 1)
+    assert groups[0] == [0, 1, 2] and sent_at[0] - start < 0.2  # full: not waiting out max_wait
+    wait_for(lambda: len(groups) == 2)
+    assert groups[1] == [3] and sent_at[1] - start >= 0.25
+    assert b.pending() == 0
+    assert b.close()
+
+
+def test_batcher_flush_sends_now_and_a_failing_flush_does_not_stop_it(caplog):
+    groups = []
+
+    def flush(group):
+        if group == ["bad"]:
+            raise RuntimeError("broker gone")
+        groups.append(group)
+
+    b = Batcher(flush, max_items=100, max_wait=60, name="t")
+    b.add("bad")
+    assert b.flush(timeout=5)  # long before max_wait
+    assert "could not pass on 1 entries" in caplog.text
+    b.add("a")
+    b.add("b")
+    assert b.flush(timeout=5)
+    assert groups == [["a", "b"]]
+    b.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.add("late")
+
+
+def test_batcher_holds_back_adders_while_the_broker_is_stuck():
+    """A flush that hangs must not let entries pile up without bound."""
+    release = threading.Event()
+    b = Batcher(lambda group: release.wait(10), max_items=2, max_wait=0, name="t")
+    added = []
+
+    def adder():
+        for n in range(20):
+            b.add(n)
+            added.append(n)
+
+    t = threading.Thread(target=adder, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    assert len(added) <= 2 + 4 * 2  # one group being sent, four waiting
+    release.set()
+    t.join(5)
+    assert added == list(range(20))
+    assert b.close()
+
+
+# -- the pipeline -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def batch_env(redis_url, server, tmp_path):  # noqa: F811
+    return pipeline_env(redis_url, server, tmp_path, save_batch_size=8, save_batch_seconds=5)
+
+
+def owner(rt, item):
+    return rt.tracker.client.hget(JobKeys("p").owners, item)
+
+
+def test_saves_are_queued_together_with_the_links_found_and_then_handed_over(batch_env, tmp_path):
+    rt, pipe, rec, server = batch_env
+    items = [server.base + "/ok", server.base + "/hostile"]
+    rt.tracker.add("p", items)
+    for item in items:
+        assert pipe.scrape("p", item) == "scraped"
+    # Waiting in the process: nothing queued yet, each item kept under this worker's lease.
+    assert (rec.batches, rec.scrapes) == ([], [])
+    assert all(owner(rt, item).startswith(rt.worker_id + " ") for item in items)
+    assert rt.tracker.checkout("p", items[0], "w2", max_lost=3).status is LeaseStatus.BUSY
+    assert pipe.flush()
+    [batch] = rec.batches
+    assert [item for item, _, _ in batch] == items
+    assert rec.scrapes == [server.base + "/ok2"]  # found in both, queued once
+    assert all(owner(rt, item).startswith("- ") for item in items)  # in the broker's hands
+    assert pipe.save_batch("p", batch) == ["saved", "saved"]
+    assert rt.tracker.stats("p").done == 2
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+    saved = sorted(p.read_bytes() for p in (tmp_path / "out").rglob("*.html"))
+    assert saved == sorted([ROUTES["/ok"][1], ROUTES["/hostile"][1]])
+
+
+def test_a_batch_that_cannot_be_queued_hands_its_items_back_counting_nothing(batch_env):
+    rt, pipe, rec, server = batch_env
+
+    def broker_down(job, saves):
+        raise ConnectionError("broker unreachable")
+
+    rec.save_batch = broker_down
+    items = [server.base + "/ok", server.base + "/ok2"]
+    rt.tracker.add("p", items)
+    for item in items:
+        assert pipe.scrape("p", item) == "scraped"
+    assert pipe.flush()
+    s = rt.tracker.stats("p")
+    assert (s.saving, s.leased, s.queued, s.done) == (0, 0, 2, 0)  # back in the queue, at once
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+    co = rt.tracker.checkout("p", items[0], "w2", max_lost=3)
+    assert (co.status, co.failed_attempts) == (LeaseStatus.OK, 0)
+
+
+def test_a_save_batch_saves_each_item_whatever_happened_to_the_others(batch_env):
+    """One item of the batch was saved already (a duplicate message): the others are saved."""
+    rt, pipe, rec, server = batch_env
+    items = [server.base + "/ok", server.base + "/ok2", server.base + "/hostile"]
+    rt.tracker.add("p", items)
+    for item in items:
+        pipe.scrape("p", item)
+    pipe.flush()
+    [batch] = rec.batches
+    assert pipe.save_batch("p", batch[:1]) == ["saved"]
+    assert pipe.save_batch("p", batch) == ["save-skipped-done", "saved", "saved"]
+    assert rt.tracker.stats("p").done == 3
+
+
+# -- the worker's heartbeat -------------------------------------------------------------------
+
+
+class FakeRequest:
+    def __init__(self, name, args):
+        self.name, self.args, self.time_start = name, args, None
+
+
+def test_heartbeat_keeps_every_item_of_a_reserved_or_running_save_batch(monkeypatch):
+    from celery.worker import state
+
+    meta = {"url": "u"}
+    running = FakeRequest(SAVE_BATCH_TASK, ["j", [["a", 1, meta], ["b", 2, meta]]])
+    reserved = FakeRequest(SAVE_BATCH_TASK, ["j", [["c", 3, meta]]])
+    single = FakeRequest(SAVE_TASK, ["j", "d", 4, meta])
+    scrape = FakeRequest(SCRAPE_TASK, ["k", "e"])
+    monkeypatch.setattr(state, "active_requests", {running, scrape})
+    monkeypatch.setattr(state, "reserved_requests", {reserved, single})
+    held = reserved_items()
+    assert sorted(held["j"].items) == ["a", "b", "c", "d"]
+    assert sorted(held["j"].running) == ["a", "b"]
+    assert sorted(held["j"].saves) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+    assert (held["k"].items, held["k"].running, held["k"].saves) == (["e"], ["e"], [])
