@@ -22,7 +22,7 @@ from .errors import FetchError, TrackerUnavailable
 from .fetch import Download, redirect_check
 from .keys import domain_of
 from .runtime import Runtime
-from .tracker import Fault, LeaseStatus, SaveStart
+from .tracker import Fault, LeaseStatus, SaveBegin, SaveStart
 
 log = logging.getLogger(__name__)
 
@@ -244,22 +244,59 @@ class ItemPipeline:
                 log.warning("%s: could not hand over %d queued saves: %s", job, len(group), exc)
 
     def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> list[str]:
-        """Save several scraped items, each as :meth:`save` would; returns what happened to each."""
-        results = []
-        for item, token, meta in saves:
-            try:
-                results.append(self.save(job, item, int(token), meta))
-            except TrackerUnavailable as exc:
-                # Left in flight: the tracker reclaims it. The others may still get through.
-                log.warning("%s %s: left for recovery, the tracker is unavailable: %s", job, item, exc)
-                results.append("tracker-unavailable")
+        """Save several scraped items, each as :meth:`save` would, with one tracker round trip to
+        begin them all; returns what happened to each."""
+        entries = [(item, int(token), meta) for item, token, meta in saves]
+        spec = self.rt.spec(job)
+        try:
+            begins = self.rt.tracker.begin_saves(
+                job, [(item, token) for item, token, _ in entries], self.rt.worker_id,
+                max_lost=spec.max_lost,
+            )
+        except TrackerUnavailable as exc:
+            # Left in flight: the tracker reclaims them (the worker's heartbeat keeps them until
+            # the batch is over, then a lease).
+            log.warning("%s: %d saves left for recovery, the tracker is unavailable: %s",
+                        job, len(entries), exc)
+            return ["tracker-unavailable"] * len(entries)
+        results: list[str] = []
+        saved_all = False
+        try:
+            # What completing hands out for scraping goes to the broker together, at the end.
+            with self.publisher.batch():
+                self._save_all(job, entries, begins, results)
+                saved_all = True
+        except Exception as exc:
+            if not saved_all:
+                raise
+            # Every item is saved or handed back; what the tracker handed out for scraping meanwhile
+            # (and a save to look at again later) was not queued: reclaimed within a lease.
+            log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
         return results
+
+    def _save_all(self, job: str, entries: list, begins: list, results: list[str]) -> None:
+        """The saves of :meth:`save_batch` once begun, their outcomes appended to ``results``.
+        Each item is marked done as soon as it is stored: a save that kills the process later in
+        the batch must not cost the earlier ones a second write."""
+        for (item, token, meta), begin in zip(entries, begins):
+            try:
+                results.append(self._save_begun(job, item, token, meta, begin))
+            except TrackerUnavailable as exc:
+                log.warning("%s %s: left for recovery, the tracker is unavailable: %s",
+                            job, item, exc)
+                results.append("tracker-unavailable")
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""
-        tracker, staging = self.rt.tracker, self.rt.staging
         spec = self.rt.spec(job)
-        begin = tracker.begin_save(job, item, token, self.rt.worker_id, max_lost=spec.max_lost)
+        begin = self.rt.tracker.begin_save(job, item, token, self.rt.worker_id, max_lost=spec.max_lost)
+        return self._save_begun(job, item, token, meta, begin)
+
+    def _save_begun(
+        self, job: str, item: str, token: int, meta: dict, begin: SaveBegin
+    ) -> str:
+        """The rest of a save once ``begin_save`` answered."""
+        staging = self.rt.staging
         self._dispatch(job, begin.dispatch)
         if begin.status in (SaveStart.DONE, SaveStart.DEAD, SaveStart.UNKNOWN):
             staging.discard(job, token)

@@ -380,6 +380,34 @@ def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
     assert t.complete("j", "z", raced).changed
 
 
+def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
+    """Issue 9, save batches: one round trip begins every save of a batch (in Redis, a pipeline
+    of begin_save scripts), each with its own answer and body, in order; after Redis lost its
+    scripts too."""
+    t = tracker_factory(lease_seconds=30, save_timeout=30)
+    w = new_job(t)
+    t.add("j", ["ok", "stale", "done", "busy"])
+    body = bytes(range(256))
+    tokens = {}
+    for item in ("ok", "stale", "done", "busy"):
+        tokens[item] = lease(t, item, w)
+        assert t.scraped("j", item, tokens[item], body=body + item.encode()).held
+    assert t.complete("j", "done", tokens["done"]).changed
+    assert t.begin_save("j", "busy", tokens["busy"], "w2", max_lost=LOST).status is SaveStart.OK
+    if isinstance(t, RedisTracker):
+        t.client.script_flush()
+    saves = [("ok", tokens["ok"]), ("stale", tokens["stale"] + 1), ("done", tokens["done"]),
+             ("busy", tokens["busy"]), ("nothing", 7)]
+    begins = t.begin_saves("j", saves, w, max_lost=LOST)
+    assert [b.status for b in begins] == [
+        SaveStart.OK, SaveStart.STALE, SaveStart.DONE, SaveStart.BUSY, SaveStart.UNKNOWN]
+    assert begins[0].body == body + b"ok"
+    assert begins[1].body is None  # no body staged under that token
+    assert t.checkout("j", "ok", "w3", max_lost=LOST).status is LeaseStatus.BUSY
+    assert t.complete("j", "ok", tokens["ok"]).changed
+    assert t.begin_saves("j", [], w, max_lost=LOST) == []
+
+
 def test_begin_save_hands_over_the_staged_body(tracker_factory):
     """The save reads its body in the begin_save step (in Redis: the same round trip), binary
     bytes as they are, for the live holder and for a stale one (whose late save still counts);

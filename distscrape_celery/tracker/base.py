@@ -515,6 +515,13 @@ class Tracker(ABC):
         vanished with its process: that counts against ``max_lost``. Reads the body staged for
         ``token`` too, for whoever saves (OK or STALE)."""
 
+    def begin_saves(
+        self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
+    ) -> list[SaveBegin]:
+        """:meth:`begin_save` of each (item, token), in order; in one round trip where the
+        tracker can. Each is atomic on its own."""
+        return [self.begin_save(job, item, token, worker_id, max_lost=max_lost) for item, token in saves]
+
     @abstractmethod
     def defer_save(self, job: str, item: str, token: int) -> bool:
         """The saver cannot store anything now (e.g. disk full): keep ``item`` save pending for

@@ -746,6 +746,49 @@ class RedisTracker(Tracker):
             dispatch=[x.decode() for x in res[3:]], status=status, lost=int(res[1]), body=body,
         )
 
+    def _pipelined(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
+        """Whether the item scripts of these saves can go in one pipeline: one Redis (a cluster
+        pipeline does not load missing scripts), and every token of its item's shard (see
+        _body_keys)."""
+        return len(saves) > 1 and not self.cluster and all(
+            int(token) >> keys.SHARD_TOKEN_BITS == self._shard_of(job, item) for item, token in saves)
+
+    def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
+        A reply that is an error is raised, after every call has run."""
+        script = self._scripts[name]
+        pipe = self.client.pipeline(transaction=False)
+        for script_keys, args in calls:
+            pipe.execute_command(
+                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **_UNDECODED)
+        replies = pipe.execute(raise_on_error=False)
+        out = []
+        for (script_keys, args), reply in zip(calls, replies):
+            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
+                reply = self._run_undecoded(name, script_keys, args)
+            if isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out
+
+    @_converts_redis_errors
+    def begin_saves(
+        self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
+    ) -> list[SaveBegin]:
+        if not self._pipelined(job, saves):
+            return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
+        bound, max_batch, lease = self._top_up_args(job)
+        calls = []
+        for item, token in saves:
+            home = self._shard_of(job, item)
+            calls.append(([*self._item_keys(job, home), keys.body_key(job, int(token))],
+                          [item, token, worker_id, lease, max_lost, bound, max_batch]))
+        return [
+            SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
+                      lost=int(res[1]), body=res[2])
+            for res in self._run_all_undecoded("begin_save", calls)
+        ]
+
     def _run_undecoded(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run an item script and return its reply as bytes, whatever the client decodes."""
         script = self._scripts[name]
