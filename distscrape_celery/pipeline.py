@@ -22,7 +22,7 @@ from .errors import FetchError, TrackerUnavailable
 from .fetch import Download, redirect_check
 from .keys import domain_of
 from .runtime import Runtime
-from .tracker import Fault, LeaseStatus, SaveBegin, SaveStart
+from .tracker import Checkout, Fault, LeaseStatus, SaveBegin, SaveStart
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,28 @@ class ItemPipeline:
         tracker = self.rt.tracker
         spec = self.rt.spec(job)
         co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
-        self._dispatch(job, co.dispatch)
         if co.status is not LeaseStatus.OK:
+            self._dispatch(job, co.dispatch)
             # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
             # the domain's slot opens): nothing to do here, and this worker's slot is free now.
             return co.status.value
+        # With save batches, what the checkout handed out for scraping goes to the broker with
+        # the page's save (one broker round trip a page fewer); at once if the page ends otherwise.
+        carry = list(co.dispatch)
+        if self._saves is None:
+            self._dispatch(job, carry)
+            carry.clear()
+        try:
+            return self._scrape_leased(job, item, co, carry)
+        finally:
+            if carry:
+                self._dispatch(job, carry)
+
+    def _scrape_leased(self, job: str, item: str, co: Checkout, carry: list[str]) -> str:
+        """:meth:`scrape` once ``item`` is leased; ``carry`` is what to dispatch with its save
+        (emptied when it is handed over)."""
+        tracker = self.rt.tracker
+        spec = self.rt.spec(job)
         token = co.token
         scraper = self.rt.scraper(job)
         try:
@@ -193,7 +210,8 @@ class ItemPipeline:
             self._dispatch(job, res.dispatch)
             return "stale"
         if self._saves is not None:
-            self._saves.add(ScrapedSave(job, item, token, download.meta(), list(res.dispatch)))
+            self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + list(res.dispatch)))
+            carry.clear()
             return "scraped"
         try:
             # The page's new scrape messages and its save message: one broker round trip.

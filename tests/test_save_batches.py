@@ -180,3 +180,27 @@ def test_heartbeat_keeps_every_item_of_a_reserved_or_running_save_batch(monkeypa
     assert sorted(held["j"].running) == ["a", "b"]
     assert sorted(held["j"].saves) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
     assert (held["k"].items, held["k"].running, held["k"].saves) == (["e"], ["e"], [])
+
+
+def test_what_a_checkout_hands_out_rides_with_the_save_or_goes_at_once(batch_env, monkeypatch):
+    """The items a checkout hands out for scraping go to the broker with the page's batch of
+    saves when the page is scraped, and at once when it ends any other way (here: a 404)."""
+    rt, pipe, rec, server = batch_env
+    handed = []
+    real_checkout = rt.tracker.checkout
+
+    def checkout(*args, **kw):
+        co = real_checkout(*args, **kw)
+        handed.append(list(co.dispatch))
+        return co
+
+    monkeypatch.setattr(rt.tracker, "checkout", checkout)
+    ok, gone = server.base + "/ok", server.base + "/gone"
+    # Another domain (never fetched here: only handed out) keeps the site's in-flight cap out of it.
+    rt.tracker.add("p", [ok, gone] + [f"http://more.invalid/{n}" for n in range(20)])
+    assert pipe.scrape("p", gone) == "dead"
+    assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)  # no save to ride with
+    assert pipe.scrape("p", ok) == "scraped"
+    assert handed[-1] and not set(handed[-1]) & set(rec.scrapes)  # waiting with the save
+    assert pipe.flush()
+    assert set(handed[-1]) <= set(rec.scrapes)
