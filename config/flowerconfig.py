@@ -4,11 +4,13 @@
 #
 # Flower runs this file as Python when it starts; names that are Flower options set them.
 
-# Every task's arguments in the task list: a scrape task's are [job, URL or ID], a save task's
-# [job, item, fencing token, download metadata], so the list shows which job and page each is.
+# Every task's arguments in the task list: a scrape task's are [job, URL or ID], a batch of saves'
+# [job, [[item, fencing token, download metadata], ...]] (a single save task's the same, unnested),
+# so the list shows which job and pages each is for.
 tasks_columns = "name,uuid,state,args,received,started,runtime,worker"
 
-# Flower keeps this many tasks in memory (oldest dropped first); a crawl makes two per page.
+# Flower keeps this many tasks in memory (oldest dropped first); a crawl makes a scrape task per
+# page and a save task per batch of pages.
 max_tasks = 20000
 
 # Workers that stopped heartbeating leave the list (and Flower's /metrics) after this many seconds.
