@@ -807,3 +807,53 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
     # An inline save stages no body, so none is left behind by the killed ones either.
     assert _in_flight(redis_client, job) == dict.fromkeys(
         ("owners", "leased", "pending", "dispatched", "bodies"), 0)
+
+
+# -- save batches: a worker that stops queues what it gathered ------------------------------------
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_a_stopping_worker_queues_the_saves_it_gathered(
+    redis_url, redis_client, start_worker, tmp_path, pool
+):
+    """Issue 9: a worker process holds the saves of the pages it scraped for up to
+    save_batch_seconds. A warm shutdown (SIGTERM) must queue them and hand their items over:
+    not leave them to be reclaimed a lease later and downloaded again."""
+    lease = 8.0
+    site = generate_site(n_pages=40, seed=909, unreachable=0)
+    settings, tracker, [scraper] = _setup(
+        redis_url, start_worker, ["gather"], lease=lease, queues=[SCRAPE_QUEUE], pool=pool,
+        settings_kw={"save_batch_seconds": 2.0, "save_batch_size": 1000},
+    )
+    out, job = tmp_path / "out", "gathered"
+    n = len(site.reachable)
+    k = JobKeys(job)
+    with SiteServer(site, delay=0.02) as server:
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed(job, _spec(server, out))
+        deadline = time.monotonic() + 30
+
+        def kept():
+            owners = redis_client.hgetall(k.owners)
+            return [i for i, o in owners.items() if not o.startswith("- ")
+                    and (redis_client.hget(k.items, i) or "").startswith("s")]
+
+        while len(kept()) < 3:
+            assert time.monotonic() < deadline, "no scraped page waits in the worker"
+            time.sleep(0.02)
+        scraper.stop(timeout=20)
+        assert not scraper.alive
+        still_kept = kept()
+        waiting = tracker.stats(job).saving
+        queued = _queued_saves(redis_client)
+        fetched_before = server.counts()
+        full = start_worker(settings, "finish")
+        stats = manager.wait(job, timeout=60, check=_check_all([full]))
+        fetched = server.counts()
+
+    _report("stop-flush", pool=pool, waiting_saves=waiting, queued_saves=queued,
+            fetched_before_stop=sum(fetched_before.values()), total_fetches=sum(fetched.values()))
+    assert still_kept == []  # every gathered save was queued and its item handed over
+    assert waiting == queued > 0
+    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
+    assert saved_files(out) == expected_files(server, site, out)
+    assert fetched == Counter(site.reachable), "a page gathered at the stop was downloaded again"
