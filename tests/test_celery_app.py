@@ -71,3 +71,14 @@ def test_save_timeout_is_five_leases_and_30s_unless_set(redis_url):
     assert RedisTracker.from_settings(s).save_timeout == 12  # what the workers' tracker waits
     with pytest.raises(ConfigError, match="DISTSCRAPE_SAVE_TIMEOUT_SECONDS"):
         Settings.from_env({"DISTSCRAPE_SAVE_TIMEOUT_SECONDS": "0"})
+
+
+def test_save_batches_wait_far_less_than_a_lease(redis_url):
+    """A scraped page waits for its batch under its worker's lease: the wait must leave the lease
+    room for a slow broker round trip."""
+    s = Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SECONDS": "0.5"}, lease_seconds=2)
+    assert (s.save_batch_size, s.save_batch_seconds) == (32, 0.5)
+    with pytest.raises(ConfigError, match="DISTSCRAPE_SAVE_BATCH_SECONDS.*quarter of lease_seconds"):
+        Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SECONDS": "0.6"}, lease_seconds=2)
+    with pytest.raises(ConfigError, match="DISTSCRAPE_SAVE_BATCH_SIZE"):
+        Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SIZE": "0"})
