@@ -91,10 +91,6 @@ class ItemPipeline:
         True if none is left waiting."""
         return self._saves is None or self._saves.flush(timeout)
 
-    def close(self, timeout: float = 30.0) -> bool:
-        """Queue what waits, and stop gathering saves; scrapes after this fail."""
-        return self._saves is None or self._saves.close(timeout)
-
     def _dispatch(self, job: str, items: Sequence[str]) -> None:
         if items:
             self.publisher.scrape(job, items)
