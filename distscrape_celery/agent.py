@@ -75,10 +75,8 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
         try:
             if request.name == SCRAPE_TASK:
                 saves = []
-            elif request.name == SAVE_TASK:
-                saves = [(request.args[1], int(request.args[2]))]
-            elif request.name == SAVE_BATCH_TASK:  # a worker process's saves, in one message
-                saves = [(item, int(token)) for item, token, _ in request.args[1]]
+            elif request.name in (SAVE_TASK, SAVE_BATCH_TASK):
+                saves = _save_pairs(request)
             else:
                 continue
             job = request.args[0]
@@ -90,6 +88,16 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
         except (IndexError, TypeError, ValueError):
             continue
     return held
+
+
+def _save_pairs(request) -> list[tuple[str, int]]:
+    """(item, token) of each save a save task's request carries: one for ``distscrape.save``
+    (job, item, token, meta), several for ``distscrape.save_batch`` (job, [[item, token, meta]...])."""
+    from .celery_app import SAVE_BATCH_TASK
+
+    if request.name == SAVE_BATCH_TASK:
+        return [(item, int(token)) for item, token, _ in request.args[1]]
+    return [(request.args[1], int(request.args[2]))]
 
 
 class WorkerAgent:
@@ -286,14 +294,15 @@ def _on_task_received(request, **_):
     """A batch of saves just left the broker for this worker: take its items into the worker's
     hands now rather than at its next heartbeat, so that if the worker dies before then, they
     come back a lease later, not a save timeout later. One round trip per batch, not per page."""
+    if _agent is None:
+        return
     from .celery_app import SAVE_BATCH_TASK
 
-    if _agent is None or request.name != SAVE_BATCH_TASK:
+    if request.name != SAVE_BATCH_TASK:
         return
     try:
-        job = request.args[0]
-        saves = [(item, int(token)) for item, token, _ in request.args[1]]
-        _agent.rt.tracker.extend(job, [], _agent.rt.worker_id, saves=saves, running=[])
+        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id,
+                                 saves=_save_pairs(request), running=[])
     except Exception as exc:  # the next heartbeat claims them instead
         log.warning("could not claim a received batch of saves: %s", exc)
 

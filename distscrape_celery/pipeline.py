@@ -62,6 +62,13 @@ def output_full(exc: BaseException) -> Optional[OSError]:
     return None
 
 
+def left_for_recovery(job: str, item: str, exc: TrackerUnavailable) -> str:
+    """The tracker is down: the item stays in flight there, and once its deadline passes it is
+    reclaimed. One line, not a traceback per task, while Redis is down."""
+    log.warning("%s %s: left for recovery, the tracker is unavailable: %s", job, item, exc)
+    return "tracker-unavailable"
+
+
 class ScrapedSave(NamedTuple):
     """A scraped item waiting in its worker process for its save task to be queued, with the
     items found in it that the tracker handed out for scraping."""
@@ -274,31 +281,23 @@ class ItemPipeline:
                         job, len(entries), exc)
             return ["tracker-unavailable"] * len(entries)
         results: list[str] = []
-        saved_all = False
         try:
             # What completing hands out for scraping goes to the broker together, at the end.
+            # Each item is marked done as soon as it is stored: a save that kills the process
+            # later in the batch must not cost the earlier ones a second write.
             with self.publisher.batch():
-                self._save_all(job, entries, begins, results)
-                saved_all = True
+                for (item, token, meta), begin in zip(entries, begins):
+                    try:
+                        results.append(self._save_begun(job, item, token, meta, begin))
+                    except TrackerUnavailable as exc:
+                        results.append(left_for_recovery(job, item, exc))
         except Exception as exc:
-            if not saved_all:
+            if len(results) < len(entries):  # not the batch's send at the end
                 raise
             # Every item is saved or handed back; what the tracker handed out for scraping meanwhile
             # (and a save to look at again later) was not queued: reclaimed within a lease.
             log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
         return results
-
-    def _save_all(self, job: str, entries: list, begins: list, results: list[str]) -> None:
-        """The saves of :meth:`save_batch` once begun, their outcomes appended to ``results``.
-        Each item is marked done as soon as it is stored: a save that kills the process later in
-        the batch must not cost the earlier ones a second write."""
-        for (item, token, meta), begin in zip(entries, begins):
-            try:
-                results.append(self._save_begun(job, item, token, meta, begin))
-            except TrackerUnavailable as exc:
-                log.warning("%s %s: left for recovery, the tracker is unavailable: %s",
-                            job, item, exc)
-                results.append("tracker-unavailable")
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""

@@ -15,7 +15,7 @@ from kombu.utils.uuid import uuid
 
 from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, app, current_settings
 from .errors import TrackerUnavailable
-from .pipeline import ItemPipeline
+from .pipeline import ItemPipeline, left_for_recovery
 from .runtime import current_runtime
 
 log = logging.getLogger(__name__)
@@ -167,20 +167,13 @@ def pipeline() -> ItemPipeline:
     return _pipeline
 
 
-def _tracker_down(job: str, item: str, exc: TrackerUnavailable) -> str:
-    # The item stays in flight in the tracker; its deadline passes and it is reclaimed. One line,
-    # not a traceback per task, while Redis is down.
-    log.warning("%s %s: left for recovery, the tracker is unavailable: %s", job, item, exc)
-    return "tracker-unavailable"
-
-
 @app.task(name=SCRAPE_TASK, ignore_result=True)
 def scrape(job: str, item: str) -> str:
     """Download one item (URL or ID), queue the items found in it, and chain its save task."""
     try:
         return pipeline().scrape(job, item)
     except TrackerUnavailable as exc:
-        return _tracker_down(job, item, exc)
+        return left_for_recovery(job, item, exc)
 
 
 def flush_saves(timeout: float = 30.0) -> bool:
@@ -196,7 +189,7 @@ def save(job: str, item: str, token: int, meta: dict) -> str:
     try:
         return pipeline().save(job, item, token, meta)
     except TrackerUnavailable as exc:
-        return _tracker_down(job, item, exc)
+        return left_for_recovery(job, item, exc)
 
 
 @app.task(name=SAVE_BATCH_TASK, ignore_result=True)

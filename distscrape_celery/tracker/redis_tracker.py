@@ -30,6 +30,7 @@ then records that idle period once in shard 0, and only that caller reports ``fi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -673,6 +674,11 @@ class RedisTracker(Tracker):
             token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
         )
 
+    def _token_home(self, job: str, item: str, token: int) -> bool:
+        """Whether lease ``token`` was handed out by the shard that holds ``item`` (see
+        _body_keys)."""
+        return int(token) >> keys.SHARD_TOKEN_BITS == self._shard_of(job, item)
+
     def _body_keys(self, job: str, token: int, home: int) -> list[str]:
         """The body key of lease ``token`` as an extra script key, if it is in shard ``home``'s
         slot. Every token the item's shard hands out is; another cannot hold the item, so the
@@ -715,43 +721,52 @@ class RedisTracker(Tracker):
             dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
 
-    @_converts_redis_errors
-    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
-        n = 0
+    def _pairs_by_shard(self, job: str, pairs: Sequence[tuple[str, int]]) -> Iterator[tuple[int, list[Any]]]:
+        """(shard, flat item, token, item, token... arguments) for ``pairs``, a script's worth at a
+        time, shard by shard."""
         by_shard: dict[int, list[tuple[str, int]]] = {}
-        for item, token in saves:
+        for item, token in pairs:
             by_shard.setdefault(self._shard_of(job, item), []).append((item, token))
         for s, group in sorted(by_shard.items()):
             for chunk in _chunks(group, MAX_ADD_BATCH // 2):
-                pairs = [x for item, token in chunk for x in (item, token)]
-                n += int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
-        return n
+                yield s, [x for item, token in chunk for x in (item, token)]
+
+    @_converts_redis_errors
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
+
+    def _begin_save_call(
+        self, job: str, item: str, token: int, worker_id: str, max_lost: int
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of begin_save.lua for one save. The staged body comes back in
+        the same round trip (binary: the reply is read undecoded, see _begin_reply)."""
+        bound, max_batch, lease = self._top_up_args(job)
+        home = self._shard_of(job, item)
+        return ([*self._item_keys(job, home), *self._body_keys(job, token, home)],
+                [item, token, worker_id, lease, max_lost, bound, max_batch])
+
+    @staticmethod
+    def _begin_reply(res: list[Any]) -> SaveBegin:
+        return SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
+                         lost=int(res[1]), body=res[2])
 
     @_converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
-        bound, max_batch, lease = self._top_up_args(job)
-        home = self._shard_of(job, item)
-        # The staged body comes back in the same round trip. It is binary: the reply is read
-        # undecoded.
-        body_keys = self._body_keys(job, token, home)
-        res = self._run_undecoded(
-            "begin_save", [*self._item_keys(job, home), *body_keys],
-            [item, token, worker_id, lease, max_lost, bound, max_batch],
-        )
-        status, body = SaveStart(res[0].decode()), res[2]
-        if not body_keys and status is SaveStart.STALE:
+        begin = self._begin_reply(self._run_undecoded(
+            "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost)))
+        if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
             # A token of another shard (see _body_keys): its body is read on its own.
             body = self.client.execute_command("GET", keys.body_key(job, token), **_UNDECODED)
-        return SaveBegin(
-            dispatch=[x.decode() for x in res[3:]], status=status, lost=int(res[1]), body=body,
-        )
+            begin = dataclasses.replace(begin, body=body)
+        return begin
 
     def _pipelined(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
         """Whether the item scripts of these saves can go in one pipeline: one Redis (a cluster
         pipeline does not load missing scripts), and every token of its item's shard (see
         _body_keys)."""
         return len(saves) > 1 and not self.cluster and all(
-            int(token) >> keys.SHARD_TOKEN_BITS == self._shard_of(job, item) for item, token in saves)
+            self._token_home(job, item, token) for item, token in saves)
 
     def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
@@ -777,17 +792,8 @@ class RedisTracker(Tracker):
     ) -> list[SaveBegin]:
         if not self._pipelined(job, saves):
             return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
-        bound, max_batch, lease = self._top_up_args(job)
-        calls = []
-        for item, token in saves:
-            home = self._shard_of(job, item)
-            calls.append(([*self._item_keys(job, home), keys.body_key(job, int(token))],
-                          [item, token, worker_id, lease, max_lost, bound, max_batch]))
-        return [
-            SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
-                      lost=int(res[1]), body=res[2])
-            for res in self._run_all_undecoded("begin_save", calls)
-        ]
+        calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
+        return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
 
     def _run_undecoded(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
         """Run an item script and return its reply as bytes, whatever the client decodes."""
@@ -841,17 +847,13 @@ class RedisTracker(Tracker):
         running = list(items) if running is None else list(running)
         n = 0
         reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
-        saves_by: dict[int, list[tuple[str, int]]] = {}
-        for item, token in saves:
-            saves_by.setdefault(self._shard_of(job, item), []).append((item, token))
-        for s in sorted(set(reserved_by) | set(running_by) | set(saves_by)):
+        for s in sorted(set(reserved_by) | set(running_by)):
             for chunk in _chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
                 n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
             for chunk in _chunks(running_by.get(s, []), MAX_ADD_BATCH):
                 n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
-            for pchunk in _chunks(saves_by.get(s, []), MAX_ADD_BATCH // 2):
-                pairs = [x for item, token in pchunk for x in (item, token)]
-                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
+        for s, pairs in self._pairs_by_shard(job, saves):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
         return n
 
     @_converts_redis_errors
