@@ -80,6 +80,16 @@ class ScrapedSave(NamedTuple):
     dispatch: list[str]
 
 
+class _Store(NamedTuple):
+    """A downloaded item of a save batch, to be stored: its entry, lease and body."""
+
+    index: int
+    item: str
+    token: int
+    download: Download
+    stale: bool
+
+
 class ItemPipeline:
     def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
         self.rt = runtime
@@ -266,7 +276,13 @@ class ItemPipeline:
 
     def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> list[str]:
         """Save several scraped items, each as :meth:`save` would, with one tracker round trip to
-        begin them all; returns what happened to each."""
+        begin them all; returns what happened to each.
+
+        The bodies go to the saver together (:meth:`ItemSaver.save_many`: the file saver makes
+        them durable with two disk flushes, not two per item), and the items are marked done
+        together once all are stored. A batch of which an item was interrupted before (its
+        holder vanished, ``lost``), saves and completes item by item instead, so that a save
+        that kills its process costs its batch-mates one write again at most."""
         entries = [(item, int(token), meta) for item, token, meta in saves]
         spec = self.rt.spec(job)
         try:
@@ -280,35 +296,85 @@ class ItemPipeline:
             log.warning("%s: %d saves left for recovery, the tracker is unavailable: %s",
                         job, len(entries), exc)
             return ["tracker-unavailable"] * len(entries)
-        results: list[str] = []
+        results: list[Optional[str]] = [None] * len(entries)
         try:
-            # What completing hands out for scraping goes to the broker together, at the end.
-            # Each item is marked done as soon as it is stored: a save that kills the process
-            # later in the batch must not cost the earlier ones a second write.
+            # What beginning and completing hand out for scraping goes to the broker together,
+            # at the end.
             with self.publisher.batch():
-                for (item, token, meta), begin in zip(entries, begins):
+                stores: list[_Store] = []
+                for i, ((item, token, meta), begin) in enumerate(zip(entries, begins)):
                     try:
-                        results.append(self._save_begun(job, item, token, meta, begin))
+                        outcome = self._begun(job, item, token, meta, begin)
                     except TrackerUnavailable as exc:
-                        results.append(left_for_recovery(job, item, exc))
+                        outcome = left_for_recovery(job, item, exc)
+                    if isinstance(outcome, str):
+                        results[i] = outcome
+                    else:
+                        stores.append(_Store(i, item, token, outcome, begin.status is SaveStart.STALE))
+                if len(stores) > 1 and not any(begin.lost for begin in begins):
+                    self._store_together(job, stores, results)
+                else:
+                    for store in stores:
+                        try:
+                            results[store.index] = self._store(
+                                job, store.item, store.token, store.download, stale=store.stale)
+                        except TrackerUnavailable as exc:
+                            results[store.index] = left_for_recovery(job, store.item, exc)
         except Exception as exc:
-            if len(results) < len(entries):  # not the batch's send at the end
+            if None in results:  # not the batch's send at the end
                 raise
             # Every item is saved or handed back; what the tracker handed out for scraping meanwhile
             # (and a save to look at again later) was not queued: reclaimed within a lease.
             log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
-        return results
+        return results  # type: ignore[return-value]
+
+    def _store_together(self, job: str, stores: list["_Store"], results: list[Optional[str]]) -> None:
+        """Hand ``stores`` to the saver as one group, then mark the stored ones done in one
+        tracker round trip; each result goes to ``results`` at its entry's index."""
+        saver = self.rt.saver(job)
+        try:
+            outcomes = saver.save_many([(s.item, s.download) for s in stores])
+            if len(outcomes) != len(stores):
+                raise RuntimeError(f"save_many returned {len(outcomes)} results for {len(stores)} items")
+        except Exception as exc:  # a saver bug: as if each save had raised it
+            outcomes = [exc] * len(stores)
+        stored = []
+        for store, outcome in zip(stores, outcomes):
+            if isinstance(outcome, BaseException):
+                try:
+                    results[store.index] = self._store_failed(
+                        job, store.item, store.token, store.download, outcome, stale=store.stale)
+                except TrackerUnavailable as exc:
+                    results[store.index] = left_for_recovery(job, store.item, exc)
+            else:
+                stored.append(store)
+        if not stored:
+            return
+        try:
+            # The staged bodies are dropped in the same step.
+            done = self.rt.tracker.complete_many(job, [(s.item, s.token) for s in stored])
+        except TrackerUnavailable as exc:
+            for store in stored:  # saved; saved again once the tracker reclaims them
+                results[store.index] = left_for_recovery(job, store.item, exc)
+            return
+        for store, res in zip(stored, done):
+            self._dispatch(job, res.dispatch)
+            results[store.index] = "saved" if res.changed else "saved-again"
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""
         spec = self.rt.spec(job)
         begin = self.rt.tracker.begin_save(job, item, token, self.rt.worker_id, max_lost=spec.max_lost)
-        return self._save_begun(job, item, token, meta, begin)
+        outcome = self._begun(job, item, token, meta, begin)
+        if isinstance(outcome, str):
+            return outcome
+        return self._store(job, item, token, outcome, stale=begin.status is SaveStart.STALE)
 
-    def _save_begun(
+    def _begun(
         self, job: str, item: str, token: int, meta: dict, begin: SaveBegin
-    ) -> str:
-        """The rest of a save once ``begin_save`` answered."""
+    ) -> "str | Download":
+        """What to do once ``begin_save`` answered: the download to store, or what happened
+        instead (skipped, busy, stale, failed). Raises TrackerUnavailable."""
         staging = self.rt.staging
         self._dispatch(job, begin.dispatch)
         if begin.status in (SaveStart.DONE, SaveStart.DEAD, SaveStart.UNKNOWN):
@@ -338,23 +404,29 @@ class ItemPipeline:
                 "TTL, or Redis lost it); it will be downloaded again",
                 fault=Fault.LOST,
             )
-        return self._store(job, item, token, Download.from_meta(meta, body), stale=stale)
+        return Download.from_meta(meta, body)
 
     def _store(self, job: str, item: str, token: int, download: Download, *, stale: bool = False) -> str:
         """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
             self.rt.saver(job).save(item, download)
         except Exception as exc:
-            if stale:  # the live holder saves it; a late failure changes nothing
-                return "stale"
-            full = output_full(exc)
-            if full is not None:
-                return self._defer(job, item, token, download, full)
-            log.exception("%s %s: save failed", job, item)
-            return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
+            return self._store_failed(job, item, token, download, exc, stale=stale)
         res = self.rt.tracker.complete(job, item, token)  # drops the staged body too
         self._dispatch(job, res.dispatch)
         return "saved" if res.changed else "saved-again"
+
+    def _store_failed(
+        self, job: str, item: str, token: int, download: Download, exc: BaseException, *, stale: bool
+    ) -> str:
+        """The saver raised ``exc`` for ``item``: retry later, defer, or ignore (stale)."""
+        if stale:  # the live holder saves it; a late failure changes nothing
+            return "stale"
+        full = output_full(exc)
+        if full is not None:
+            return self._defer(job, item, token, download, full)
+        log.error("%s %s: save failed", job, item, exc_info=exc)
+        return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
 
     def _defer(self, job: str, item: str, token: int, download: Download, error: OSError) -> str:
         """The output is full: keep the item and its body, and try the save again later."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Union
+
 from ..fetch import Download
 from ..jobspec import SaverSpec
 
@@ -29,3 +32,16 @@ class ItemSaver(ABC):
     def save(self, item: str, download: Download) -> str:
         """Store ``download`` for ``item`` durably and return where it went. Idempotent:
         saving the same item twice leaves one copy. Raises :class:`SaveError` on failure."""
+
+    def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
+        """Store several items, each as :meth:`save` would; all of them are durable when it
+        returns. Returns, per entry, where it went or the exception its save raised (never
+        raises itself). The default saves them one at a time; a saver that can make a group
+        durable at once (one disk flush instead of one per item) overrides it."""
+        out: list[Union[str, Exception]] = []
+        for item, download in entries:
+            try:
+                out.append(self.save(item, download))
+            except Exception as exc:
+                out.append(exc)
+        return out

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import os
 import re
 import secrets
 import string
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SaveError
@@ -130,6 +132,63 @@ class FileItemSaver(ItemSaver):
             except _ShapeConflict as second:
                 raise SaveError(f"cannot save {item!r}: {first}, and {second}") from second
         return str(target)
+
+    def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
+        """Save ``entries`` as :meth:`save` would, made durable together (group commit): every
+        body goes to its temporary file, one ``syncfs`` makes them durable, the renames follow,
+        and a second ``syncfs`` makes the renames durable before this returns. Two disk flushes
+        for the group instead of two per item; as with :meth:`save`, no file is ever replaced by
+        a part, and nothing counts as saved before it is on disk.
+
+        One at a time instead without ``fsync``, where the C library has no ``syncfs``, and for
+        a subclass that overrides :meth:`save` (its ``save`` is then called for each item)."""
+        if (not self.fsync or len(entries) < 2 or _syncfs is None
+                or type(self).save is not FileItemSaver.save):
+            return super().save_many(entries)
+        out: list[Union[str, Exception, None]] = [None] * len(entries)
+        try:
+            real_output = self._opened_output()
+        except SaveError as exc:
+            return [exc] * len(entries)
+        staged: list[tuple[int, Path, Path]] = []  # (entry, temporary file, target)
+        alone: list[int] = []  # entries whose name the tree's shape forbids: saved as save does
+        for i, (item, download) in enumerate(entries):
+            try:
+                target = self.output / self.name_for(item)
+                staged.append((i, _write_temp(target, download.body, real_output, False), target))
+            except _ShapeConflict:
+                alone.append(i)
+            except Exception as exc:
+                out[i] = exc
+        if staged:
+            try:
+                _syncfs(real_output)  # the new contents are on disk before any file is replaced
+                for i, tmp, target in staged:
+                    try:
+                        _rename_into_place(tmp, target)
+                        out[i] = str(target)
+                    except _ShapeConflict:
+                        alone.append(i)
+                    except SaveError as exc:
+                        out[i] = exc
+                _syncfs(real_output)  # and the renames before any item counts as saved
+            except OSError as exc:
+                error = SaveError(
+                    f"cannot make {len(staged)} files under {real_output!r} durable: "
+                    f"{exc.strerror or exc}"
+                )
+                error.__cause__ = exc
+                for i, tmp, _ in staged:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)  # gone already if it was renamed
+                    if not isinstance(out[i], Exception):
+                        out[i] = error
+        for i in alone:
+            try:
+                out[i] = FileItemSaver.save(self, *entries[i])
+            except Exception as exc:
+                out[i] = exc
+        return out  # type: ignore[return-value]
 
     def _opened_output(self) -> str:
         if self._real_output is None:
@@ -252,6 +311,18 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
     """Replace ``target`` with ``body`` so that readers see the old file or the new one, never a
     part; with ``fsync``, durably (the file and the rename reach the disk before we return).
     Raises _ShapeConflict when the tree's shape forbids ``target``, SaveError otherwise."""
+    tmp = _write_temp(target, body, real_output, fsync)
+    _rename_into_place(tmp, target)
+    if fsync:
+        try:
+            _fsync_dir(target.parent)
+        except OSError as exc:
+            raise _file_error(target, exc) from exc
+
+
+def _write_temp(target: Path, body: bytes, real_output: str, fsync: bool) -> Path:
+    """Write ``body`` to a new temporary file beside ``target`` (fsynced with ``fsync``) and
+    return its path. Raises _ShapeConflict or SaveError, as _write_atomically."""
     # Checked before mkdir, which would follow a symlink out of the output directory.
     real_target = os.path.realpath(target)
     if os.path.commonpath([real_output, real_target]) != real_output:
@@ -259,8 +330,8 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
             f"refusing to write {str(target)!r}: it resolves to {real_target!r}, "
             f"outside the output directory {real_output!r}"
         )
+    tmp = target.parent / (_TMP_PREFIX + secrets.token_hex(8))
     try:
-        tmp = target.parent / (_TMP_PREFIX + secrets.token_hex(8))
         # Not mkstemp: its mode is 0o600, and saved files should get the umask's usual mode.
         # The directory usually exists: make it only when the open says it does not.
         try:
@@ -268,29 +339,69 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
         except FileNotFoundError:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(tmp, _TMP_FLAGS, 0o666)
-        try:
-            try:
-                # Straight to the descriptor: a buffered file object costs four more system
-                # calls per page (fstat, ioctl, two lseek), each a GIL hand-off under load.
-                view = memoryview(body)
-                while view:
-                    view = view[os.write(fd, view):]
-                if fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        if fsync:
-            _fsync_dir(target.parent)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
-        if exc.errno in _SHAPE_ERRNOS:
-            raise _ShapeConflict(f"{str(target)!r}: {reason}") from exc
-        raise SaveError(f"cannot write {str(target)!r}: {reason}") from exc
+        raise _file_error(target, exc) from exc
+    try:
+        try:
+            # Straight to the descriptor: a buffered file object costs four more system
+            # calls per page (fstat, ioctl, two lseek), each a GIL hand-off under load.
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _file_error(target, exc) from exc
+        raise
+    return tmp
+
+
+def _rename_into_place(tmp: Path, target: Path) -> None:
+    """Move a temporary file of _write_temp to ``target`` (dropping it if that fails)."""
+    try:
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _file_error(target, exc) from exc
+
+
+def _file_error(target: Path, exc: OSError) -> Exception:
+    reason = exc.strerror or str(exc)
+    if exc.errno in _SHAPE_ERRNOS:
+        return _ShapeConflict(f"{str(target)!r}: {reason}")
+    return SaveError(f"cannot write {str(target)!r}: {reason}")
+
+
+def _load_syncfs() -> Optional[Callable[[str], None]]:
+    """Linux's syncfs(2) (one flush of everything a file system holds dirty), or None where the
+    C library has none. Since Linux 5.8 it reports a writeback error of any file written
+    since the directory was opened, as fsync does for one file."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+
+    def syncfs(directory: str) -> None:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            if fn(fd) != 0:  # ctypes lets go of the GIL for the call
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+        finally:
+            os.close(fd)
+
+    return syncfs
+
+
+_syncfs = _load_syncfs()
 
 
 def _fsync_dir(path: Path) -> None:

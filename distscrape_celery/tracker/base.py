@@ -533,6 +533,11 @@ class Tracker(ABC):
         is never leased again, and a dead one stays dead. With ``token``, the body staged for
         the save of lease ``token`` is dropped in the same step, whatever the item's state."""
 
+    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
+        """:meth:`complete` of each (item, token), in order; in one round trip where the tracker
+        can. Each is atomic on its own."""
+        return [self.complete(job, item, token) for item, token in saves]
+
     @abstractmethod
     def fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,

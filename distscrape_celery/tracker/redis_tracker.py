@@ -815,6 +815,16 @@ class RedisTracker(Tracker):
         return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
 
     @_converts_redis_errors
+    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
+        if not self._pipelined(job, saves):
+            return super().complete_many(job, saves)
+        top_up = self._top_up_args(job)
+        calls = [([*self._item_keys(job, home), *self._body_keys(job, token, home)], [item, *top_up])
+                 for item, token in saves for home in (self._shard_of(job, item),)]
+        return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
+                for res in self._run_all_undecoded("complete", calls)]
+
+    @_converts_redis_errors
     def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
         home = self._shard_of(job, item)
         # A token of another shard (none can hold the item) has its body dropped on its own.
