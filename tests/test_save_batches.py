@@ -204,3 +204,90 @@ def test_what_a_checkout_hands_out_rides_with_the_save_or_goes_at_once(batch_env
     assert handed[-1] and not set(handed[-1]) & set(rec.scrapes)  # waiting with the save
     assert pipe.flush()
     assert set(handed[-1]) <= set(rec.scrapes)
+
+
+# -- the group commit -------------------------------------------------------------------------
+
+
+def _scraped_batch(rt, pipe, rec, server, paths=("/ok", "/ok2", "/hostile")):
+    items = [server.base + p for p in paths]
+    rt.tracker.add("p", items)
+    for item in items:
+        assert pipe.scrape("p", item) == "scraped"
+    assert pipe.flush()
+    [batch] = rec.batches
+    return items, batch
+
+
+def test_a_save_batch_stores_its_items_as_one_group_and_only_then_marks_them_done(
+    batch_env, monkeypatch
+):
+    """Issue 9: the bodies go to the saver in one save_many (the file saver makes them durable
+    together), and no item is done before the whole group is stored; then one round trip
+    completes them all and drops their bodies."""
+    rt, pipe, rec, server = batch_env
+    items, batch = _scraped_batch(rt, pipe, rec, server)
+    saver = rt.saver("p")
+    groups, done_during = [], []
+    real_save_many = saver.save_many
+
+    def save_many(entries):
+        groups.append([item for item, _ in entries])
+        done_during.append(rt.tracker.stats("p").done)
+        return real_save_many(entries)
+
+    monkeypatch.setattr(saver, "save_many", save_many)
+    monkeypatch.setattr(saver, "save", lambda *a: pytest.fail("saved one at a time"))
+    completes = []
+    real_complete_many = rt.tracker.complete_many
+    monkeypatch.setattr(rt.tracker, "complete_many",
+                        lambda job, saves: (completes.append(list(saves)), real_complete_many(job, saves))[1])
+    monkeypatch.setattr(rt.tracker, "complete", lambda *a, **k: pytest.fail("completed one at a time"))
+    assert pipe.save_batch("p", batch) == ["saved"] * 3
+    assert groups == [items] and done_during == [0]
+    assert [item for item, _ in completes[0]] == items
+    assert rt.tracker.stats("p").done == 3
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+
+
+def test_a_group_entry_that_fails_is_retried_alone_and_the_others_are_done(batch_env, monkeypatch):
+    """One body of the group cannot be stored (the saver's error for that entry), another hits a
+    full disk: that one is kept and retried later, the failing one counts an attempt, the rest
+    are done."""
+    from distscrape_celery.errors import SaveError
+    from test_pipeline import full_disk_save
+
+    rt, pipe, rec, server = batch_env
+    items, batch = _scraped_batch(rt, pipe, rec, server)
+    saver = rt.saver("p")
+    real_save_many = saver.save_many
+
+    def save_many(entries):
+        out = real_save_many(entries[1:])
+        try:
+            full_disk_save(entries[0][0], entries[0][1])
+        except SaveError as exc:
+            return [exc, SaveError("the disk said no"), *out[1:]]
+
+    monkeypatch.setattr(saver, "save_many", save_many)
+    assert pipe.save_batch("p", batch) == ["deferred", "retry", "saved"]
+    s = rt.tracker.stats("p")
+    assert (s.done, s.dead) == (1, 0)
+    assert rec.saves and rec.saves[-1][1] == items[0]  # the deferred save, queued for later
+
+
+def test_a_batch_interrupted_before_saves_and_completes_item_by_item(batch_env, monkeypatch):
+    """A batch one of whose items lost its holder before (a save that killed its process, say)
+    goes item by item, so that a save that kills again costs the others no second write."""
+    rt, pipe, rec, server = batch_env
+    items, batch = _scraped_batch(rt, pipe, rec, server)
+    worker = rt.worker_id
+    # The batch's first run vanished with its process: its items are saving under a lease that ran out.
+    assert all(b.status.value == "ok" for b in rt.tracker.begin_saves(
+        "p", [(item, token) for item, token, _ in batch], worker, max_lost=3))
+    client = rt.tracker.client
+    client.zadd(JobKeys("p").leased, {item: 1 for item in items})
+    saver = rt.saver("p")
+    monkeypatch.setattr(saver, "save_many", lambda entries: pytest.fail("stored as a group"))
+    assert pipe.save_batch("p", batch) == ["saved"] * 3
+    assert rt.tracker.stats("p").done == 3

@@ -229,6 +229,50 @@ def test_sigkill_in_save_then_saved_exactly_once(
     assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
 
 
+def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
+    redis_url, redis_client, start_worker, tmp_path
+):
+    """Issue 9, group commit: a save batch's bodies are in their temporary files, and the process
+    is SIGKILLed before they are flushed and renamed (once for each of 5 pages' batches). Nothing
+    of that group was marked done: Celery delivers the batch again, the bodies are still staged,
+    and every page is saved in the end, none downloaded twice, nothing dead or left in flight."""
+    site = generate_site(n_pages=60, seed=103, unreachable=0)
+    _, tracker, procs = _setup(redis_url, start_worker, ["group-a", "group-b"],
+                               settings_kw={"save_batch_seconds": 0.5})
+    out, job = tmp_path / "out", "group-kill"
+    n = len(site.reachable)
+    with SiteServer(site, delay=0.02) as server:
+        victims = {_item(server, p): p for p in _pages(site, 5, seed=3)}
+        instruct(out, "crash_once", victims)
+        started = time.monotonic()
+        spec = build_spec({"seeds": [server.url("/")], "max_retries": 0,
+                           "saver": {"kind": "plugins.savers:GroupCrashingSaver", "output": str(out)}})
+        CrawlManager(tracker, publisher.scrape).seed(job, spec)
+        stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
+        elapsed = time.monotonic() - started
+        fetched = server.counts()
+
+    kills, calls = event_counts(out, "kill"), event_counts(out, "call")
+    _report("sigkill-in-group-commit", elapsed=f"{elapsed:.1f}s", kills=sum(kills.values()),
+            group_calls=sum(calls.values()), total_fetches=sum(fetched.values()),
+            results=dict(_results(procs)))
+    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
+    assert saved_files(out) == expected_files(server, site, out)
+    # A victim alone in its batch is saved without a group commit: at least some groups died.
+    assert kills and set(kills) <= set(victims) and set(kills.values()) == {1}, kills
+    # The killed groups' pages were saved from their staged bodies, not downloaded again; what the
+    # killed process had scraped and not yet queued for saving was (a lease later), once more.
+    assert all(fetched[victims[item]] == 1 for item in kills)
+    again = [p for p, k in fetched.items() if k > 1]
+    assert max(fetched.values()) <= 2 and len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
+    in_flight = _in_flight(redis_client, job)
+    # The bodies staged under the old leases of the pages downloaded again wait out their TTL.
+    left = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
+    assert len(left) <= len(again) and all(redis_client.pttl(key) > 0 for key in left)
+    in_flight["bodies"] = 0
+    assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
+
+
 # -- 2 -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("batch_size", [pytest.param(None, id="save-batches"),

@@ -349,3 +349,156 @@ def test_a_short_write_is_continued(tmp_path, monkeypatch):
     body = bytes(range(256)) * 40
     path = FileItemSaver(tmp_path / "out", fsync=False).save("http://h/big", page(body))
     assert Path(path).read_bytes() == body
+
+
+# -- save_many: a save batch's group commit ----------------------------------------------------
+
+GROUP = [
+    ("http://h/a.html", b"a"), ("http://h/d/b.html", b"b"), ("http://h/d/e/c", b"c"),
+    ("http://g:8080/", b"g"), ("12345", b"id"),
+]
+
+
+def _record_syncfs(monkeypatch, out: Path) -> list[dict]:
+    """Replace the saver's syncfs with a real one that also records, at each call, which final
+    files exist and which temporary files wait."""
+    from distscrape_celery.savers import files
+
+    calls: list[dict] = []
+    real = files._syncfs
+
+    def syncfs(directory: str) -> None:
+        names = [p for p in out.rglob("*") if p.is_file()]
+        calls.append({
+            "directory": directory,
+            "final": sorted(str(p.relative_to(out)) for p in names if not p.name.startswith(".~tmp-")),
+            "temporary": sum(p.name.startswith(".~tmp-") for p in names),
+        })
+        real(directory)
+
+    monkeypatch.setattr(files, "_syncfs", syncfs)
+    return calls
+
+
+def test_save_many_writes_what_saves_one_at_a_time_would(tmp_path: Path) -> None:
+    one, many = FileItemSaver(tmp_path / "one"), FileItemSaver(tmp_path / "many")
+    expected = [one.save(item, page(body)) for item, body in GROUP]
+    got = many.save_many([(item, page(body)) for item, body in GROUP])
+    assert got == [p.replace(str(tmp_path / "one"), str(tmp_path / "many")) for p in expected]
+    for item, body in GROUP:
+        assert (tmp_path / "many" / many.name_for(item)).read_bytes() == body
+    assert [p.relative_to(tmp_path / "many") for p in files_under(tmp_path / "many")] == \
+        [p.relative_to(tmp_path / "one") for p in files_under(tmp_path / "one")]
+
+
+def test_save_many_flushes_the_contents_before_any_rename_and_the_renames_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's durability order: every new content on disk (first syncfs, nothing replaced
+    yet), then the renames, then a second syncfs before any item may count as saved."""
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    saver.save("http://h/a.html", page(b"old"))
+    calls = _record_syncfs(monkeypatch, out)
+    fsyncs: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(fd))
+    saver.save_many([(item, page(body)) for item, body in GROUP])
+    assert [c["directory"] for c in calls] == [os.path.realpath(out)] * 2
+    assert calls[0] == {"directory": os.path.realpath(out), "final": ["h/a.html"],
+                        "temporary": len(GROUP)}
+    assert calls[1]["temporary"] == 0 and len(calls[1]["final"]) == len(GROUP)
+    assert (out / "h" / "a.html").read_bytes() == b"a"
+    assert fsyncs == []  # no flush per file
+
+
+def test_save_many_one_bad_entry_leaves_the_others_saved(tmp_path: Path) -> None:
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    (out / "h").mkdir(parents=True)
+    outside.mkdir()
+    (out / "evil").symlink_to(outside)
+    saver = FileItemSaver(out)
+    saver.save("http://h/x.html", page(b"file"))
+    got = saver.save_many([
+        ("http://h/a.html", page(b"a")),
+        ("http://evil/x.html", page(b"nope")),
+        ("http://h/x.html/y", page(b"under")),  # its directory would be a file: _conflicts
+        ("http://h/b.html", page(b"b")),
+    ])
+    assert isinstance(got[1], SaveError) and "outside the output directory" in str(got[1])
+    assert got[0] == str(out / "h" / "a.html") and got[3] == str(out / "h" / "b.html")
+    assert got[2] == str(out / "_conflicts" / sha1("http://h/x.html/y"))
+    assert Path(got[2]).read_bytes() == b"under"
+    assert list(outside.iterdir()) == []
+    assert not [p for p in out.rglob(".~tmp-*")]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_save_many_a_failed_flush_fails_every_entry_and_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: int
+) -> None:
+    """The first or the second syncfs fails (a full disk shows as ENOSPC at writeback): no item
+    of the group counts as saved, the disk-full error is the cause the pipeline looks for, and
+    the old file stays whole where nothing was renamed yet."""
+    from distscrape_celery.pipeline import output_full
+    from distscrape_celery.savers import files
+
+    out = tmp_path / "out"
+    saver = FileItemSaver(out)
+    saver.save("http://h/a.html", page(b"old"))
+    calls = []
+
+    def syncfs(directory: str) -> None:
+        calls.append(directory)
+        if len(calls) == which + 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(files, "_syncfs", syncfs)
+    got = saver.save_many([(item, page(body)) for item, body in GROUP])
+    assert all(isinstance(r, SaveError) for r in got), got
+    assert all(output_full(r) is not None for r in got)
+    assert not [p for p in out.rglob(".~tmp-*")]
+    assert (out / "h" / "a.html").read_bytes() == (b"old" if which == 0 else b"a")
+
+
+def test_save_many_saves_one_at_a_time_without_fsync_or_syncfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distscrape_celery.savers import files
+
+    calls = _record_syncfs(monkeypatch, tmp_path / "nofsync")
+    got = FileItemSaver(tmp_path / "nofsync", fsync=False).save_many(
+        [(item, page(body)) for item, body in GROUP])
+    assert calls == [] and all(isinstance(r, str) for r in got)
+    monkeypatch.setattr(files, "_syncfs", None)  # a C library without syncfs: fsync per file
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    got = FileItemSaver(tmp_path / "plain").save_many([(item, page(body)) for item, body in GROUP])
+    assert all(isinstance(r, str) for r in got) and len(fsyncs) == 2 * len(GROUP)
+
+
+def test_save_many_calls_a_subclass_save_for_each_item(tmp_path: Path) -> None:
+    class Counting(FileItemSaver):
+        seen: list[str] = []
+
+        def save(self, item, download):
+            self.seen.append(item)
+            return super().save(item, download)
+
+    got = Counting(tmp_path / "out").save_many([(item, page(body)) for item, body in GROUP])
+    assert Counting.seen == [item for item, _ in GROUP] and all(isinstance(r, str) for r in got)
+
+
+def test_item_saver_save_many_returns_each_error_in_its_place() -> None:
+    class Picky(ItemSaver):
+        @classmethod
+        def from_spec(cls, spec, *, job, worker_id):
+            return cls()
+
+        def save(self, item, download):
+            if item == "bad":
+                raise SaveError("no")
+            return item
+
+    got = Picky().save_many([("a", page(b"")), ("bad", page(b"")), ("c", page(b""))])
+    assert got[0] == "a" and got[2] == "c" and isinstance(got[1], SaveError)

@@ -408,6 +408,35 @@ def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
     assert t.begin_saves("j", [], w, max_lost=LOST) == []
 
 
+def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
+    """Issue 9, group commit: one round trip completes a save batch's items (in Redis, a
+    pipeline of complete scripts), each with its own answer, dropping each staged body; what
+    completing hands out is returned with the item that freed the room; after Redis lost its
+    scripts too."""
+    t = tracker_factory(lease_seconds=30, save_timeout=30, dispatch_factor=1)
+    bodies = body_reader(t)
+    w = new_job(t, concurrency=2)
+    t.add("j", ["a", "b", "done"])
+    tokens = {}
+    for item in ("a", "b", "done"):
+        tokens[item] = lease(t, item, w)
+        assert t.scraped("j", item, tokens[item], body=item.encode()).held
+    assert t.complete("j", "done", tokens["done"]).changed
+    # Two saves pending fill the broker's bound (1 x 2): "next" waits in its queue until a
+    # complete frees room.
+    assert t.add("j", ["next"]).dispatch == []
+    if isinstance(t, RedisTracker):
+        t.client.script_flush()
+    saves = [("a", tokens["a"]), ("done", tokens["done"]), ("b", tokens["b"] + 100)]
+    results = t.complete_many("j", saves)
+    assert [r.changed for r in results] == [True, False, True]  # any token completes
+    assert [x for r in results for x in r.dispatch] == ["next"]
+    stats = t.stats("j")
+    assert (stats.done, stats.dead) == (3, 0)
+    assert [bodies.get("j", tokens[i]) for i in ("a", "b")] == [None, b"b"]  # b's token was another
+    assert t.complete_many("j", []) == []
+
+
 def test_begin_save_hands_over_the_staged_body(tracker_factory):
     """The save reads its body in the begin_save step (in Redis: the same round trip), binary
     bytes as they are, for the live holder and for a stale one (whose late save still counts);

@@ -153,3 +153,39 @@ def paused_pid(output, item: str):
     except FileNotFoundError:
         return None
     return int(text) if text else None
+
+
+class GroupCrashingSaver(FileItemSaver):
+    """FileItemSaver whose group commit (``save_many``, one per save batch) SIGKILLs its process
+    once for each item named in ``crash_once``: after the group's bodies are in their temporary
+    files, before the first flush and before any rename. Logs ``call`` for each item of a group
+    (and of a single save), ``kill``, and ``wrote`` once a group or a save returned."""
+
+    _log = LoggingSaver._log
+    ctl = LoggingSaver.ctl
+
+    def save_many(self, entries):
+        from distscrape_celery.savers import files
+
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        for item, _ in entries:
+            self._log("call", item)
+        victims = set(_lines(self.ctl / "crash_once"))
+        doomed = [item for item, _ in entries
+                  if item in victims and _create_durably(self.ctl / "crashed" / _sha1(item), item)]
+        real = files._syncfs
+        if doomed and real is not None and len(entries) > 1:
+            def syncfs(directory):
+                self._log("kill", doomed[0])
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(60)
+
+            files._syncfs = syncfs
+        try:
+            out = super().save_many(entries)
+        finally:
+            files._syncfs = real
+        for (item, _), where in zip(entries, out):
+            if isinstance(where, str):
+                self._log("wrote", item)
+        return out
