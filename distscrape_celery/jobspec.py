@@ -283,6 +283,12 @@ class SaverSpec(_Strict):
         "worker host loses nothing; false is faster and survives only crashes of the worker "
         "process.",
     )
+    group_commit: bool = Field(
+        True,
+        description="files, with fsync: make a save batch's files durable together, with two "
+        "syncfs calls for the batch instead of two fsyncs per file. syncfs flushes everything the "
+        "output's file system holds dirty: false where other programs write much to it.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -469,6 +469,11 @@ def test_save_many_saves_one_at_a_time_without_fsync_or_syncfs(
     got = FileItemSaver(tmp_path / "nofsync", fsync=False).save_many(
         [(item, page(body)) for item, body in GROUP])
     assert calls == [] and all(isinstance(r, str) for r in got)
+    spec = SaverSpec(output=str(tmp_path / "apart"), group_commit=False)
+    saver = FileItemSaver.from_spec(spec, job="j", worker_id="w1")
+    calls = _record_syncfs(monkeypatch, tmp_path / "apart")
+    got = saver.save_many([(item, page(body)) for item, body in GROUP])
+    assert calls == [] and all(isinstance(r, str) for r in got)
     monkeypatch.setattr(files, "_syncfs", None)  # a C library without syncfs: fsync per file
     fsyncs: list[int] = []
     real_fsync = os.fsync

@@ -63,10 +63,11 @@ class FileItemSaver(ItemSaver):
 
     def __init__(
         self, output: str | Path, name_scheme: str = DEFAULT_NAME_SCHEME, *, fsync: bool = True,
-        job: str = "",
+        job: str = "", group_commit: bool = True,
     ) -> None:
         self.output = Path(os.path.abspath(output))
         self.fsync = fsync
+        self.group_commit = group_commit
         self.job = job
         self._parts = _parse_scheme(name_scheme)
         used = {field for _, field in self._parts}
@@ -77,7 +78,8 @@ class FileItemSaver(ItemSaver):
     def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "FileItemSaver":
         """Build the saver ``spec`` describes. ``worker_id`` is unused: every item gets its own
         file, whichever worker saves it."""
-        return cls(spec.output, spec.name_scheme, fsync=spec.fsync, job=job)
+        return cls(spec.output, spec.name_scheme, fsync=spec.fsync, job=job,
+                   group_commit=spec.group_commit)
 
     def open(self) -> None:
         """Create the output directory (and its parents) if missing."""
@@ -140,9 +142,10 @@ class FileItemSaver(ItemSaver):
         for the group instead of two per item; as with :meth:`save`, no file is ever replaced by
         a part, and nothing counts as saved before it is on disk.
 
-        One at a time instead without ``fsync``, where the C library has no ``syncfs``, and for
-        a subclass that overrides :meth:`save` (its ``save`` is then called for each item)."""
-        if (not self.fsync or len(entries) < 2 or _syncfs is None
+        One at a time instead without ``fsync`` or ``group_commit``, where the C library has no
+        ``syncfs``, and for a subclass that overrides :meth:`save` (its ``save`` is then called
+        for each item)."""
+        if (not (self.fsync and self.group_commit) or len(entries) < 2 or _syncfs is None
                 or type(self).save is not FileItemSaver.save):
             return super().save_many(entries)
         out: list[Union[str, Exception, None]] = [None] * len(entries)
