@@ -241,6 +241,10 @@ def _check_scheme(url: str) -> None:
 def _check_host(url: str) -> None:
     """Refuse a host name with an empty label ("a..b", ".a") before anything is resolved: the
     resolver would fail on it later, as if the network were at fault."""
+    if ".." not in url and "/." not in url and "@." not in url:
+        # Such a label follows "//" or "@", or another dot: no URL without these has one. Most
+        # URLs end here, without a second parse besides urllib3's own (issue 9).
+        return
     try:
         host = parse_url(url).host
     except ValueError:

@@ -314,3 +314,20 @@ def test_proxy_and_netrc_from_the_environment_are_not_used(
     with serve(routes) as (base, _, log):
         assert fetcher().get(base + "/p").body == b"direct"
     assert log[0]["headers"].get("Authorization") is None
+
+
+@pytest.mark.parametrize("url", ["http://x..invalid/", "http://.x.invalid/", "http://u@.x.invalid/p",
+                                 "http://u:p@x..invalid:80/", "https://..invalid/"])
+def test_a_host_with_an_empty_label_is_named_as_such(url: str) -> None:
+    from distscrape_celery.fetch import _check_host
+
+    with pytest.raises(FetchError, match="empty label in host"):
+        _check_host(url)
+
+
+@pytest.mark.parametrize("url", ["http://x.invalid/", "http://x.invalid./a/./b", "http://x.invalid/a..b",
+                                 "http://[::1]/", "http://u@x.invalid/.a"])
+def test_a_host_without_an_empty_label_passes(url: str) -> None:
+    from distscrape_celery.fetch import _check_host
+
+    _check_host(url)

@@ -788,3 +788,22 @@ def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
     stopped_at = len(endless_pulled)
     time.sleep(0.3)
     assert len(endless_pulled) == stopped_at <= 3
+
+
+def test_a_job_deleted_and_made_again_sharded_gets_its_new_keys(redis_url):
+    """Issue 9: a tracker builds a job's script keys once; deleting the job forgets them, so a job
+    of the same name made again with shards uses each shard's own active marker."""
+    from distscrape_celery.keys import ACTIVE_JOBS, JobKeys
+
+    t = RedisTracker.from_url(redis_url)
+    w = new_job(t)
+    t.add("j", ["http://a.invalid/"])
+    assert lease(t, "http://a.invalid/", w)
+    assert t._item_keys("j", 0)[18] == ACTIVE_JOBS
+    t.delete_job("j")
+    t.create_job("j", SPEC, CrawlLimits(shards=3))
+    items = [f"http://h{i}.invalid/" for i in range(12)]
+    t.add("j", items)
+    for item in items:
+        assert lease(t, item, w)
+    assert [t._item_keys("j", s)[18] for s in range(3)] == [JobKeys("j", s).active for s in range(3)]

@@ -188,6 +188,7 @@ class RedisTracker(Tracker):
         self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
         # job -> (shards, id_domain): both fixed when the job is created.
         self._layouts: dict[str, tuple[int, str]] = {}
+        self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
         lib = _read_lua("_lib")
         self._scripts = {
             name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
@@ -338,7 +339,12 @@ class RedisTracker(Tracker):
         return keys.shard_of(keys.domain_of(item, id_domain), shards)
 
     def _item_keys(self, job: str, shard: int = 0) -> tuple[str, ...]:
-        return keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
+        # Built once per job and shard: every item call takes them (20 names).
+        found = self._key_lists.get((job, shard))
+        if found is None:
+            found = keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
+            self._key_lists[(job, shard)] = found
+        return found
 
     def _mirror_active(self, job: str, shards: Iterable[int]) -> None:
         """List ``job`` as active if one of ``shards`` is marked active (after a call on them
@@ -575,6 +581,8 @@ class RedisTracker(Tracker):
         deleted += int(self.client.unlink(k.policy))
         self.client.srem(keys.JOBS, job)
         self._layouts.pop(job, None)
+        for cached in [k for k in self._key_lists if k[0] == job]:
+            del self._key_lists[cached]
         return deleted
 
     @staticmethod
