@@ -278,11 +278,12 @@ class ItemPipeline:
         """Save several scraped items, each as :meth:`save` would, with one tracker round trip to
         begin them all; returns what happened to each.
 
-        The bodies go to the saver together (:meth:`ItemSaver.save_many`: the file saver makes
-        them durable with two disk flushes, not two per item), and the items are marked done
-        together once all are stored. A batch of which an item was interrupted before (its
-        holder vanished, ``lost``), saves and completes item by item instead, so that a save
-        that kills its process costs its batch-mates one write again at most."""
+        With a saver that commits groups (:meth:`ItemSaver.commits_groups`: the file saver makes
+        them durable with two disk flushes, not two per item), the bodies go to it together and
+        the items are marked done together once all are stored. Otherwise, and for a batch of
+        which an item was interrupted before (its holder vanished, ``lost``), each item is saved
+        and marked done in turn, so that a save that kills its process costs the items before it
+        no second write."""
         entries = [(item, int(token), meta) for item, token, meta in saves]
         spec = self.rt.spec(job)
         try:
@@ -311,7 +312,8 @@ class ItemPipeline:
                         results[i] = outcome
                     else:
                         stores.append(_Store(i, item, token, outcome, begin.status is SaveStart.STALE))
-                if len(stores) > 1 and not any(begin.lost for begin in begins):
+                if (len(stores) > 1 and not any(begin.lost for begin in begins)
+                        and self.rt.saver(job).commits_groups()):
                     self._store_together(job, stores, results)
                 else:
                     for store in stores:

@@ -291,3 +291,22 @@ def test_a_batch_interrupted_before_saves_and_completes_item_by_item(batch_env, 
     monkeypatch.setattr(saver, "save_many", lambda entries: pytest.fail("stored as a group"))
     assert pipe.save_batch("p", batch) == ["saved"] * 3
     assert rt.tracker.stats("p").done == 3
+
+
+def test_a_saver_without_group_commits_has_each_item_done_as_soon_as_it_is_stored(
+    batch_env, monkeypatch
+):
+    """A saver that does not commit groups (an archive saver, the file saver without fsync, one
+    that overrides save) gets each item on its own, and each is done before the next is saved:
+    a save that kills its process costs the items before it no second write."""
+    rt, pipe, rec, server = batch_env
+    items, batch = _scraped_batch(rt, pipe, rec, server)
+    saver = rt.saver("p")
+    monkeypatch.setattr(saver, "commits_groups", lambda: False)
+    monkeypatch.setattr(saver, "save_many", lambda entries: pytest.fail("stored as a group"))
+    done_before = []
+    real_save = saver.save
+    monkeypatch.setattr(saver, "save", lambda item, download: (
+        done_before.append(rt.tracker.stats("p").done), real_save(item, download))[1])
+    assert pipe.save_batch("p", batch) == ["saved"] * 3
+    assert done_before == [0, 1, 2]

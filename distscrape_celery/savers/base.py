@@ -33,11 +33,20 @@ class ItemSaver(ABC):
         """Store ``download`` for ``item`` durably and return where it went. Idempotent:
         saving the same item twice leaves one copy. Raises :class:`SaveError` on failure."""
 
+    def commits_groups(self) -> bool:
+        """Whether :meth:`save_many` makes its entries durable together (a group commit). Only
+        then does a save batch hand its items to ``save_many`` and mark them done after the
+        whole group; else each is saved and marked done in turn, so that a save that kills its
+        process costs the items before it no second write (an archive saver would append them
+        twice)."""
+        return False
+
     def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
         """Store several items, each as :meth:`save` would; all of them are durable when it
         returns. Returns, per entry, where it went or the exception its save raised (never
         raises itself). The default saves them one at a time; a saver that can make a group
-        durable at once (one disk flush instead of one per item) overrides it."""
+        durable at once (one disk flush instead of one per item) overrides it and
+        :meth:`commits_groups`."""
         out: list[Union[str, Exception]] = []
         for item, download in entries:
             try:

@@ -135,6 +135,12 @@ class FileItemSaver(ItemSaver):
                 raise SaveError(f"cannot save {item!r}: {first}, and {second}") from second
         return str(target)
 
+    def commits_groups(self) -> bool:
+        """True with ``fsync`` and ``group_commit``, where the C library has ``syncfs``, unless
+        a subclass overrides :meth:`save` (its ``save`` is then called for each item)."""
+        return (self.fsync and self.group_commit and _syncfs is not None
+                and type(self).save is FileItemSaver.save)
+
     def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
         """Save ``entries`` as :meth:`save` would, made durable together (group commit): every
         body goes to its temporary file, one ``syncfs`` makes them durable, the renames follow,
@@ -142,11 +148,8 @@ class FileItemSaver(ItemSaver):
         for the group instead of two per item; as with :meth:`save`, no file is ever replaced by
         a part, and nothing counts as saved before it is on disk.
 
-        One at a time instead without ``fsync`` or ``group_commit``, where the C library has no
-        ``syncfs``, and for a subclass that overrides :meth:`save` (its ``save`` is then called
-        for each item)."""
-        if (not (self.fsync and self.group_commit) or len(entries) < 2 or _syncfs is None
-                or type(self).save is not FileItemSaver.save):
+        One at a time instead where :meth:`commits_groups` says no."""
+        if len(entries) < 2 or not self.commits_groups():
             return super().save_many(entries)
         out: list[Union[str, Exception, None]] = [None] * len(entries)
         try:
