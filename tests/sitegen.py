@@ -304,6 +304,7 @@ class SiteServer:
         self.delay = delay
         self._lock = threading.Lock()
         self._requests: list[str] = []
+        self._times: list[float] = []  # when each request of _requests arrived (Unix time)
         self._robots_requests = 0
         self._conns: set[socket.socket] = set()
         self._stopped = False
@@ -334,6 +335,11 @@ class SiteServer:
         """How many times ``/robots.txt`` was requested (a site never has that page)."""
         with self._lock:
             return self._robots_requests
+
+    def request_times(self, path: str) -> list[float]:
+        """When ``path`` was requested (Unix time), in order."""
+        with self._lock:
+            return [t for p, t in zip(self._requests, self._times) if p == path]
 
     def counts(self) -> collections.Counter:
         with self._lock:
@@ -367,6 +373,7 @@ class SiteServer:
                 self._robots_requests += 1
             else:
                 self._requests.append(path)
+                self._times.append(time.time())
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
