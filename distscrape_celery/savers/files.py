@@ -158,17 +158,30 @@ class FileItemSaver(ItemSaver):
             return [exc] * len(entries)
         staged: list[tuple[int, Path, Path]] = []  # (entry, temporary file, target)
         alone: list[int] = []  # entries whose name the tree's shape forbids: saved as save does
+        # A directory of each file system written to: one under the output may be another mount.
+        devices: dict[int, str] = {}
+        device_of: dict[Path, int] = {}
         for i, (item, download) in enumerate(entries):
             try:
                 target = self.output / self.name_for(item)
-                staged.append((i, _write_temp(target, download.body, real_output, False), target))
+                tmp = _write_temp(target, download.body, real_output, False)
+                if tmp.parent not in device_of:
+                    try:
+                        device_of[tmp.parent] = os.stat(tmp.parent).st_dev
+                    except OSError as exc:
+                        with contextlib.suppress(OSError):
+                            os.unlink(tmp)
+                        raise _file_error(target, exc) from exc
+                    devices.setdefault(device_of[tmp.parent], str(tmp.parent))
+                staged.append((i, tmp, target))
             except _ShapeConflict:
                 alone.append(i)
             except Exception as exc:
                 out[i] = exc
         if staged:
             try:
-                _syncfs(real_output)  # the new contents are on disk before any file is replaced
+                for directory in devices.values():  # the new contents are on disk before any
+                    _syncfs(directory)              # file is replaced
                 for i, tmp, target in staged:
                     try:
                         _rename_into_place(tmp, target)
@@ -177,7 +190,8 @@ class FileItemSaver(ItemSaver):
                         alone.append(i)
                     except SaveError as exc:
                         out[i] = exc
-                _syncfs(real_output)  # and the renames before any item counts as saved
+                for directory in devices.values():  # and the renames before any item counts
+                    _syncfs(directory)              # as saved
             except OSError as exc:
                 error = SaveError(
                     f"cannot make {len(staged)} files under {real_output!r} durable: "
