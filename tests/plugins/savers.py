@@ -159,7 +159,9 @@ class GroupCrashingSaver(FileItemSaver):
     """FileItemSaver whose group commit (``save_many``, one per save batch) SIGKILLs its process
     once for each item named in ``crash_once``: after the group's bodies are in their temporary
     files, before the first flush and before any rename. Logs ``call`` for each item of a group
-    (and of a single save), ``kill``, and ``wrote`` once a group or a save returned."""
+    (and of a single save), ``kill``, and ``wrote`` once a group or a save returned. It swaps the
+    saver module's ``syncfs`` for the length of a group: for prefork workers, whose processes save
+    one batch at a time."""
 
     _log = LoggingSaver._log
     ctl = LoggingSaver.ctl
