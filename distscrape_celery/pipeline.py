@@ -330,7 +330,7 @@ class ItemPipeline:
             log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
         return results  # type: ignore[return-value]
 
-    def _store_together(self, job: str, stores: list["_Store"], results: list[Optional[str]]) -> None:
+    def _store_together(self, job: str, stores: list[_Store], results: list[Optional[str]]) -> None:
         """Hand ``stores`` to the saver as one group, then mark the stored ones done in one
         tracker round trip; each result goes to ``results`` at its entry's index."""
         saver = self.rt.saver(job)

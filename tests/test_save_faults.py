@@ -93,11 +93,18 @@ def _setup(redis_url, start_worker, names, *, lease=LEASE, settings_kw=None, **w
     return settings, tracker, procs
 
 
-def _spec(server, out, **extra):
+def _spec(server, out, saver=SAVER, **extra):
     return build_spec({
-        "seeds": [server.url("/")], "saver": {"kind": SAVER, "output": str(out)},
+        "seeds": [server.url("/")], "saver": {"kind": saver, "output": str(out)},
         "max_retries": 0, **extra,
     })
+
+
+def _downloads_after_kill(out, victims, fetch_times) -> dict:
+    """For each victim whose save killed its process: when it was downloaded after the kill
+    (nothing, if its staged body was found)."""
+    killed_at = {item: at for ev, _, at, item in save_events(out) if ev == "kill"}
+    return {item: [t for t in fetch_times[victims[item]] if t > at] for item, at in killed_at.items()}
 
 
 def _check_all(procs):
@@ -214,9 +221,7 @@ def test_sigkill_in_save_then_saved_exactly_once(
     # The save was delivered again and found the staged body: no download after the kill. (With
     # save batches a victim may have been downloaded twice before its first save: when the process
     # that scraped it was killed by another victim's save before it queued this one's.)
-    killed_at = {item: at for ev, _, at, item in save_events(out) if ev == "kill"}
-    assert {p: [t for t in fetch_times[p] if t > killed_at[i]] for i, p in victims.items()} == \
-        {p: [] for p in victims.values()}
+    assert _downloads_after_kill(out, victims, fetch_times) == dict.fromkeys(victims, [])
     if batch_size == 1:
         assert {p: fetched[p] for p in victims.values()} == {p: 1 for p in victims.values()}
     assert {i: calls[i] for i in victims} == {i: 2 for i in victims}
@@ -242,7 +247,8 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     """Issue 9, group commit: a save batch's bodies are in their temporary files, and the process
     is SIGKILLed before they are flushed and renamed (once for each of 5 pages' batches). Nothing
     of that group was marked done: Celery delivers the batch again, the bodies are still staged,
-    and every page is saved in the end, none downloaded twice, nothing dead or left in flight."""
+    and every page is saved in the end, none downloaded again after the kill, nothing dead or left
+    in flight."""
     site = generate_site(n_pages=60, seed=103, unreachable=0)
     _, tracker, procs = _setup(redis_url, start_worker, ["group-a", "group-b"],
                                settings_kw={"save_batch_seconds": 0.5})
@@ -252,8 +258,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
         victims = {_item(server, p): p for p in _pages(site, 5, seed=3)}
         instruct(out, "crash_once", victims)
         started = time.monotonic()
-        spec = build_spec({"seeds": [server.url("/")], "max_retries": 0,
-                           "saver": {"kind": "plugins.savers:GroupCrashingSaver", "output": str(out)}})
+        spec = _spec(server, out, saver="plugins.savers:GroupCrashingSaver")
         CrawlManager(tracker, publisher.scrape).seed(job, spec)
         stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
         elapsed = time.monotonic() - started
@@ -270,9 +275,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     assert kills and set(kills) <= set(victims) and set(kills.values()) == {1}, kills
     # The killed groups' pages were saved from their staged bodies, not downloaded again; what the
     # killed process had scraped and not yet queued for saving was (a lease later), once more.
-    killed_at = {item: at for ev, _, at, item in save_events(out) if ev == "kill"}
-    assert {i: [t for t in fetch_times[victims[i]] if t > at] for i, at in killed_at.items()} == \
-        {i: [] for i in killed_at}
+    assert _downloads_after_kill(out, victims, fetch_times) == dict.fromkeys(kills, [])
     again = [p for p, k in fetched.items() if k > 1]
     assert max(fetched.values()) <= 2 and len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
     in_flight = _in_flight(redis_client, job)
