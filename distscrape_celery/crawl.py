@@ -19,7 +19,7 @@ from . import lifecycle
 from .embedded import EmbeddedRedis
 from .errors import ConfigError
 from .jobspec import JobSpec
-from .local import WorkerProcess
+from .local import WorkerProcess, can_fork_workers
 from .manager import CrawlManager
 from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings, crawl_worker_processes
 from .tracker import JobStats, RedisTracker
@@ -234,13 +234,18 @@ def run_local_crawl(
         workers: list[WorkerProcess] = []
         interrupted = False
         try:
-            for i, threads in enumerate(crawl_worker_processes(concurrency)):
-                # Threads, not prefork: the prefork parent costs a third of the CPU per page.
-                # Time limits do not apply to threads; reserved_items gives up a task's lease
-                # after task_time_limit instead.
-                worker = WorkerProcess(settings, name=f"distscrape-{job}-{i + 1}",
-                                       concurrency=threads, pool="threads")
-                workers.append(worker.start())
+            # Threads, not prefork: the prefork parent costs a third of the CPU per page.
+            # Time limits do not apply to threads; reserved_items gives up a task's lease
+            # after task_time_limit instead. Where it can, one process imports everything
+            # once and forks the workers (worker_main --forks).
+            shape = crawl_worker_processes(concurrency)
+            if can_fork_workers():
+                workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",
+                                             forks=shape).start())
+            else:
+                for i, threads in enumerate(shape):
+                    workers.append(WorkerProcess(settings, name=f"distscrape-{job}-{i + 1}",
+                                                 concurrency=threads, pool="threads").start())
             started = time.monotonic()
 
             def check() -> None:

@@ -36,6 +36,7 @@ class WorkerProcess:
         log_dir: Optional[str] = None,
         extra_env: Optional[dict[str, str]] = None,
         include: Sequence[str] = (),
+        forks: Optional[Sequence[int]] = None,
     ) -> None:
         self.settings = settings
         self.name = name
@@ -47,6 +48,9 @@ class WorkerProcess:
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="distscrape-worker-"), f"{name}.log")
         self.extra_env = extra_env or {}
         self.include = list(include)  # modules the worker imports (e.g. job_finished hooks)
+        # Several workers forked from one process, one per concurrency (worker_main --forks),
+        # named NAME-1, NAME-2, ...; the process started here supervises them.
+        self.forks = list(forks) if forks else None
         self.proc: Optional[subprocess.Popen] = None
 
     def command(self) -> list[str]:
@@ -54,7 +58,9 @@ class WorkerProcess:
         # command line and its plugins (see worker_main).
         return [
             sys.executable, "-m", "distscrape_celery.worker_main",
-            "-Q", f"{self.settings.scrape_queue},{self.settings.save_queue}", "-P", self.pool, "-c", str(self.concurrency),
+            "-Q", f"{self.settings.scrape_queue},{self.settings.save_queue}", "-P", self.pool,
+            *(["--forks", ",".join(map(str, self.forks))] if self.forks
+              else ["-c", str(self.concurrency)]),
             "-n", f"{self.name}@%h", "--loglevel", self.loglevel,
             "--without-gossip", "--without-mingle",
             *(["-I", ",".join(self.include)] if self.include else []),
@@ -90,11 +96,24 @@ class WorkerProcess:
                 f"last log lines:\n{self.log_tail()}"
             )
 
+    def forked_pids(self) -> list[int]:
+        """The workers the started process forked and still supervises (``forks`` only)."""
+        if self.proc is None or not self.forks:
+            return []
+        try:
+            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(pid) for pid in text.split()]
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` to the worker's whole process group (parent and pool processes)."""
-        if self.proc is not None:
+        """Send ``sig`` to the worker's whole process group (parent and pool processes), and
+        to each forked worker's own group (see worker_main), before their supervisor's."""
+        if self.proc is None:
+            return
+        for pid in [*self.forked_pids(), self.proc.pid]:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -125,6 +144,13 @@ class WorkerProcess:
                 pass
         if self._own_log_dir:
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
+
+
+def can_fork_workers() -> bool:
+    """Whether workers may be forked from one supervisor here (worker_main ``--forks``): Linux
+    only, where a forked worker ends with its supervisor and the supervisor's children can be
+    listed, so that :meth:`WorkerProcess.kill` reaches every one."""
+    return sys.platform.startswith("linux") and Path(f"/proc/{os.getpid()}/task").is_dir()
 
 
 def wait_for_workers(tracker, count: int, timeout: float = 60.0, procs=()) -> None:

@@ -1,20 +1,49 @@
-"""Start one Celery worker of this app without Celery's command line, for the worker processes
-that ``distscrape crawl`` and the tests start themselves.
+"""Start Celery workers of this app without Celery's command line, for the worker processes that
+``distscrape crawl`` and the tests start themselves.
 
 ``python -m distscrape_celery.worker_main -Q QUEUES -P POOL -c N -n NAME -l LEVEL
-[--without-gossip] [--without-mingle] [-I MODULES]`` runs the same worker as ``celery -A
-distscrape_celery worker`` with those options: the same ``app.Worker`` class, its signal handling
-and exit code. What it leaves out is Celery's command line, which loads every subcommand and
-plugin (Flower's web app, click-repl, prompt_toolkit) before it starts a worker: about a quarter
-of a worker's CPU from start to ready (bench/RESULTS.md), paid by every worker of every crawl.
-Hosts of a distributed crawl keep using ``celery -A distscrape_celery worker``.
+[--without-gossip] [--without-mingle] [-I MODULES] [--forks C1,C2,...]`` runs the same worker as
+``celery -A distscrape_celery worker`` with those options: the same ``app.Worker`` class, its signal
+handling and exit code. What it leaves out is Celery's command line, which loads every subcommand
+and plugin (Flower's web app, click-repl, prompt_toolkit) before it starts a worker: about a
+quarter of a worker's CPU from start to ready (bench/RESULTS.md), paid by every worker of every
+crawl. Hosts of a distributed crawl keep using ``celery -A distscrape_celery worker``.
+
+With ``--forks``, this process imports what a worker needs once and then forks one worker per
+number given, each with that concurrency and ``-1``, ``-2``, ... after the node name's first part.
+Importing costs about 0.4 s of CPU per process; ``distscrape crawl`` starts two workers per core,
+and on a small machine the ones still importing would take that CPU from the first already
+crawling. This process stays as their supervisor: a stop signal it gets goes to every worker (a
+warm shutdown each), and a worker that exits on its own stops the others, so that whoever started
+them sees one process that exits when the workers do, with the first failing worker's code.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import signal
 import sys
-from typing import Optional, Sequence
+import traceback
+from collections.abc import Sequence
+from typing import Optional
+
+from .lifecycle import die_with_parent
+
+# Signals the supervisor passes on to its workers, which act on them as Celery workers do.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _concurrencies(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f"--forks wants positive whole numbers separated by commas, not {text!r}")
+    return values
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -29,19 +58,30 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--without-gossip", action="store_true")
     parser.add_argument("--without-mingle", action="store_true")
     parser.add_argument("-I", "--include", default="", help="comma-separated modules to import")
-    return parser.parse_args(argv)
+    parser.add_argument("--forks", type=_concurrencies, default=None, metavar="C1,C2,...",
+                        help="fork one worker per number, with that concurrency (instead of -c)")
+    args = parser.parse_args(argv)
+    if args.forks is not None and args.concurrency is not None:
+        parser.error("give either -c or --forks, not both")
+    return args
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
+def forked_name(hostname: Optional[str], index: int) -> str:
+    """``name@host`` → ``name-INDEX@host`` (the default node name ``celery@%h`` if none)."""
+    name, at, host = (hostname or "celery@%h").partition("@")
+    return f"{name}-{index}{at}{host}"
+
+
+def run_worker(args: argparse.Namespace, hostname: Optional[str], concurrency: Optional[int]) -> int:
+    """Run one worker in this process until it stops; its exit code."""
     from celery.utils.nodenames import default_nodename, host_format
 
     from .celery_app import app
 
     worker = app.Worker(
-        hostname=host_format(default_nodename(args.hostname)),
+        hostname=host_format(default_nodename(hostname)),
         pool_cls=args.pool,
-        concurrency=args.concurrency,
+        concurrency=concurrency,
         queues=args.queues,
         loglevel=args.loglevel,
         without_gossip=args.without_gossip,
@@ -52,5 +92,121 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return worker.exitcode or 0
 
 
+# What a worker imports on its way to ready, beyond the app and its tasks (listed from a worker's
+# sys.modules). One a Celery version lacks is skipped: each worker then imports its own.
+WORKER_MODULES = (
+    "celery.apps.worker", "celery.worker.components", "celery.worker.consumer",
+    "celery.worker.consumer.delayed_delivery", "celery.worker.strategy", "celery.worker.autoscale",
+    "celery.app.amqp", "celery.app.control", "celery.app.events", "celery.app.log",
+    "celery.app.routes", "celery.backends.base", "celery.events.dispatcher",
+    "celery.events.receiver", "kombu.asynchronous.hub", "kombu.pidbox", "kombu.mixins",
+    "billiard.pool", "encodings.idna",
+)
+
+
+def _preload(pool: str) -> None:
+    """Import, before forking, what each worker would import on its way to ready."""
+    from celery.concurrency import get_implementation
+
+    from . import tasks  # noqa: F401  (the app's tasks, the pipeline, components, savers)
+
+    for name in WORKER_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    get_implementation(pool)
+
+
+def _exit_status(status: int) -> int:
+    """A child's exit code, or 128 + the signal that killed it, as a shell reports it."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+preloaded_modules: frozenset[str] = frozenset()
+"""In a forked worker: the modules its supervisor had imported when it forked."""
+
+
+def run_forked(args: argparse.Namespace) -> int:
+    """Fork the workers, then supervise them until every one has exited."""
+    global preloaded_modules
+    _preload(args.pool)
+    preloaded_modules = frozenset(sys.modules)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # or each child would write the parent's buffered output again
+    tie_to_us = die_with_parent(signal.SIGTERM)
+    children: dict[int, int] = {}
+    stopping = 0  # the stop signal passed on, once there is one
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = signum
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    for index, concurrency in enumerate(args.forks, 1):
+        if stopping:
+            break
+        # Held back across the fork, so that a child never runs the supervisor's handler.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+        pid = os.fork()
+        if pid == 0:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+            # A session of its own, as a worker started by itself would have: Linux shares
+            # the CPU fairly between sessions (autogroups) first, and four workers in one
+            # session would get no more of it than the Redis server beside them (measured:
+            # 8-12 % fewer pages/s; bench/RESULTS.md).
+            os.setsid()
+            if tie_to_us is not None:
+                tie_to_us()  # the supervisor SIGKILLed: a warm shutdown, as for a stop signal
+            code = 1
+            try:
+                code = run_worker(args, forked_name(args.hostname, index), concurrency)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                # Never back into the supervisor's loop; exit as a worker would.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        children[pid] = index
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+    if stopping:
+        forward(stopping, None)  # for a child forked as the signal came
+    result = 0
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if children.pop(pid, None) is None:
+            continue
+        code = _exit_status(status)
+        result = result or code
+        if not stopping:
+            # A worker that stops on its own (a crash, a remote shutdown) stops the rest: the
+            # caller watches this one process.
+            forward(signal.SIGTERM, None)
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.forks is not None:
+        return run_forked(args)
+    return run_worker(args, args.hostname, args.concurrency)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as distscrape_celery.worker_main, not as __main__, so that a worker's modules see the
+    # one module (preloaded_modules).
+    from distscrape_celery.worker_main import main as _main
+
+    sys.exit(_main())

@@ -3,17 +3,22 @@ the same worker as `celery -A distscrape_celery worker`, without Celery's comman
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
 import time
+from pathlib import Path
+
+import pytest
 
 from conftest import plugins_path
 
+from distscrape_celery.errors import EmbeddedServiceError
 from distscrape_celery.local import WorkerProcess, wait_for_workers
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
-from distscrape_celery.worker_main import parse_args
+from distscrape_celery.worker_main import forked_name, parse_args
 
 def wait_for_line(worker: WorkerProcess, pattern: str, timeout: float = 60) -> re.Match:
     deadline = time.monotonic() + timeout
@@ -51,3 +56,141 @@ def test_the_options_are_celery_workers_own():
     assert (args.queues, args.pool, args.concurrency, args.hostname, args.loglevel) == (
         "a,b", "solo", 3, "x@%h", "INFO")
     assert args.without_gossip and args.without_mingle and args.include == "m1,m2"
+
+
+# ----------------------------------------------------------------- workers forked (--forks)
+
+
+def _forked(settings, tmp_path, forks, name="forked", **kw) -> WorkerProcess:
+    return WorkerProcess(
+        settings, name=name, pool="threads", loglevel="INFO", log_dir=str(tmp_path), forks=forks,
+        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"], **kw,
+    ).start()
+
+
+def _wait_for_children(worker: WorkerProcess, count: int, timeout: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while len(pids := worker.forked_pids()) < count:
+        worker.check()
+        assert time.monotonic() < deadline, f"{count} workers not forked:\n{worker.log_tail()}"
+        time.sleep(0.05)
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone too: only its parent's wait is left.
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z")
+
+
+def _wait_gone(pids, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(_gone(p) for p in pids):
+        assert time.monotonic() < deadline, f"still running: {[p for p in pids if not _gone(p)]}"
+        time.sleep(0.05)
+
+
+def test_forked_workers_are_named_apart_each_in_its_own_session_and_stop_together(
+        redis_url, tmp_path):
+    settings = Settings(redis_url=redis_url)
+    tracker = RedisTracker.from_settings(settings)
+    worker = _forked(settings, tmp_path, [1, 2])
+    try:
+        wait_for_workers(tracker, 2, procs=[worker])
+        pids = worker.forked_pids()
+        assert len(pids) == 2
+        # One worker per number, with that concurrency, each its own process.
+        by_pid = {w.pid: w.concurrency for w in tracker.workers()}
+        assert by_pid == dict(zip(pids, [1, 2]))
+        host = socket.gethostname()
+        for n in (1, 2):
+            wait_for_line(worker, re.escape(f"forked-{n}@{host} ready."))
+        # Each its own session (and process group), as a worker started alone: see worker_main.
+        assert [os.getsid(p) for p in pids] == pids
+        assert os.getsid(worker.proc.pid) not in pids
+        # What a worker imports is imported before the fork, once.
+        late = [int(m.group(1)) for m in re.finditer(
+            r"modules imported after the fork: (\d+)", worker.log_tail(100_000))]
+        if len(late) < 2:
+            wait_for_line(worker, r"modules imported after the fork: \d+(.|\n)*"
+                                  r"modules imported after the fork: \d+")
+            late = [int(m.group(1)) for m in re.finditer(
+                r"modules imported after the fork: (\d+)", worker.log_tail(100_000))]
+        assert max(late) < 8, worker.log_tail()
+        # SIGTERM to the supervisor: a warm shutdown of both, and exit code 0.
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0
+        _wait_gone(pids)
+        assert not [w for w in tracker.workers() if w.alive]
+    finally:
+        worker.stop(timeout=5)
+
+
+def test_a_forked_worker_that_dies_stops_the_others_and_the_supervisor_reports_it(
+        redis_url, tmp_path):
+    settings = Settings(redis_url=redis_url)
+    worker = _forked(settings, tmp_path, [1, 1, 1])
+    try:
+        wait_for_workers(RedisTracker.from_settings(settings), 3, procs=[worker])
+        victim, *others = worker.forked_pids()
+        os.kill(victim, signal.SIGKILL)
+        assert worker.proc.wait(30) == 128 + signal.SIGKILL
+        _wait_gone(others)
+        with pytest.raises(EmbeddedServiceError, match="exited with code 137"):
+            worker.check()
+    finally:
+        worker.stop(timeout=5)
+
+
+def test_killing_a_forked_worker_process_kills_every_worker(redis_url, tmp_path):
+    settings = Settings(redis_url=redis_url)
+    worker = _forked(settings, tmp_path, [1, 1])
+    try:
+        wait_for_workers(RedisTracker.from_settings(settings), 2, procs=[worker])
+        pids = worker.forked_pids()
+        # Stopped, the workers could not act on the SIGTERM their supervisor's death sends:
+        # only a SIGKILL of their own ends them.
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        worker.kill(signal.SIGKILL)
+        assert worker.proc.wait(30) == -signal.SIGKILL
+        _wait_gone(pids, timeout=5)
+    finally:
+        worker.stop(timeout=5)
+
+
+def test_forked_workers_shut_down_when_their_supervisor_is_killed(redis_url, tmp_path):
+    settings = Settings(redis_url=redis_url)
+    tracker = RedisTracker.from_settings(settings)
+    worker = _forked(settings, tmp_path, [1, 1])
+    try:
+        wait_for_workers(tracker, 2, procs=[worker])
+        pids = worker.forked_pids()
+        os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor alone
+        worker.proc.wait(30)
+        _wait_gone(pids)
+        # A warm shutdown (SIGTERM), not a kill: each deregistered itself.
+        assert not [w for w in tracker.workers() if w.alive]
+        assert worker.log_tail(100_000).count("worker: Warm shutdown") == 2, worker.log_tail()
+    finally:
+        worker.stop(timeout=5)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--forks", "2,x"], "positive whole numbers"),
+    (["--forks", "0"], "positive whole numbers"),
+    (["--forks", "2", "-c", "2"], "either -c or --forks"),
+])
+def test_bad_forks_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-Q", "a", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_a_forked_workers_node_name_gets_its_number_before_the_host():
+    assert forked_name("distscrape-job@%h", 2) == "distscrape-job-2@%h"
+    assert forked_name(None, 1) == "celery-1@%h"
+    assert forked_name("plain", 3) == "plain-3"
