@@ -1,11 +1,13 @@
-"""A worker's CPU from start to ready: `celery -A distscrape_celery worker` against
-`python -m distscrape_celery.worker_main` (what `distscrape crawl` starts), alternated.
+"""Workers' CPU from start to ready, alternated: `celery -A distscrape_celery worker`,
+`python -m distscrape_celery.worker_main`, and ``--workers`` of them, started one by one or
+forked from one process that imported everything once (`worker_main --forks`, what
+`distscrape crawl` starts).
 
-    python bench/bench_worker_start.py [--rounds 5] [--pool "threads -c 16"]
+    python bench/bench_worker_start.py [--rounds 5] [--pool "threads -c 16"] [--workers 4]
 
-Starts a throwaway Redis; each round starts one worker of each kind, waits until it has
-registered with the tracker and then one second more (start-up work that follows "ready"), reads
-the process's user + system CPU from /proc and stops it. Prints every reading and the medians.
+Starts a throwaway Redis; each round starts each kind, waits until its workers have registered
+with the tracker and then one second more (start-up work that follows "ready"), reads the user +
+system CPU of every process of it from /proc and stops it. Prints every reading and the medians.
 """
 
 from __future__ import annotations
@@ -23,10 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_crawl import own_cpu  # noqa: E402
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pool", default="threads -c 16", help="-P value and options after it")
+    parser.add_argument("--workers", type=int, default=4, help="workers of the last two kinds")
     args = parser.parse_args()
 
     from distscrape_celery.celery_app import SAVE_QUEUE, SCRAPE_QUEUE
@@ -35,11 +45,18 @@ def main() -> int:
     from distscrape_celery.tracker import RedisTracker
 
     pool = ["-P", *args.pool.split()]
-    common = ["-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", *pool, "--loglevel", "WARNING",
+    common = ["-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", "--loglevel", "WARNING",
               "--without-gossip", "--without-mingle"]
+    celery = [sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker"]
+    lean = [sys.executable, "-m", "distscrape_celery.worker_main"]
+    n, threads = args.workers, pool[pool.index("-c") + 1] if "-c" in pool else "1"
+    forks = ["-P", pool[1], "--forks", ",".join([threads] * n)]
+    # name -> (command, how many processes of it, how many workers each registers)
     kinds = {
-        "celery worker": [sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker"],
-        "worker_main": [sys.executable, "-m", "distscrape_celery.worker_main"],
+        "celery worker": (celery + pool, 1, 1),
+        "worker_main": (lean + pool, 1, 1),
+        f"{n} x worker_main": (lean + pool, n, 1),
+        f"--forks ({n})": (lean + forks, 1, n),
     }
     readings: dict[str, list[float]] = {k: [] for k in kinds}
     with EmbeddedRedis() as server:
@@ -47,25 +64,30 @@ def main() -> int:
         env.update(Settings(redis_url=server.url).to_env())
         tracker = RedisTracker.from_url(server.url)
         for r in range(args.rounds):
-            for name, cmd in kinds.items():
+            for k, (name, (cmd, procs, each)) in enumerate(kinds.items()):
                 before = sum(1 for w in tracker.workers() if w.alive)
-                proc = subprocess.Popen([*cmd, *common, "-n", f"start{r}-{len(name)}@%h"], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                started = [subprocess.Popen([*cmd, *common, "-n", f"start{r}-{k}-{i}@%h"], env=env,
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           for i in range(procs)]
                 deadline = time.monotonic() + 60
-                while sum(1 for w in tracker.workers() if w.alive) <= before:
-                    if time.monotonic() > deadline or proc.poll() is not None:
+                while sum(1 for w in tracker.workers() if w.alive) < before + procs * each:
+                    if time.monotonic() > deadline or any(p.poll() is not None for p in started):
                         raise SystemExit(f"{name} did not come up")
                     time.sleep(0.02)
                 time.sleep(1.0)
-                cpu = own_cpu(proc.pid)
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(30)  # its warm shutdown deregisters it
+                pids = [p.pid for p in started]
+                pids += [c for p in started for c in _children(p.pid)]
+                cpu = sum(own_cpu(pid) for pid in pids)
+                for proc in started:
+                    proc.send_signal(signal.SIGTERM)
+                for proc in started:
+                    proc.wait(30)  # a warm shutdown deregisters each worker
                 readings[name].append(cpu)
-                print(f"round {r + 1}: {name:<14} {cpu:.2f} s CPU", flush=True)
+                print(f"round {r + 1}: {name:<16} {cpu:.2f} s CPU", flush=True)
     base = statistics.median(readings["celery worker"])
     for name, values in readings.items():
         med = statistics.median(values)
-        print(f"median {name:<14} {med:.2f} s ({med / base:.2f}x)")
+        print(f"median {name:<16} {med:.2f} s ({med / base:.2f}x)")
     return 0
 
 

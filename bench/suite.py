@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -553,20 +554,32 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     # BENCH_PIN=1: each worker process on one CPU (taskset), round robin, to see what the
     # scheduler moving threads between CPUs costs.
     pin = worker_env.pop("BENCH_PIN", "") not in ("", "0")
+    # BENCH_SESSION=one: the workers started as the README's shell loop starts them, in one
+    # session; otherwise each in its own, as systemd starts its units. Linux shares CPU between
+    # sessions (autogroups) before it shares it between processes.
+    one_session = worker_env.pop("BENCH_SESSION", "") == "one"
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
     job = f"bench-{site_name}-{workers}-{run}"
     out = work / f"{job}-out"
     started = time.monotonic()
+    commands = [
+        [*(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
+         str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
+         "distscrape.scrape,distscrape.save", *opts, "-n", f"distscrape-{i}@%h",
+         "--loglevel", "WARNING"]
+        for i, opts in enumerate(opts for n, opts in groups for _ in range(n))]
     procs = []
-    for i, opts in enumerate(opts for n, opts in groups for _ in range(n)):
-        with (work / f"{job}-worker{i}.log").open("ab") as log:
-            taskset = ["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []
-            procs.append(subprocess.Popen(
-                [*taskset, str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
-                 "distscrape.scrape,distscrape.save", *opts, "-n",
-                 f"distscrape-{i}@%h", "--loglevel", "WARNING"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    if one_session:
+        # As the README's loop starts them: background jobs of one shell, one session.
+        script = " ".join(f"{shlex.join(c)} >{shlex.quote(str(work / f'{job}-worker{i}.log'))} "
+                          f"2>&1 &" for i, c in enumerate(commands)) + " wait"
+        shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+    else:
+        for i, command in enumerate(commands):
+            with (work / f"{job}-worker{i}.log").open("ab") as log:
+                procs.append(subprocess.Popen(command, env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + 60
     while sum(1 for w in tracker.workers() if w.alive) < workers:
         if time.monotonic() > deadline:
@@ -589,8 +602,15 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.25)
     server.probe.sample()
     cpu = 0.0
-    for proc in procs:
-        proc.terminate()
+    if one_session:
+        # The shell's wait reaps the workers: their CPU is in the shell's own rusage.
+        pids = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
+                .read_text().split()]
+        procs = [shell]
+    else:
+        pids = [proc.pid for proc in procs]
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
     for proc in procs:
         try:
             _, raw, usage = os.wait4(proc.pid, 0)
@@ -602,8 +622,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     server.stop()
     cmds, rcpu = server.probe.delta()
     label = " + ".join(f"{n} x celery {' '.join(opts)}" for n, opts in groups)
-    label = " ".join([label, *(f"{k}={v}" for k, v in worker_env.items()), *(["pinned"] * pin)])
-    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env and not pin
+    label = " ".join([label, *(f"{k}={v}" for k, v in worker_env.items()), *(["pinned"] * pin),
+                      *(["one session"] * one_session)])
+    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env and not pin and not one_session
     r = Result(f"{'README workers' if readme else 'workers'}: {label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
