@@ -14,12 +14,14 @@ One run, in this order, so every figure is taken under the same machine load:
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
-   multi-worker setup (two ``celery worker -P threads -c 16`` per core and ``distscrape seed``) for the whole
-   site; the scale-out runs (1, 2, 4 README workers) against the latency site.
+   multi-worker command (``celery multi start`` of two ``-P threads -c 16`` workers per core,
+   then ``distscrape seed``) for the whole site; the scale-out runs (1, 2, 4 README workers)
+   against the latency site.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
-Redis), Redis commands and CPU per page (``INFO`` deltas). Our politeness limits are set high
+Redis; for workers that ``celery multi`` detached, their CPU from /proc before they are
+stopped), Redis commands and CPU per page (``INFO`` deltas). Our politeness limits are set high
 (``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything).
 Network: 127.0.0.1 only.
 """
@@ -385,6 +387,12 @@ def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
         result.seconds = hits[-1][0] - hits[0][0]
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
 
@@ -538,10 +546,10 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
                   worker_env: Optional[dict[str, str]] = None,
                   worker_groups: Optional[list[tuple[int, list[str]]]] = None) -> Result:
-    """The README's many-host setup on this host: ``workers`` times ``celery worker -P threads
-    -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with options of their
-    own), with ``worker_env``, then ``distscrape seed``; waits until the tracker says the job
-    is finished."""
+    """The README's many-host setup on this host: ``celery multi start`` of ``workers`` workers
+    with ``-P threads -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with
+    options of their own), with ``worker_env`` (BENCH_LAUNCH, BENCH_PIN: see below), then
+    ``distscrape seed``; waits until the tracker says the job is finished."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     groups = worker_groups or [(workers, worker_args)]
     workers = sum(n for n, _ in groups)
@@ -554,24 +562,35 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     # BENCH_PIN=1: each worker process on one CPU (taskset), round robin, to see what the
     # scheduler moving threads between CPUs costs.
     pin = worker_env.pop("BENCH_PIN", "") not in ("", "0")
-    # BENCH_SESSION=one: the workers started as the README's shell loop starts them, in one
-    # session; otherwise each in its own, as systemd starts its units. Linux shares CPU between
-    # sessions (autogroups) before it shares it between processes.
-    one_session = worker_env.pop("BENCH_SESSION", "") == "one"
+    # BENCH_LAUNCH: how the workers are started. `multi` (the default, the README's command):
+    # `celery multi start`, which detaches each worker into a session of its own; `sessions`:
+    # each started here in a session of its own, as systemd starts its units; `loop`: as
+    # background jobs of one shell, all in one session. Linux shares CPU between sessions
+    # (autogroups) before it shares it between processes: workers in one session get no more
+    # of it than the Redis server beside them.
+    launch = worker_env.pop("BENCH_LAUNCH", "sessions" if pin else "multi")
+    if launch not in ("multi", "sessions", "loop") or (pin and launch != "sessions"):
+        raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions or loop (BENCH_PIN: sessions)")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
     job = f"bench-{site_name}-{workers}-{run}"
     out = work / f"{job}-out"
     started = time.monotonic()
+    queues = ["-Q", "distscrape.scrape,distscrape.save"]
     commands = [
         [*(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
-         str(BIN / "celery"), "-A", "distscrape_celery", "worker", "-Q",
-         "distscrape.scrape,distscrape.save", *opts, "-n", f"distscrape-{i}@%h",
-         "--loglevel", "WARNING"]
+         str(BIN / "celery"), "-A", "distscrape_celery", "worker", *queues, *opts,
+         "-n", f"distscrape-{i}@%h", "--loglevel", "WARNING"]
         for i, opts in enumerate(opts for n, opts in groups for _ in range(n))]
     procs = []
-    if one_session:
-        # As the README's loop starts them: background jobs of one shell, one session.
+    multi_files = [f"--pidfile={work}/{job}-%n.pid", f"--logfile={work}/{job}-%n.log"]
+    multi_groups = [([f"g{g}w{i}" for i in range(n)], opts) for g, (n, opts) in enumerate(groups)]
+    if launch == "multi":
+        for names, opts in multi_groups:
+            subprocess.run([str(BIN / "celery"), "multi", "start", *names, "-A", "distscrape_celery",
+                            *queues, *opts, "--loglevel=WARNING", *multi_files], env=env,
+                           check=True, capture_output=True)
+    elif launch == "loop":
         script = " ".join(f"{shlex.join(c)} >{shlex.quote(str(work / f'{job}-worker{i}.log'))} "
                           f"2>&1 &" for i, c in enumerate(commands)) + " wait"
         shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
@@ -602,30 +621,40 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.25)
     server.probe.sample()
     cpu = 0.0
-    if one_session:
-        # The shell's wait reaps the workers: their CPU is in the shell's own rusage.
-        pids = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
-                .read_text().split()]
-        procs = [shell]
+    if launch == "multi":
+        # Detached, not our children: their CPU up to now, from /proc, then a warm stop.
+        for names, _ in multi_groups:
+            for name in names:
+                cpu += process_cpu(int(Path(work, f"{job}-{name}.pid").read_text()))
+        for names, opts in multi_groups:
+            subprocess.run([str(BIN / "celery"), "multi", "stopwait", *names, *multi_files],
+                           env=env, capture_output=True, timeout=60)
     else:
-        pids = [proc.pid for proc in procs]
-    for pid in pids:
-        os.kill(pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            _, raw, usage = os.wait4(proc.pid, 0)
-            cpu += usage.ru_utime + usage.ru_stime
-        except ChildProcessError:
-            pass
+        if launch == "loop":
+            # The shell's wait reaps the workers: their CPU is in the shell's own rusage.
+            pids = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
+                    .read_text().split()]
+            procs = [shell]
+        else:
+            pids = [proc.pid for proc in procs]
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                _, raw, usage = os.wait4(proc.pid, 0)
+                cpu += usage.ru_utime + usage.ru_stime
+            except ChildProcessError:
+                pass
     wall = time.monotonic() - started
     stats = tracker.stats(job)
     server.stop()
     cmds, rcpu = server.probe.delta()
     label = " + ".join(f"{n} x celery {' '.join(opts)}" for n, opts in groups)
     label = " ".join([label, *(f"{k}={v}" for k, v in worker_env.items()), *(["pinned"] * pin),
-                      *(["one session"] * one_session)])
-    readme = groups == [(workers, README_WORKER_ARGS)] and not worker_env and not pin and not one_session
-    r = Result(f"{'README workers' if readme else 'workers'}: {label}", site_name, wall=wall,
+                      *([f"({launch})"] * (launch != "multi"))])
+    readme = (groups == [(workers, README_WORKER_ARGS)] and not worker_env and launch == "multi")
+    r = Result(f"{'README workers' if readme else 'workers'}: "
+               f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}"

