@@ -21,7 +21,7 @@ from sitegen import SiteServer, generate_site
 
 from distscrape_celery.celery_app import configure_app
 from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import WorkerProcess, wait_for_workers
+from distscrape_celery.local import WorkerProcess, can_fork_workers, wait_for_workers
 from distscrape_celery.manager import CrawlManager
 from distscrape_celery.tasks import publisher
 from distscrape_celery.settings import crawl_worker_processes
@@ -180,8 +180,10 @@ def started_children(crawl: Crawl) -> dict[int, int]:
     def ready() -> bool:
         found = descendants(crawl.proc.pid)
         cmds = [_comm(p) for p in found]
+        # Forked workers have their supervisor beside them (worker_main --forks).
         return (any("redis-server" in c for c in cmds)
-                and sum("celery" in c and "worker" in c for c in cmds) >= CRAWL_WORKERS)
+                and sum("celery" in c and "worker" in c for c in cmds)
+                >= CRAWL_WORKERS + can_fork_workers())
 
     wait_until(ready, 60, "the redis-server and the workers", crawl)
     return descendants(crawl.proc.pid)
@@ -593,3 +595,33 @@ def test_crawl_splits_its_concurrency_over_two_worker_processes_per_core():
     assert crawl_worker_processes(5, cpus=2) == [2, 1, 1, 1]
     assert crawl_worker_processes(1, cpus=4) == [1]
     assert crawl_worker_processes(3, cpus=1) == [2, 1]
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "one-by-one"])
+def test_the_crawl_forks_its_workers_where_it_can_and_starts_them_one_by_one_elsewhere(
+        forked, small_site, tmp_path, monkeypatch):
+    """Forked from one supervisor on Linux (worker_main --forks); one process each where that
+    cannot be done. Either way every page is saved."""
+    from distscrape_celery import crawl as crawl_module
+    from distscrape_celery.crawl import run_local_crawl
+    from distscrape_celery.settings import Settings
+
+    if forked and not can_fork_workers():
+        pytest.skip("forked workers are for Linux")
+    monkeypatch.setattr(crawl_module, "can_fork_workers", lambda: forked)
+    started: list = []
+    real_start = WorkerProcess.start
+
+    def recorded_start(self):
+        started.append(self.forks)
+        return real_start(self)
+
+    monkeypatch.setattr(WorkerProcess, "start", recorded_start)
+    out = tmp_path / "out"
+    with SiteServer(small_site) as server:
+        spec = build_spec({"seeds": [server.url("/")], "saver": {"kind": "files", "output": str(out)}})
+        result = run_local_crawl("forks", spec, Settings(), embedded_redis=True, concurrency=2,
+                                 timeout=120)
+        assert saved_files(out) == expected_files(server, small_site, out)
+    assert (result.stats.done, result.stats.dead) == (len(small_site.reachable), 0)
+    assert started == ([crawl_worker_processes(2)] if forked else [None] * CRAWL_WORKERS)
