@@ -3,6 +3,7 @@ the same worker as `celery -A distscrape_celery worker`, without Celery's comman
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -61,20 +62,21 @@ def test_the_options_are_celery_workers_own():
 # ----------------------------------------------------------------- workers forked (--forks)
 
 
-def _forked(settings, tmp_path, forks, name="forked", **kw) -> WorkerProcess:
-    return WorkerProcess(
-        settings, name=name, pool="threads", loglevel="INFO", log_dir=str(tmp_path), forks=forks,
-        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"], **kw,
+@contextlib.contextmanager
+def forked(redis_url: str, tmp_path, forks: list[int]):
+    """``worker_main --forks FORKS`` on ``redis_url``, once every worker has registered: (its
+    WorkerProcess, the tracker, the forked workers' pids). Stopped on the way out."""
+    settings = Settings(redis_url=redis_url)
+    tracker = RedisTracker.from_settings(settings)
+    worker = WorkerProcess(
+        settings, name="forked", pool="threads", loglevel="INFO", log_dir=str(tmp_path),
+        forks=forks, extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"],
     ).start()
-
-
-def _wait_for_children(worker: WorkerProcess, count: int, timeout: float = 30) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while len(pids := worker.forked_pids()) < count:
-        worker.check()
-        assert time.monotonic() < deadline, f"{count} workers not forked:\n{worker.log_tail()}"
-        time.sleep(0.05)
-    return pids
+    try:
+        wait_for_workers(tracker, len(forks), procs=[worker])
+        yield worker, tracker, worker.forked_pids()
+    finally:
+        worker.stop(timeout=5)
 
 
 def _gone(pid: int) -> bool:
@@ -93,18 +95,18 @@ def _wait_gone(pids, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+def _imported_after_the_fork(worker: WorkerProcess, workers: int) -> list[int]:
+    """How many modules each forked worker imported itself (plugins.loaded_modules)."""
+    pattern = r"modules imported after the fork: (\d+)"
+    wait_for_line(worker, "(.|\n)*".join([pattern] * workers))
+    return [int(n) for n in re.findall(pattern, worker.log_tail(100_000))]
+
+
 def test_forked_workers_are_named_apart_each_in_its_own_session_and_stop_together(
         redis_url, tmp_path):
-    settings = Settings(redis_url=redis_url)
-    tracker = RedisTracker.from_settings(settings)
-    worker = _forked(settings, tmp_path, [1, 2])
-    try:
-        wait_for_workers(tracker, 2, procs=[worker])
-        pids = worker.forked_pids()
-        assert len(pids) == 2
+    with forked(redis_url, tmp_path, [1, 2]) as (worker, tracker, pids):
         # One worker per number, with that concurrency, each its own process.
-        by_pid = {w.pid: w.concurrency for w in tracker.workers()}
-        assert by_pid == dict(zip(pids, [1, 2]))
+        assert {w.pid: w.concurrency for w in tracker.workers()} == dict(zip(pids, [1, 2]))
         host = socket.gethostname()
         for n in (1, 2):
             wait_for_line(worker, re.escape(f"forked-{n}@{host} ready."))
@@ -112,45 +114,27 @@ def test_forked_workers_are_named_apart_each_in_its_own_session_and_stop_togethe
         assert [os.getsid(p) for p in pids] == pids
         assert os.getsid(worker.proc.pid) not in pids
         # What a worker imports is imported before the fork, once.
-        late = [int(m.group(1)) for m in re.finditer(
-            r"modules imported after the fork: (\d+)", worker.log_tail(100_000))]
-        if len(late) < 2:
-            wait_for_line(worker, r"modules imported after the fork: \d+(.|\n)*"
-                                  r"modules imported after the fork: \d+")
-            late = [int(m.group(1)) for m in re.finditer(
-                r"modules imported after the fork: (\d+)", worker.log_tail(100_000))]
-        assert max(late) < 8, worker.log_tail()
+        assert max(_imported_after_the_fork(worker, 2)) < 8, worker.log_tail()
         # SIGTERM to the supervisor: a warm shutdown of both, and exit code 0.
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(30) == 0
         _wait_gone(pids)
         assert not [w for w in tracker.workers() if w.alive]
-    finally:
-        worker.stop(timeout=5)
 
 
 def test_a_forked_worker_that_dies_stops_the_others_and_the_supervisor_reports_it(
         redis_url, tmp_path):
-    settings = Settings(redis_url=redis_url)
-    worker = _forked(settings, tmp_path, [1, 1, 1])
-    try:
-        wait_for_workers(RedisTracker.from_settings(settings), 3, procs=[worker])
-        victim, *others = worker.forked_pids()
+    with forked(redis_url, tmp_path, [1, 1, 1]) as (worker, _, pids):
+        victim, *others = pids
         os.kill(victim, signal.SIGKILL)
         assert worker.proc.wait(30) == 128 + signal.SIGKILL
         _wait_gone(others)
         with pytest.raises(EmbeddedServiceError, match="exited with code 137"):
             worker.check()
-    finally:
-        worker.stop(timeout=5)
 
 
 def test_killing_a_forked_worker_process_kills_every_worker(redis_url, tmp_path):
-    settings = Settings(redis_url=redis_url)
-    worker = _forked(settings, tmp_path, [1, 1])
-    try:
-        wait_for_workers(RedisTracker.from_settings(settings), 2, procs=[worker])
-        pids = worker.forked_pids()
+    with forked(redis_url, tmp_path, [1, 1]) as (worker, _, pids):
         # Stopped, the workers could not act on the SIGTERM their supervisor's death sends:
         # only a SIGKILL of their own ends them.
         for pid in pids:
@@ -158,25 +142,16 @@ def test_killing_a_forked_worker_process_kills_every_worker(redis_url, tmp_path)
         worker.kill(signal.SIGKILL)
         assert worker.proc.wait(30) == -signal.SIGKILL
         _wait_gone(pids, timeout=5)
-    finally:
-        worker.stop(timeout=5)
 
 
 def test_forked_workers_shut_down_when_their_supervisor_is_killed(redis_url, tmp_path):
-    settings = Settings(redis_url=redis_url)
-    tracker = RedisTracker.from_settings(settings)
-    worker = _forked(settings, tmp_path, [1, 1])
-    try:
-        wait_for_workers(tracker, 2, procs=[worker])
-        pids = worker.forked_pids()
+    with forked(redis_url, tmp_path, [1, 1]) as (worker, tracker, pids):
         os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor alone
         worker.proc.wait(30)
         _wait_gone(pids)
         # A warm shutdown (SIGTERM), not a kill: each deregistered itself.
         assert not [w for w in tracker.workers() if w.alive]
         assert worker.log_tail(100_000).count("worker: Warm shutdown") == 2, worker.log_tail()
-    finally:
-        worker.stop(timeout=5)
 
 
 @pytest.mark.parametrize("argv, message", [
