@@ -92,6 +92,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / CLK_TCK
 
 
+def children_of(pid: int) -> list[int]:
+    """The live children of ``pid`` (Linux's /proc/PID/task/PID/children), or none."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def own_cpu(pid: int) -> float:
     """user+sys of ``pid`` alone (not its children)."""
     st = _proc_stat(pid)

@@ -22,14 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_crawl import own_cpu  # noqa: E402
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
+from bench_crawl import children_of, own_cpu  # noqa: E402
 
 
 def main() -> int:
@@ -76,7 +69,7 @@ def main() -> int:
                     time.sleep(0.02)
                 time.sleep(1.0)
                 pids = [p.pid for p in started]
-                pids += [c for p in started for c in _children(p.pid)]
+                pids += [c for p in started for c in children_of(p.pid)]
                 cpu = sum(own_cpu(pid) for pid in pids)
                 for proc in started:
                     proc.send_signal(signal.SIGTERM)

@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from bench_crawl import own_cpu  # noqa: E402
+from bench_crawl import children_of, own_cpu  # noqa: E402
 from sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
@@ -387,12 +387,6 @@ def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
         result.seconds = hits[-1][0] - hits[0][0]
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (all its threads) so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
 
@@ -585,6 +579,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     procs = []
     multi_files = [f"--pidfile={work}/{job}-%n.pid", f"--logfile={work}/{job}-%n.log"]
     multi_groups = [([f"g{g}w{i}" for i in range(n)], opts) for g, (n, opts) in enumerate(groups)]
+    multi_names = [name for names, _ in multi_groups for name in names]
     if launch == "multi":
         for names, opts in multi_groups:
             subprocess.run([str(BIN / "celery"), "multi", "start", *names, "-A", "distscrape_celery",
@@ -623,18 +618,13 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     cpu = 0.0
     if launch == "multi":
         # Detached, not our children: their CPU up to now, from /proc, then a warm stop.
-        for names, _ in multi_groups:
-            for name in names:
-                cpu += process_cpu(int(Path(work, f"{job}-{name}.pid").read_text()))
-        for names, opts in multi_groups:
-            subprocess.run([str(BIN / "celery"), "multi", "stopwait", *names, *multi_files],
-                           env=env, capture_output=True, timeout=60)
+        cpu = sum(own_cpu(int(Path(work, f"{job}-{name}.pid").read_text())) for name in multi_names)
+        subprocess.run([str(BIN / "celery"), "multi", "stopwait", *multi_names, *multi_files],
+                       env=env, capture_output=True, timeout=60)
     else:
         if launch == "loop":
             # The shell's wait reaps the workers: their CPU is in the shell's own rusage.
-            pids = [int(p) for p in Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
-                    .read_text().split()]
-            procs = [shell]
+            pids, procs = children_of(shell.pid), [shell]
         else:
             pids = [proc.pid for proc in procs]
         for pid in pids:

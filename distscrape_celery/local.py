@@ -150,7 +150,8 @@ def can_fork_workers() -> bool:
     """Whether workers may be forked from one supervisor here (worker_main ``--forks``): Linux
     only, where a forked worker ends with its supervisor and the supervisor's children can be
     listed, so that :meth:`WorkerProcess.kill` reaches every one."""
-    return sys.platform.startswith("linux") and Path(f"/proc/{os.getpid()}/task").is_dir()
+    pid = os.getpid()
+    return sys.platform.startswith("linux") and Path(f"/proc/{pid}/task/{pid}/children").exists()
 
 
 def wait_for_workers(tracker, count: int, timeout: float = 60.0, procs=()) -> None:

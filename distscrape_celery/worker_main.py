@@ -136,7 +136,7 @@ def run_forked(args: argparse.Namespace) -> int:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or each child would write the parent's buffered output again
     tie_to_us = die_with_parent(signal.SIGTERM)
-    children: dict[int, int] = {}
+    children: set[int] = set()
     stopping = 0  # the stop signal passed on, once there is one
 
     def forward(signum: int, _frame: object) -> None:
@@ -176,7 +176,7 @@ def run_forked(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
-        children[pid] = index
+        children.add(pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
     if stopping:
         forward(stopping, None)  # for a child forked as the signal came
@@ -186,8 +186,9 @@ def run_forked(args: argparse.Namespace) -> int:
             pid, status = os.wait()
         except ChildProcessError:
             break
-        if children.pop(pid, None) is None:
+        if pid not in children:
             continue
+        children.remove(pid)
         code = _exit_status(status)
         result = result or code
         if not stopping:

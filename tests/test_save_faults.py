@@ -100,6 +100,30 @@ def _spec(server, out, saver=SAVER, **extra):
     })
 
 
+def _crawl_with_victims(server, tracker, procs, job, spec, victims, timeout=60):
+    """Crawl ``spec`` with the saves of ``victims`` (item -> path) killing their process once:
+    (stats, seconds, fetches per path, the victims' request times per path)."""
+    instruct(spec.saver.output, "crash_once", victims)
+    started = time.monotonic()
+    manager = CrawlManager(tracker, publisher.scrape)
+    manager.seed(job, spec)
+    stats = manager.wait(job, timeout=timeout, check=_check_all(procs))
+    return (stats, time.monotonic() - started, server.counts(),
+            {p: server.request_times(p) for p in victims.values()})
+
+
+def _assert_nothing_in_flight(redis_client, job, downloaded_again=None) -> None:
+    """No owner, lease, pending save, dispatch or staged body is left. With ``downloaded_again``
+    (pages downloaded a second time), their bodies staged under the old leases may wait out
+    their TTL, at most one each."""
+    in_flight = _in_flight(redis_client, job)
+    if downloaded_again is not None:
+        left = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
+        assert len(left) <= len(downloaded_again) and all(redis_client.pttl(k) > 0 for k in left)
+        in_flight["bodies"] = 0
+    assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
+
+
 def _downloads_after_kill(out, victims, fetch_times) -> dict:
     """For each victim whose save killed its process: when it was downloaded after the kill
     (nothing, if its staged body was found)."""
@@ -200,13 +224,8 @@ def test_sigkill_in_save_then_saved_exactly_once(
     n = len(site.reachable)
     with SiteServer(site, delay=0.02) as server:
         victims = {_item(server, p): p for p in _pages(site, 5, seed=1)}
-        instruct(out, "crash_once", victims)
-        started = time.monotonic()
-        CrawlManager(tracker, publisher.scrape).seed(job, _spec(server, out))
-        stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
-        elapsed = time.monotonic() - started
-        fetched = server.counts()
-        fetch_times = {p: server.request_times(p) for p in victims.values()}
+        stats, elapsed, fetched, fetch_times = _crawl_with_victims(
+            server, tracker, procs, job, _spec(server, out), victims)
 
     kills, calls, wrote = (event_counts(out, ev) for ev in ("kill", "call", "wrote"))
     _report("sigkill-in-save", elapsed=f"{elapsed:.1f}s", kills=sum(kills.values()),
@@ -232,13 +251,7 @@ def test_sigkill_in_save_then_saved_exactly_once(
     else:
         again = [p for p, k in fetched.items() if k > 1]
         assert max(fetched.values()) <= 2 and len(again) <= 5 * DEFAULT_SAVE_BATCH, again
-    in_flight = _in_flight(redis_client, job)
-    if batch_size is None:
-        # The bodies staged under the old leases of the pages downloaded again wait out their TTL.
-        left = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
-        assert len(left) <= len(again) and all(redis_client.pttl(key) > 0 for key in left)
-        in_flight["bodies"] = 0
-    assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
+    _assert_nothing_in_flight(redis_client, job, downloaded_again=again if batch_size is None else None)
 
 
 def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
@@ -256,14 +269,9 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     n = len(site.reachable)
     with SiteServer(site, delay=0.02) as server:
         victims = {_item(server, p): p for p in _pages(site, 5, seed=3)}
-        instruct(out, "crash_once", victims)
-        started = time.monotonic()
-        spec = _spec(server, out, saver="plugins.savers:GroupCrashingSaver")
-        CrawlManager(tracker, publisher.scrape).seed(job, spec)
-        stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
-        elapsed = time.monotonic() - started
-        fetched = server.counts()
-        fetch_times = {p: server.request_times(p) for p in victims.values()}
+        stats, elapsed, fetched, fetch_times = _crawl_with_victims(
+            server, tracker, procs, job,
+            _spec(server, out, saver="plugins.savers:GroupCrashingSaver"), victims)
 
     kills, calls = event_counts(out, "kill"), event_counts(out, "call")
     _report("sigkill-in-group-commit", elapsed=f"{elapsed:.1f}s", kills=sum(kills.values()),
@@ -278,12 +286,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     assert _downloads_after_kill(out, victims, fetch_times) == dict.fromkeys(kills, [])
     again = [p for p, k in fetched.items() if k > 1]
     assert max(fetched.values()) <= 2 and len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
-    in_flight = _in_flight(redis_client, job)
-    # The bodies staged under the old leases of the pages downloaded again wait out their TTL.
-    left = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
-    assert len(left) <= len(again) and all(redis_client.pttl(key) > 0 for key in left)
-    in_flight["bodies"] = 0
-    assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
+    _assert_nothing_in_flight(redis_client, job, downloaded_again=again)
 
 
 # -- 2 -------------------------------------------------------------------------------------------

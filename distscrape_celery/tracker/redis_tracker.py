@@ -822,26 +822,29 @@ class RedisTracker(Tracker):
     def defer_save(self, job: str, item: str, token: int) -> bool:
         return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
 
-    def _complete_call(self, job: str, item: str, token: Optional[int]) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of complete.lua for one item; the body key only if the token is
-        of the item's shard (another's body is dropped on its own, see complete)."""
+    def _complete_call(
+        self, job: str, item: str, token: Optional[int]
+    ) -> tuple[list[str], list[Any], list[str]]:
+        """The keys and arguments of complete.lua for one item, and its body keys among them:
+        the body key only if the token is of the item's shard (another's body is dropped on its
+        own, see complete)."""
         home = self._shard_of(job, item)
         body_keys = self._body_keys(job, token, home) if token is not None else []
-        return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)]
+        return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)], body_keys
 
     @_converts_redis_errors
     def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
         if not self._pipelined(job, saves):
             return super().complete_many(job, saves)
-        calls = [self._complete_call(job, item, token) for item, token in saves]
+        calls = [self._complete_call(job, item, token)[:2] for item, token in saves]
         return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
                 for res in self._run_all_undecoded("complete", calls)]
 
     @_converts_redis_errors
     def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
-        script_keys, args = self._complete_call(job, item, token)
+        script_keys, args, body_keys = self._complete_call(job, item, token)
         res = self._scripts["complete"](keys=script_keys, args=args)
-        if token is not None and not self._token_home(job, item, token):
+        if token is not None and not body_keys:
             # A token of another shard (none can hold the item): its body is dropped on its own.
             self.client.unlink(keys.body_key(job, token))
         return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
