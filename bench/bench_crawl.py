@@ -198,6 +198,7 @@ def redis_snapshot(client) -> dict[str, Any]:
     return {
         "commands": int(info["total_commands_processed"]),
         "cpu": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+        "connections": int(info["total_connections_received"]),
         "cmdstats": {
             k[len("cmdstat_") :]: (int(v["calls"]), int(v["usec"]))
             for k, v in info.items()
@@ -217,6 +218,7 @@ def redis_diff(before: dict, after: dict) -> dict[str, Any]:
         # the `INFO all` that took `before` is itself counted in `after`
         "commands": after["commands"] - before["commands"] - 1,
         "cpu": after["cpu"] - before["cpu"],
+        "connections": after["connections"] - before["connections"],
         "calls": calls,
         "usec": usec,
     }
@@ -678,7 +680,8 @@ def print_report(results: list[Result], monitor: Optional[Result], info: dict, a
             usec = getattr(r, role)["usec"]
             print(f"  {r.config} {role}: " + ", ".join(
                 f"{k} {r.per_page(v):.2f}" for k, v in calls if r.per_page(v) >= 0.01
-            ) + f"  (Redis time in commands {r.per_page(usec):.0f} us/page)")
+            ) + f"  (Redis time in commands {r.per_page(usec):.0f} us/page; "
+                f"{getattr(r, role)['connections']} connections opened)")
     print("  (tracker counts include the bench driver's own stats() polls: "
           f"{', '.join(f'{r.config} {r.per_page(r.driver_tracker_cmds):.2f}/page' for r in results)}; "
           "subtracted in the table above)")

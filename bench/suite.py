@@ -41,6 +41,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -259,6 +260,7 @@ class Result:
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     note: str = ""
     ok: bool = True
+    kind: str = ""  # what main ran: scrapy, scrapy-redis, default, baseline, workers, scale-N, variant
 
     @property
     def rate(self) -> float:
@@ -704,6 +706,90 @@ def parse_variant(text: str) -> tuple[list[tuple[int, list[str]]], dict[str, str
     return groups, env
 
 
+def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list[str],
+            peers: dict) -> list[Result]:
+    """The crawls ``what`` (one of ALL, or nginx-/latency-baseline) stands for, each result
+    marked with its kind; a peer's result also goes into ``peers``."""
+    if what == "variants":
+        out = []
+        for text in args.variant:
+            groups, env = parse_variant(text)
+            for name in args.variant_sites.split(","):
+                site = nginx if name == "nginx" else latency
+                out.append(crawl_workers(site, name, work, args, 0, worker_env=env,
+                                         worker_groups=groups))
+                out[-1].kind = "variant"
+        return out
+    if what == "scale":
+        out = []
+        for n in (1, 2, 4):
+            out.append(crawl_workers(latency, "latency", work, args, n,
+                                     max_pages=args.scale_pages,
+                                     worker_args=args.scale_args.split()))
+            out[-1].kind = f"scale-{n}"
+        return out
+    if what.startswith("scrapy"):
+        where, kind = "nginx", what
+    else:
+        where, _, kind = what.partition("-")
+    site = nginx if where == "nginx" else latency
+    name = "nginx" if where == "nginx" else "latency"
+    if kind == "scrapy":
+        r = crawl_scrapy(site, name, work, args)
+    elif kind == "scrapy-redis":
+        r = crawl_scrapy_redis(site, name, work, args)
+    elif kind == "default":
+        r = crawl_default(site, name, work, args, extra)
+    elif kind == "baseline":
+        r = crawl_default(site, name, work, args, extra, baseline=True)
+    else:
+        kind = "workers"
+        r = crawl_workers(site, name, work, args, 2 * (os.cpu_count() or 1))
+    r.kind = kind
+    if kind.startswith("scrapy"):
+        peers[(kind, name)] = r
+    return [r]
+
+
+# Issue 9's targets: (what, at least, numerator, denominator), each a (kind, site) of one round.
+TARGETS = [
+    ("`distscrape crawl` vs Scrapy", 2.0, ("default", "nginx"), ("scrapy", "nginx")),
+    ("`distscrape crawl` vs scrapy-redis", 1.5, ("default", "nginx"), ("scrapy-redis", "nginx")),
+    ("README workers vs Scrapy", 2.0, ("workers", "nginx"), ("scrapy", "nginx")),
+    ("README workers vs scrapy-redis", 1.5, ("workers", "nginx"), ("scrapy-redis", "nginx")),
+    ("50 ms site / loopback, crawl", 0.9, ("default", "latency"), ("default", "nginx")),
+    ("50 ms site / loopback, README workers", 0.9, ("workers", "latency"), ("workers", "nginx")),
+    ("scale-out, 1 -> 2 workers", 1.8, ("scale-2", "latency"), ("scale-1", "latency")),
+    # Not a target: this code against --baseline's, for a change's effect.
+    ("`distscrape crawl` / --baseline, loopback", 1.0, ("default", "nginx"), ("baseline", "nginx")),
+]
+
+
+def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
+    """Each target's ratio in each round (pages/s of two crawls of the same round) and the
+    median over the rounds; only targets whose crawls ran."""
+    ratios: list[tuple[str, float, list[Optional[float]]]] = []
+    for label, least, top, bottom in TARGETS:
+        row: list[Optional[float]] = []
+        for results, _ in rounds:
+            found = {(r.kind, r.site): r for r in results}
+            a, b = found.get(top), found.get(bottom)
+            row.append(a.rate / b.rate if a and b and b.rate else None)
+        if any(x is not None for x in row):
+            ratios.append((label, least, row))
+    if not ratios:
+        return ""
+    head = "| target | at least | " + " | ".join(f"round {i}" for i in range(1, len(rounds) + 1))
+    lines = [head + " | median | met in |", "|---|---|" + "---|" * (len(rounds) + 2)]
+    for label, least, row in ratios:
+        got = [x for x in row if x is not None]
+        cells = " | ".join(f"{x:.2f}" if x is not None else "" for x in row)
+        met = sum(1 for x in got if x >= least)
+        lines.append(f"| {label} | {least:.2f} | {cells} | {statistics.median(got):.2f} | "
+                     f"{met} of {len(got)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000)
@@ -716,6 +802,10 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
     parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run --only this many times, every other round in reverse order; "
+                        "each round's ratios use that round's crawls, and a last table gives "
+                        "each target in every round and its median")
     parser.add_argument("--profile", metavar="DIR",
                         help="record `distscrape crawl` with py-spy --gil (collapsed stacks into DIR)")
     parser.add_argument("--variant", action="append", default=[], metavar="N|OPTIONS|ENV",
@@ -743,54 +833,35 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
     nginx = NginxSite(args.pages_map, work)
     latency = LatencySite(args.pages_map, work, args.latency)
-    results: list[Result] = []
-    peers: dict = {}
+    rounds: list[tuple[list[Result], dict]] = []
     extra = args.crawl_args.split()
     try:
-        for what in only:
-            if what == "variants":
-                for text in args.variant:
-                    groups, env = parse_variant(text)
-                    for name in args.variant_sites.split(","):
-                        site = nginx if name == "nginx" else latency
-                        results.append(crawl_workers(site, name, work, args, 0, worker_env=env,
-                                                     worker_groups=groups))
-                        print(table(results[-1:], peers), flush=True)
-                continue
-            if what == "scale":
-                for n in (1, 2, 4):
-                    results.append(crawl_workers(latency, "latency", work, args, n,
-                                                 max_pages=args.scale_pages,
-                                                 worker_args=args.scale_args.split()))
-                    print(table(results[-1:], peers), flush=True)
-                continue
-            if what.startswith("scrapy"):
-                where, kind = "nginx", what
-            else:
-                where, _, kind = what.partition("-")
-            site = nginx if where == "nginx" else latency
-            name = "nginx" if where == "nginx" else "latency"
-            if kind == "scrapy":
-                r = crawl_scrapy(site, name, work, args)
-                peers[("scrapy", name)] = r
-            elif kind == "scrapy-redis":
-                r = crawl_scrapy_redis(site, name, work, args)
-                peers[("scrapy-redis", name)] = r
-            elif kind == "default":
-                r = crawl_default(site, name, work, args, extra)
-            elif kind == "baseline":
-                r = crawl_default(site, name, work, args, extra, baseline=True)
-            else:
-                r = crawl_workers(site, name, work, args, 2 * (os.cpu_count() or 1))
-            results.append(r)
-            print(table([r], peers), flush=True)
+        for number in range(args.rounds):
+            # Every other round in the opposite order, so that no crawler always goes first.
+            order = only if number % 2 == 0 else only[::-1]
+            results: list[Result] = []
+            peers: dict = {}
+            rounds.append((results, peers))
+            if args.rounds > 1:
+                print(f"\nround {number + 1} of {args.rounds}: {','.join(order)}", flush=True)
+            for what in order:
+                for r in run_one(what, nginx, latency, work, args, extra, peers):
+                    results.append(r)
+                    print(table([r], peers), flush=True)
     finally:
         nginx.stop()
         latency.stop()
     print(f"\n{header}; site {args.pages} pages, {args.page_bytes} bytes each; "
           f"latency site {args.latency * 1000:.0f} ms per response\n")
-    print(table(results, peers))
+    for number, (results, peers) in enumerate(rounds, 1):
+        if args.rounds > 1:
+            print(f"\nround {number}:")
+        print(table(results, peers))
+    summary = target_table(rounds)
+    if summary:
+        print("\n" + summary)
     shutil.rmtree(work, ignore_errors=True)
+    results = [r for round_results, _ in rounds for r in round_results]
     return 0 if all(r.ok for r in results) else 1
 
 
