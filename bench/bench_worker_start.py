@@ -6,14 +6,16 @@ forked from one process that imported everything once (`worker_main --forks`, wh
     python bench/bench_worker_start.py [--rounds 5] [--pool "threads -c 16"] [--workers 4]
 
 Starts a throwaway Redis; each round starts each kind, waits until its workers have registered
-with the tracker and then one second more (start-up work that follows "ready"), reads the user +
-system CPU of every process of it from /proc and stops it. Prints every reading and the medians.
+with the tracker and then one to two seconds more (start-up work that follows "ready"), reads the user +
+system CPU of every process of it from /proc and stops it (SIGTERM, a warm shutdown), timing the
+stop until every process has exited. Prints every reading and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -52,6 +54,7 @@ def main() -> int:
         f"--forks ({n})": (lean + forks, 1, n),
     }
     readings: dict[str, list[float]] = {k: [] for k in kinds}
+    stops: dict[str, list[float]] = {k: [] for k in kinds}
     with EmbeddedRedis() as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
         env.update(Settings(redis_url=server.url).to_env())
@@ -67,20 +70,28 @@ def main() -> int:
                     if time.monotonic() > deadline or any(p.poll() is not None for p in started):
                         raise SystemExit(f"{name} did not come up")
                     time.sleep(0.02)
-                time.sleep(1.0)
+                # Plus a random part of a second: the stop then lands anywhere in the consumer's
+                # BRPOP, as a stop does in a crawl (at a fixed delay it would always land in the
+                # same place).
+                time.sleep(1.0 + random.random())
                 pids = [p.pid for p in started]
                 pids += [c for p in started for c in children_of(p.pid)]
                 cpu = sum(own_cpu(pid) for pid in pids)
+                stop = time.monotonic()
                 for proc in started:
                     proc.send_signal(signal.SIGTERM)
                 for proc in started:
                     proc.wait(30)  # a warm shutdown deregisters each worker
+                stop = time.monotonic() - stop
                 readings[name].append(cpu)
-                print(f"round {r + 1}: {name:<16} {cpu:.2f} s CPU", flush=True)
+                stops[name].append(stop)
+                print(f"round {r + 1}: {name:<16} {cpu:.2f} s CPU, stopped in {stop:.2f} s",
+                      flush=True)
     base = statistics.median(readings["celery worker"])
     for name, values in readings.items():
         med = statistics.median(values)
-        print(f"median {name:<16} {med:.2f} s ({med / base:.2f}x)")
+        print(f"median {name:<16} {med:.2f} s ({med / base:.2f}x); stop (SIGTERM to exit, wall) "
+              f"median {statistics.median(stops[name]):.2f} s, longest {max(stops[name]):.2f} s")
     return 0
 
 

@@ -23,6 +23,10 @@ SAVE_TASK = "distscrape.save"
 SAVE_BATCH_TASK = "distscrape.save_batch"
 
 
+# The Redis transport's BRPOP timeout (see broker_transport_options).
+BRPOP_SECONDS = 0.25
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ours; the reasons are the crawl's guarantees."""
     return {
@@ -63,11 +67,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "ack_emulation": settings.broker_ack_emulation,
             # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
             # out, dead peers are found by keepalive and health checks, and the consumer then
-            # reconnects. Well above kombu's 1 s BRPOP timeout.
+            # reconnects. Well above the BRPOP timeout (polling_interval, below).
             "socket_timeout": 30,
             "socket_connect_timeout": 10,
             "socket_keepalive": True,
             "health_check_interval": 25,
+            # How long an idle consumer's BRPOP blocks (kombu's brpop_timeout, 1 s by default).
+            # A worker stopping waits for the BRPOP in flight to answer, so this is how long a
+            # warm shutdown of an idle worker takes at most; an idle worker polls 4 times a second.
+            "polling_interval": BRPOP_SECONDS,
         },
         # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
         # tries), at start-up too. Nothing is lost meanwhile: the tracker holds the crawl's state.

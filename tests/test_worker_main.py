@@ -169,3 +169,36 @@ def test_a_forked_workers_node_name_gets_its_number_before_the_host():
     assert forked_name("distscrape-job@%h", 2) == "distscrape-job-2@%h"
     assert forked_name(None, 1) == "celery-1@%h"
     assert forked_name("plain", 3) == "plain-3"
+
+
+def test_an_idle_workers_stop_waits_at_most_a_short_brpop(redis_url, tmp_path):
+    """A worker stopping waits for the BRPOP it has in flight to answer, and an idle one's BRPOP
+    answers only when it times out: kombu's default of 1 s made every stop of an idle worker
+    (each `distscrape crawl`, each `celery multi stopwait`) take up to a second more."""
+    import redis
+
+    from distscrape_celery.celery_app import BRPOP_SECONDS
+
+    settings = Settings(redis_url=redis_url)
+    worker = WorkerProcess(settings, name="idle", concurrency=2, pool="threads",
+                           log_dir=str(tmp_path)).start()
+    monitor_client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        wait_for_workers(RedisTracker.from_settings(settings), 1, procs=[worker])
+        timeouts = []
+        with monitor_client.monitor() as monitor:
+            while len(timeouts) < 3:  # the idle worker's BRPOPs, one after another
+                command = monitor.next_command()["command"].split()
+                if command[0] == "BRPOP":
+                    timeouts.append(float(command[-1]))
+        assert timeouts == [BRPOP_SECONDS] * 3
+        assert BRPOP_SECONDS <= 0.25
+        started = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0
+        # Not a benchmark (bench/bench_worker_start.py measures it): a bound that a kombu
+        # default BRPOP of 1 s, plus the shutdown, would not leave room for every time.
+        assert time.monotonic() - started < 5
+    finally:
+        monitor_client.close()
+        worker.stop(timeout=5)
