@@ -60,15 +60,16 @@ def server():
         yield server
 
 
-def pipeline_env(redis_url, server, tmp_path, **settings):
+def pipeline_env(redis_url, server, tmp_path, politeness=None, **settings):
     # A save message per page, sent at once, unless a test gathers them (save_batch_size).
     settings.setdefault("save_batch_size", 1)
     rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, **settings))
-    rt.tracker.register_worker("test", 1, 4)
+    rt.tracker.register_worker("test", 1, 4)  # the only live worker: 4 task slots
     spec = build_spec(
-        {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1}
+        {"seeds": [server.base + "/ok"], "saver": {"output": str(tmp_path / "out")}, "max_retries": 1,
+         **({"politeness": politeness} if politeness else {})}
     )
-    rt.tracker.create_job("p", spec.to_json())
+    rt.tracker.create_job("p", spec.to_json(), spec.crawl_limits())
     rec = Recorder()
     return rt, ItemPipeline(rt, rec), rec, server
 
