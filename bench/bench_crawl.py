@@ -230,11 +230,16 @@ _MONITOR_RE = re.compile(r'\+(\d+\.\d+) \[(\d+) ([^\]]+)\] "([^"]*)"(?: "([^"]*)
 class MonitorCounter:
     """Reads MONITOR of one Redis server in a thread; counts commands per source and name."""
 
-    def __init__(self, host: str, port: int, sha_names: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, host: str, port: int, sha_names: Optional[dict[str, str]] = None,
+                 password: Optional[str] = None) -> None:
         self.port = port
         self.sha_names = sha_names or {}
         self.sock = socket.create_connection((host, port))
         self.sock.settimeout(0.2)
+        # The embedded servers have a password; AUTH's +OK comes first, then MONITOR's.
+        self._oks_before_monitor = 1 if password else 0
+        if password:
+            self.sock.sendall(b"AUTH %s\r\n" % password.encode())
         self.sock.sendall(b"MONITOR\r\n")
         self._buf = b""
         # (client address or 'lua', command label) -> count
@@ -245,10 +250,13 @@ class MonitorCounter:
         self.lines = 0
         self._stop = threading.Event()
         self._ok = threading.Event()
+        self.error = ""
         self._thread = threading.Thread(target=self._run, name=f"monitor:{port}", daemon=True)
         self._thread.start()
         if not self._ok.wait(5):
             raise RuntimeError(f"MONITOR on port {port} did not answer")
+        if self.error:
+            raise RuntimeError(f"MONITOR on port {port}: {self.error}")
 
     def _label(self, cmd: str, arg: Optional[str]) -> str:
         cmd = cmd.lower()
@@ -258,6 +266,13 @@ class MonitorCounter:
 
     def _line(self, line: bytes) -> None:
         if line == b"+OK":
+            if self._oks_before_monitor:
+                self._oks_before_monitor -= 1
+            else:
+                self._ok.set()
+            return
+        if line.startswith(b"-") and not self._ok.is_set():
+            self.error = line.decode(errors="replace")
             self._ok.set()
             return
         m = _MONITOR_RE.match(line[:400].decode("latin-1"))
@@ -500,8 +515,10 @@ class Bench:
             mons = []
             if monitor:
                 mons = [
-                    MonitorCounter("127.0.0.1", self.tracker_redis.port, self.sha_names),
-                    MonitorCounter("127.0.0.1", self.broker_redis.port),
+                    MonitorCounter("127.0.0.1", self.tracker_redis.port, self.sha_names,
+                                   password=self.tracker_redis.password),
+                    MonitorCounter("127.0.0.1", self.broker_redis.port,
+                                   password=self.broker_redis.password),
                 ]
             saver_spec: dict[str, Any] = {"output": str(out)}
             if not cfg.fsync:
