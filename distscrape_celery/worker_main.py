@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import platform
 import signal
 import sys
 import traceback
@@ -116,6 +117,9 @@ def _preload(pool: str) -> None:
         except ImportError:
             pass
     get_implementation(pool)
+    # Celery's start-up banner asks for it, and on Linux it runs `uname -p` in a subprocess:
+    # asked once here, each forked worker finds it cached.
+    platform.platform()
 
 
 def _exit_status(status: int) -> int:

@@ -175,6 +175,12 @@ def wait_until(cond, timeout: float, what: str, crawl: Crawl | None = None) -> N
         time.sleep(0.05)
 
 
+def _started_by_the_crawl(command: str) -> bool:
+    """A redis-server or a worker process: not a short-lived helper one of them runs (a worker
+    starting may run `uname -p` for its banner)."""
+    return "redis-server" in command or ("celery" in command and "worker" in command)
+
+
 def started_children(crawl: Crawl) -> dict[int, int]:
     """What the crawl started, once its redis-server and its workers are all up."""
     def ready() -> bool:
@@ -186,7 +192,8 @@ def started_children(crawl: Crawl) -> dict[int, int]:
                 >= CRAWL_WORKERS + can_fork_workers())
 
     wait_until(ready, 60, "the redis-server and the workers", crawl)
-    return descendants(crawl.proc.pid)
+    return {pid: start for pid, start in descendants(crawl.proc.pid).items()
+            if _started_by_the_crawl(_comm(pid))}
 
 
 EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
