@@ -130,6 +130,19 @@ class ItemPipeline:
         tracker = self.rt.tracker
         return cap * tracker.dispatch_factor >= tracker.dispatch_bound()
 
+    def _dispatch_or_keep(self, job: str, item: str, found: list[str]) -> list[str]:
+        """Publish ``found`` (handed out while ``item`` was scraped) now; what the broker refused
+        is returned, to go with the page's save, or to be sent again when the page ends."""
+        if not found:
+            return found
+        try:
+            self._dispatch(job, found)
+        except Exception as exc:
+            log.warning("%s %s: could not queue %d scrape messages yet, trying again with the "
+                        "page's save or when it ends: %s", job, item, len(found), exc)
+            return found
+        return []
+
     def _fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, retryable: bool = True,
         delay: float = 0.0,
@@ -185,8 +198,7 @@ class ItemPipeline:
         # page ends otherwise.
         carry = list(co.dispatch)
         if not self._may_hold(job):
-            self._dispatch(job, carry)
-            carry.clear()
+            carry = self._dispatch_or_keep(job, item, carry)
         try:
             return self._scrape_leased(job, item, co, carry)
         finally:
@@ -243,13 +255,8 @@ class ItemPipeline:
             return "stale"
         if self._saves is not None:
             found = list(res.dispatch)
-            if found and not self._may_hold(job):
-                try:
-                    self._dispatch(job, found)
-                    found = []
-                except Exception as exc:  # they go with the save, then
-                    log.warning("%s %s: could not queue %d scrape messages before its save: %s",
-                                job, item, len(found), exc)
+            if not self._may_hold(job):
+                found = self._dispatch_or_keep(job, item, found)
             self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + found))
             carry.clear()
             return "scraped"

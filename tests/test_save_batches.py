@@ -249,6 +249,29 @@ def test_under_a_cap_the_workers_could_fill_what_a_checkout_hands_out_goes_at_on
     assert [[item for item, _, _ in batch] for batch in rec.batches] == [[ok]]
 
 
+def test_under_such_a_cap_what_the_broker_refuses_at_once_goes_with_the_save(
+        redis_url, server, tmp_path, monkeypatch):  # noqa: F811
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, politeness=CAPPED[0],
+                                         save_batch_size=8, save_batch_seconds=5)
+    handed = _record_dispatch(monkeypatch, rt, "checkout")
+    real_scrape, refused = rec.scrape, []
+
+    def broker_down_once(job, items):
+        if not refused:
+            refused.extend(items)
+            raise ConnectionError("broker unreachable")
+        real_scrape(job, items)
+
+    rec.scrape = broker_down_once
+    ok = server.base + "/ok"
+    rt.tracker.add("p", [ok] + [f"http://more{n}.invalid/" for n in range(20)])
+    assert pipe.scrape("p", ok) == "scraped"
+    assert handed[-1] and refused == handed[-1] and not set(refused) & set(rec.scrapes)
+    assert pipe.flush()  # the batch sends them, with the save
+    assert set(refused) <= set(rec.scrapes)
+    assert [[item for item, _, _ in batch] for batch in rec.batches] == [[ok]]
+
+
 @pytest.mark.parametrize("politeness", CAPPED)
 def test_under_a_cap_the_workers_could_fill_what_a_scraped_page_hands_out_goes_at_once(
         redis_url, server, tmp_path, monkeypatch, politeness):  # noqa: F811
