@@ -368,6 +368,12 @@ class PolitenessSpec(_Strict):
             out[key] = override
         return out
 
+    @property
+    def smallest_concurrency(self) -> int:
+        """The lowest in-flight cap of any domain: the job's, or a domain override's."""
+        return min([self.per_domain_concurrency,
+                    *(o.concurrency for o in self.domain_overrides.values() if o.concurrency)])
+
     def limits_for(self, override: Optional[DomainOverride] = None) -> DomainLimits:
         rate = override.max_rate if override and override.max_rate else self.max_rate
         concurrency = override.concurrency if override and override.concurrency else None

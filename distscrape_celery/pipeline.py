@@ -124,9 +124,7 @@ class ItemPipeline:
         is that times ``dispatch_factor``)."""
         if self._saves is None:
             return False
-        politeness = self.rt.spec(job).politeness
-        cap = min([politeness.per_domain_concurrency,
-                   *(o.concurrency for o in politeness.domain_overrides.values() if o.concurrency)])
+        cap = self.rt.spec(job).politeness.smallest_concurrency
         tracker = self.rt.tracker
         return cap * tracker.dispatch_factor >= tracker.dispatch_bound()
 
@@ -197,17 +195,21 @@ class ItemPipeline:
         # the page's save (one broker round trip a page fewer; see _may_hold); at once if the
         # page ends otherwise.
         carry = list(co.dispatch)
-        if not self._may_hold(job):
+        hold = self._may_hold(job)
+        if not hold:
             carry = self._dispatch_or_keep(job, item, carry)
         try:
-            return self._scrape_leased(job, item, co, carry)
+            return self._scrape_leased(job, item, co, carry, hold)
         finally:
             if carry:
                 self._dispatch(job, carry)
 
-    def _scrape_leased(self, job: str, item: str, co: Checkout, carry: list[str]) -> str:
+    def _scrape_leased(
+        self, job: str, item: str, co: Checkout, carry: list[str], hold: bool
+    ) -> str:
         """:meth:`scrape` once ``item`` is leased; ``carry`` is what to dispatch with its save
-        (emptied when it is handed over)."""
+        (emptied when it is handed over), ``hold`` whether what the page hands out may wait for
+        its save batch too (:meth:`_may_hold`)."""
         tracker = self.rt.tracker
         spec = self.rt.spec(job)
         token = co.token
@@ -255,7 +257,7 @@ class ItemPipeline:
             return "stale"
         if self._saves is not None:
             found = list(res.dispatch)
-            if not self._may_hold(job):
+            if not hold:
                 found = self._dispatch_or_keep(job, item, found)
             self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + found))
             carry.clear()

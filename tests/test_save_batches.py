@@ -182,30 +182,6 @@ def test_heartbeat_keeps_every_item_of_a_reserved_or_running_save_batch(monkeypa
     assert (held["k"].items, held["k"].running, held["k"].saves) == (["e"], ["e"], [])
 
 
-def test_what_a_checkout_hands_out_rides_with_the_save_or_goes_at_once(batch_env, monkeypatch):
-    """The items a checkout hands out for scraping go to the broker with the page's batch of
-    saves when the page is scraped, and at once when it ends any other way (here: a 404)."""
-    rt, pipe, rec, server = batch_env
-    handed = []
-    real_checkout = rt.tracker.checkout
-
-    def checkout(*args, **kw):
-        co = real_checkout(*args, **kw)
-        handed.append(list(co.dispatch))
-        return co
-
-    monkeypatch.setattr(rt.tracker, "checkout", checkout)
-    ok, gone = server.base + "/ok", server.base + "/gone"
-    # Another domain (never fetched here: only handed out) keeps the site's in-flight cap out of it.
-    rt.tracker.add("p", [ok, gone] + [f"http://more.invalid/{n}" for n in range(20)])
-    assert pipe.scrape("p", gone) == "dead"
-    assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)  # no save to ride with
-    assert pipe.scrape("p", ok) == "scraped"
-    assert handed[-1] and not set(handed[-1]) & set(rec.scrapes)  # waiting with the save
-    assert pipe.flush()
-    assert set(handed[-1]) <= set(rec.scrapes)
-
-
 def _record_dispatch(monkeypatch, rt, method):
     """What each call of the tracker's ``method`` handed out for scraping, call by call."""
     handed = []
@@ -219,6 +195,38 @@ def _record_dispatch(monkeypatch, rt, method):
     monkeypatch.setattr(rt.tracker, method, call)
     return handed
 
+
+def test_what_a_checkout_hands_out_rides_with_the_save_or_goes_at_once(batch_env, monkeypatch):
+    """The items a checkout hands out for scraping go to the broker with the page's batch of
+    saves when the page is scraped, and at once when it ends any other way (here: a 404)."""
+    rt, pipe, rec, server = batch_env
+    handed = _record_dispatch(monkeypatch, rt, "checkout")
+    ok, gone = server.base + "/ok", server.base + "/gone"
+    # Another domain (never fetched here: only handed out) keeps the site's in-flight cap out of it.
+    rt.tracker.add("p", [ok, gone] + [f"http://more.invalid/{n}" for n in range(20)])
+    assert pipe.scrape("p", gone) == "dead"
+    assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)  # no save to ride with
+    assert pipe.scrape("p", ok) == "scraped"
+    assert handed[-1] and not set(handed[-1]) & set(rec.scrapes)  # waiting with the save
+    assert pipe.flush()
+    assert set(handed[-1]) <= set(rec.scrapes)
+
+
+def _capped_env(redis_url, server, tmp_path, politeness):
+    return pipeline_env(redis_url, server, tmp_path, politeness=politeness,
+                        save_batch_size=8, save_batch_seconds=5)
+
+
+def _assert_only_the_save_waited(pipe, rec, item):
+    """The page's save waited for its batch (the scrape messages did not): sent on flush."""
+    assert rec.batches == []
+    assert pipe.flush()
+    assert [[entry for entry, _, _ in batch] for batch in rec.batches] == [[item]]
+
+
+# More than the broker's bound (2 x 4 slots), on other domains (never fetched here: only handed
+# out): a checkout, freeing a place in the broker, hands one out.
+OTHER_DOMAINS = [f"http://more{n}.invalid/" for n in range(20)]
 
 # A per-domain cap below the live worker's 4 task slots: the job's, or one domain's own.
 CAPPED = [
@@ -235,24 +243,18 @@ def test_under_a_cap_the_workers_could_fill_what_a_checkout_hands_out_goes_at_on
     task slots, waiting for the save batch stretched each fetch cycle of a domain by the batch's
     wait (the one-site crawl with the default cap of 8 ran at a quarter to a half of its pages/s).
     The saves still wait for their batch."""
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, politeness=politeness,
-                                         save_batch_size=8, save_batch_seconds=5)
+    rt, pipe, rec, server = _capped_env(redis_url, server, tmp_path, politeness)
     handed = _record_dispatch(monkeypatch, rt, "checkout")
     ok = server.base + "/ok"
-    # More than the broker's bound (2 x 4 slots), on other domains (never fetched here: only
-    # handed out): the checkout, freeing a place in the broker, hands one out.
-    rt.tracker.add("p", [ok] + [f"http://more{n}.invalid/" for n in range(20)])
+    rt.tracker.add("p", [ok] + OTHER_DOMAINS)
     assert pipe.scrape("p", ok) == "scraped"
     assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)
-    assert rec.batches == []
-    assert pipe.flush()
-    assert [[item for item, _, _ in batch] for batch in rec.batches] == [[ok]]
+    _assert_only_the_save_waited(pipe, rec, ok)
 
 
 def test_under_such_a_cap_what_the_broker_refuses_at_once_goes_with_the_save(
         redis_url, server, tmp_path, monkeypatch):  # noqa: F811
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, politeness=CAPPED[0],
-                                         save_batch_size=8, save_batch_seconds=5)
+    rt, pipe, rec, server = _capped_env(redis_url, server, tmp_path, CAPPED[0])
     handed = _record_dispatch(monkeypatch, rt, "checkout")
     real_scrape, refused = rec.scrape, []
 
@@ -264,19 +266,17 @@ def test_under_such_a_cap_what_the_broker_refuses_at_once_goes_with_the_save(
 
     rec.scrape = broker_down_once
     ok = server.base + "/ok"
-    rt.tracker.add("p", [ok] + [f"http://more{n}.invalid/" for n in range(20)])
+    rt.tracker.add("p", [ok] + OTHER_DOMAINS)
     assert pipe.scrape("p", ok) == "scraped"
     assert handed[-1] and refused == handed[-1] and not set(refused) & set(rec.scrapes)
-    assert pipe.flush()  # the batch sends them, with the save
-    assert set(refused) <= set(rec.scrapes)
-    assert [[item for item, _, _ in batch] for batch in rec.batches] == [[ok]]
+    _assert_only_the_save_waited(pipe, rec, ok)
+    assert set(refused) <= set(rec.scrapes)  # the batch sent them, with the save
 
 
 @pytest.mark.parametrize("politeness", CAPPED)
 def test_under_a_cap_the_workers_could_fill_what_a_scraped_page_hands_out_goes_at_once(
         redis_url, server, tmp_path, monkeypatch, politeness):  # noqa: F811
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, politeness=politeness,
-                                         save_batch_size=8, save_batch_seconds=5)
+    rt, pipe, rec, server = _capped_env(redis_url, server, tmp_path, politeness)
     handed = _record_dispatch(monkeypatch, rt, "scraped")
     ok = server.base + "/ok"
     # Two of the site's three in flight (its cap), the third queued: the page's end, freeing a
@@ -284,18 +284,14 @@ def test_under_a_cap_the_workers_could_fill_what_a_scraped_page_hands_out_goes_a
     rt.tracker.add("p", [ok, server.base + "/gone", server.base + "/hostile"])
     assert pipe.scrape("p", ok) == "scraped"
     assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)
-    assert rec.batches == []
-    assert pipe.flush()
-    assert [[item for item, _, _ in batch] for batch in rec.batches] == [[ok]]
+    _assert_only_the_save_waited(pipe, rec, ok)
 
 
 def test_with_caps_the_workers_cannot_fill_what_a_scraped_page_hands_out_waits_for_the_batch(
         redis_url, server, tmp_path, monkeypatch):  # noqa: F811
     """A cap of 4, the live workers' slots: the crawl is not held back by it, and what a page
     hands out goes with its save (one broker round trip a page fewer)."""
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path,
-                                         politeness={"per_domain_concurrency": 4},
-                                         save_batch_size=8, save_batch_seconds=5)
+    rt, pipe, rec, server = _capped_env(redis_url, server, tmp_path, {"per_domain_concurrency": 4})
     handed = _record_dispatch(monkeypatch, rt, "scraped")
     ok = server.base + "/ok"
     rt.tracker.add("p", [server.base + path for path in ROUTES])  # 4 in flight, 1 queued
