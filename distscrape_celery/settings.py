@@ -81,8 +81,9 @@ class Settings(BaseModel):
         2,
         ge=1,
         le=100,
-        description="The broker holds at most this many scrape messages per unit of live worker "
-        "concurrency; the rest of the frontier waits in the tracker.",
+        description="The broker holds at most this many items per unit of live worker "
+        "concurrency (scrape messages, and the pages of save messages); the rest of the frontier "
+        "waits in the tracker.",
     )
     worker_prune_seconds: float = Field(
         86400.0,
