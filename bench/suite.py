@@ -2,7 +2,8 @@
 """Issue 9's benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
 
     .venv/bin/python bench/suite.py [--pages 5000] [--peer-pages 2000] [--latency 0.05]
-                                    [--only nginx-default,latency-default,...] [--profile]
+                                    [--only nginx-default,latency-default,...] [--profile DIR]
+                                    [--rounds N] [--sample]
 
 One run, in this order, so every figure is taken under the same machine load:
 
@@ -611,12 +612,16 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     if seed.returncode != 0:
         raise RuntimeError(f"seed failed: {seed.stderr}")
     ok = False
+    occupancy = Occupancy(Settings(redis_url=server.url)) if args.sample else None
     while time.monotonic() - started < args.timeout:
         server.probe.sample()
-        if tracker.stats(job).finished:
+        stats = tracker.stats(job)
+        if stats.finished:
             ok = True
             break
-        time.sleep(0.25)
+        if occupancy is not None:
+            occupancy.add(stats)
+        time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
     cpu = 0.0
     if launch == "multi":
@@ -650,9 +655,39 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
-    r.note = f"done {stats.done}, dead {stats.dead}"
+    r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     r.ok = r.ok and r.pages == r.distinct
     return r
+
+
+class Occupancy:
+    """``--sample``: what the crawl's items were doing, on average over polls every 30 ms: handed
+    out to the broker (dispatched), leased or being saved (leased), waiting for a save message
+    (pending), and the messages waiting in the broker's scrape and save queues. Whether the workers
+    waited for messages (an empty scrape queue while fewer items were leased than threads) shows
+    here, not in pages/s."""
+
+    def __init__(self, settings) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(settings.broker_url or settings.redis_url)
+        self.queues = (settings.scrape_queue, settings.save_queue)
+        self.rows: list[tuple[int, ...]] = []
+
+    def add(self, stats) -> None:
+        self.rows.append((stats.dispatched, stats.leased, stats.saving,
+                          *(self.client.llen(queue) for queue in self.queues)))
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def __str__(self) -> str:
+        n = len(self.rows)
+        mean = [sum(row[i] for row in self.rows) / n for i in range(5)]
+        empty = sum(1 for row in self.rows if row[3] == 0) / n
+        return (f"mean dispatched {mean[0]:.0f}, leased {mean[1]:.0f}, pending {mean[2]:.0f}, "
+                f"scrape queue {mean[3]:.0f} (empty in {empty:.0%} of {n} polls), "
+                f"save queue {mean[4]:.1f}")
 
 
 # ------------------------------------------------------------------------------------ report
@@ -807,6 +842,9 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
     parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
+    parser.add_argument("--sample", action="store_true",
+                        help="README workers' crawls: poll the tracker every 30 ms and report the "
+                        "items in flight and the broker's queues (slows the driver a little)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run --only this many times, every other round in reverse order; "
                         "each round's ratios use that round's crawls, and a last table gives "
