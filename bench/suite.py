@@ -22,7 +22,9 @@ One run, in this order, so every figure is taken under the same machine load:
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
 Redis; for workers that ``celery multi`` detached, their CPU from /proc before they are
-stopped), Redis commands and CPU per page (``INFO`` deltas). Our politeness limits are set high
+stopped), Redis round trips, commands and CPU per page (``INFO`` deltas: requests read from
+clients, each pipeline or script once; every command, those a script runs included; CPU). Our
+politeness limits are set high
 (``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything).
 Network: 127.0.0.1 only.
 """
@@ -257,6 +259,7 @@ class Result:
     wall: float = 0.0
     cpu: float = 0.0  # seconds, crawler processes, Redis excluded
     redis_cmds: float = 0.0
+    redis_reads: float = 0.0  # requests Redis read from clients: round trips
     redis_cpu: float = 0.0
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     note: str = ""
@@ -273,7 +276,9 @@ class Result:
 
 @dataclass
 class RedisProbe:
-    """``INFO`` deltas of one Redis: commands processed and CPU seconds."""
+    """``INFO`` deltas of one Redis: commands processed (those a Lua script runs included), CPU
+    seconds, and requests read from clients (``total_reads_processed``: a round trip counts once,
+    however many commands its pipeline or script holds)."""
 
     client: redis.Redis
     start: dict = field(default_factory=dict)
@@ -285,7 +290,8 @@ class RedisProbe:
         except redis.RedisError:
             return self.last
         self.last = {"cmds": info["total_commands_processed"],
-                     "cpu": info["used_cpu_user"] + info["used_cpu_sys"]}
+                     "cpu": info["used_cpu_user"] + info["used_cpu_sys"],
+                     "reads": info.get("total_reads_processed", 0)}
         if not self.start:
             self.start = self.last
         return self.last
@@ -294,6 +300,9 @@ class RedisProbe:
         if not self.start:
             return 0.0, 0.0
         return self.last["cmds"] - self.start["cmds"], self.last["cpu"] - self.start["cpu"]
+
+    def reads(self) -> float:
+        return self.last["reads"] - self.start["reads"] if self.start else 0.0
 
 
 def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
@@ -493,6 +502,7 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
     server.stop()
     cmds, rcpu = server.probe.delta()
     r = Result("scrapy-redis, 2 processes x 64", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
+               redis_reads=server.probe.reads(),
                redis_cpu=rcpu, ok=ok)
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
@@ -526,6 +536,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     name = ("distscrape crawl (defaults" + (", default politeness)" if polite else ")")
             + (" " + " ".join(extra) if extra else "") + (" [baseline]" if baseline else ""))
     r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
+               redis_reads=probe.reads() if probe else 0.0,
                ok=status == 0)
     site_figures(r, site, mark)
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
@@ -653,7 +664,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     readme = (groups == [(workers, README_WORKER_ARGS)] and not worker_env and launch == "multi")
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
-               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, ok=ok and stats.dead == 0)
+               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=server.probe.reads(),
+               ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     r.ok = r.ok and r.pages == r.distinct
@@ -695,15 +707,17 @@ class Occupancy:
 
 def table(results: list[Result], peers: dict[str, Result]) -> str:
     rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
-            "| Redis cmds/page | Redis CPU ms/page | site CPU ms/page | command wall s | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| Redis round trips/page | Redis cmds/page | Redis CPU ms/page | site CPU ms/page "
+            "| command wall s | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
         ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
         rows.append(
             f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
             f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
-            f"{r.per_page(r.redis_cmds):.1f} | {1000 * r.per_page(r.redis_cpu):.2f} | "
+            f"{r.per_page(r.redis_reads):.1f} | {r.per_page(r.redis_cmds):.1f} | "
+            f"{1000 * r.per_page(r.redis_cpu):.2f} | "
             f"{1000 * r.per_page(r.site_cpu):.2f} | {r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
             f"{' (' + r.note + ')' if r.note else ''} |")
     return "\n".join(rows)
