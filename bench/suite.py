@@ -680,8 +680,6 @@ class Occupancy:
     here, not in pages/s."""
 
     def __init__(self, settings) -> None:
-        import redis
-
         self.client = redis.Redis.from_url(settings.broker_url or settings.redis_url)
         self.queues = (settings.scrape_queue, settings.save_queue)
         self.rows: list[tuple[int, ...]] = []
