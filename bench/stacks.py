@@ -2,7 +2,9 @@
 """Where the CPU of a py-spy recording goes: ``python bench/stacks.py FILE [--top 40]``.
 
 FILE holds collapsed stacks (``py-spy record --format raw``). Prints the share of samples spent
-in each function (self) and under each function (total), by qualified name.
+in each function (self) and under each function (total), by qualified name. ``--children REGEX``
+splits the samples under the first frame that matches by the function it called next (``<self>``:
+in that frame itself), to follow a cost down one level at a time.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ def main() -> None:
     parser.add_argument("file")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--match", default="", help="only stacks with a frame matching this regex")
+    parser.add_argument("--children", default="", metavar="REGEX",
+                        help="split the samples under the first frame matching REGEX by its callee")
     args = parser.parse_args()
-    own, under = collections.Counter(), collections.Counter()
+    own, under, callees = collections.Counter(), collections.Counter(), collections.Counter()
+    parent = re.compile(args.children) if args.children else None
     total = 0
     match = re.compile(args.match) if args.match else None
     with open(args.file) as fh:
@@ -32,7 +37,16 @@ def main() -> None:
             own[frames[-1]] += n
             for f in set(frames):
                 under[f] += n
+            if parent is not None:
+                at = next((i for i, f in enumerate(frames) if parent.search(f)), None)
+                if at is not None:
+                    callees[frames[at + 1] if at + 1 < len(frames) else "<self>"] += n
     print(f"{total} samples")
+    if parent is not None:
+        print(f"\n-- under {args.children}: {100 * sum(callees.values()) / max(total, 1):.1f}%")
+        for frame, n in callees.most_common(args.top):
+            print(f"{100 * n / total:5.1f}%  {frame}")
+        return
     for title, counter in (("self", own), ("total (inclusive)", under)):
         print(f"\n-- {title}")
         for frame, n in counter.most_common(args.top):
