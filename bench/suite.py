@@ -296,13 +296,11 @@ class RedisProbe:
             self.start = self.last
         return self.last
 
-    def delta(self) -> tuple[float, float]:
+    def delta(self) -> tuple[float, float, float]:
+        """Commands, CPU seconds and reads since the first sample."""
         if not self.start:
-            return 0.0, 0.0
-        return self.last["cmds"] - self.start["cmds"], self.last["cpu"] - self.start["cpu"]
-
-    def reads(self) -> float:
-        return self.last["reads"] - self.start["reads"] if self.start else 0.0
+            return 0.0, 0.0, 0.0
+        return tuple(self.last[k] - self.start[k] for k in ("cmds", "cpu", "reads"))
 
 
 def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
@@ -500,10 +498,9 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
         cpu += usage.ru_utime + usage.ru_stime
     wall = time.monotonic() - started
     server.stop()
-    cmds, rcpu = server.probe.delta()
+    cmds, rcpu, reads = server.probe.delta()
     r = Result("scrapy-redis, 2 processes x 64", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
-               redis_reads=server.probe.reads(),
-               redis_cpu=rcpu, ok=ok)
+               redis_reads=reads, redis_cpu=rcpu, ok=ok)
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
     return r
@@ -532,12 +529,11 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
         env["PYTHONPATH"] = args.baseline
     status, wall, cpu, probe = run_measured(
         command, env, args.timeout, work / f"default-{site_name}.log", embedded_probe(state))
-    cmds, rcpu = probe.delta() if probe else (0.0, 0.0)
+    cmds, rcpu, reads = probe.delta() if probe else (0.0, 0.0, 0.0)
     name = ("distscrape crawl (defaults" + (", default politeness)" if polite else ")")
             + (" " + " ".join(extra) if extra else "") + (" [baseline]" if baseline else ""))
     r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
-               redis_reads=probe.reads() if probe else 0.0,
-               ok=status == 0)
+               redis_reads=reads, ok=status == 0)
     site_figures(r, site, mark)
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
     r.cpu -= rcpu
@@ -581,7 +577,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     if launch not in ("multi", "sessions", "loop") or (pin and launch != "sessions"):
         raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions or loop (BENCH_PIN: sessions)")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
-    tracker = RedisTracker.from_settings(Settings(redis_url=server.url))
+    settings = Settings(redis_url=server.url)
+    tracker = RedisTracker.from_settings(settings)
     job = f"bench-{site_name}-{workers}-{run}"
     out = work / f"{job}-out"
     started = time.monotonic()
@@ -623,7 +620,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     if seed.returncode != 0:
         raise RuntimeError(f"seed failed: {seed.stderr}")
     ok = False
-    occupancy = Occupancy(Settings(redis_url=server.url)) if args.sample else None
+    occupancy = (Occupancy(server.probe.client, (settings.scrape_queue, settings.save_queue))
+                 if args.sample else None)
     while time.monotonic() - started < args.timeout:
         server.probe.sample()
         stats = tracker.stats(job)
@@ -657,14 +655,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     wall = time.monotonic() - started
     stats = tracker.stats(job)
     server.stop()
-    cmds, rcpu = server.probe.delta()
+    cmds, rcpu, reads = server.probe.delta()
     label = " + ".join(f"{n} x celery {' '.join(opts)}" for n, opts in groups)
     label = " ".join([label, *(f"{k}={v}" for k, v in worker_env.items()), *(["pinned"] * pin),
                       *([f"({launch})"] * (launch != "multi"))])
     readme = (groups == [(workers, README_WORKER_ARGS)] and not worker_env and launch == "multi")
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
-               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=server.probe.reads(),
+               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads,
                ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
@@ -679,9 +677,8 @@ class Occupancy:
     waited for messages (an empty scrape queue while fewer items were leased than threads) shows
     here, not in pages/s."""
 
-    def __init__(self, settings) -> None:
-        self.client = redis.Redis.from_url(settings.broker_url or settings.redis_url)
-        self.queues = (settings.scrape_queue, settings.save_queue)
+    def __init__(self, client: redis.Redis, queues: tuple[str, str]) -> None:
+        self.client, self.queues = client, queues  # the Redis that is also the broker
         self.rows: list[tuple[int, ...]] = []
 
     def add(self, stats) -> None:
