@@ -309,6 +309,11 @@ def test_readme_multi_command_starts_two_workers_per_core_each_in_its_own_sessio
         assert "FAILED" not in done.stdout + done.stderr, done.stdout + done.stderr
         wait_for(f"{expected} workers registered",
                  lambda: sum(1 for w in tracker.workers() if w.alive) >= expected, timeout=90)
+        # A worker registers at worker_init; Celery writes its pidfile later, when the worker
+        # starts its consumer, so the files may trail the registrations by a moment.
+        wait_for(f"{expected} pidfiles",
+                 lambda: len([p for p in (tmp_path / "run").glob("*.pid") if p.read_text().strip()])
+                 >= expected, timeout=60)
         pidfiles = sorted((tmp_path / "run").glob("*.pid"))
         assert [p.name for p in pidfiles] == sorted(f"celery{i}.pid" for i in range(1, expected + 1))
         pids = [int(p.read_text()) for p in pidfiles]
