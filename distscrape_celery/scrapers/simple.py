@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Optional
 from urllib.parse import urljoin, urlsplit
@@ -13,6 +14,7 @@ from ..encoding import decode_html
 from ..fetch import Download, Fetcher, media_type_of
 from ..jobspec import FetchSpec, JobSpec
 from ..scope import LinkScope
+from ..urls import PLAIN_PATH, PLAIN_SEGMENT, is_plain_url
 from .base import Scraper
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -22,6 +24,14 @@ _HTML_WHITESPACE = " \t\n\f\r"
 # every page. About 2 MB when full; then it starts over.
 _CACHED_LINKS = 8192
 _MISSING = object()
+# An href that urljoin resolves without its parsing: a path from the root ("/a/b.html") or one
+# relative to the page's directory, maybe behind "./" and "../" ("../a/b.html"), of unreserved
+# characters with no empty, "." or ".." segment after those, no query, maybe a fragment.
+# tests/test_url_fast_paths.py checks the result against urljoin's.
+_PLAIN_HREF = re.compile(
+    rf"(/|(?:\.\.?/)*)((?:{PLAIN_SEGMENT}(?:/{PLAIN_SEGMENT})*/?)?)(?:#[!-~]*)?\Z"
+)
+_PLAIN_DIR = re.compile(rf"/(?:{PLAIN_SEGMENT}/)*\Z")
 
 
 class SimpleScraper(Scraper):
@@ -54,12 +64,15 @@ class SimpleScraper(Scraper):
         except ValueError:
             base = download.url
         found: dict[str, None] = {}  # an ordered set
+        prefixes: Optional[tuple[str, tuple[str, ...]]] = None
         try:
             scheme, netloc, path, _, _ = urlsplit(base)
             # What urljoin takes from the base for an href with a path of its own: the base's
             # directory, not its last segment, query or fragment. Pages of one directory share
             # the resolved links.
             where: Optional[tuple[str, str, str]] = (scheme, netloc, path[:path.rfind("/") + 1])
+            if scheme in ("http", "https") and netloc and _PLAIN_DIR.match(where[2]):
+                prefixes = (f"{scheme}://{netloc}", tuple(where[2].split("/")[1:-1]))
         except ValueError:
             where = None
         links = self._links
@@ -71,7 +84,7 @@ class SimpleScraper(Scraper):
                 key = (where, href)
                 url = links.get(key, _MISSING)
                 if url is _MISSING:
-                    url = self._follow(base, href)
+                    url = self._follow(base, href, prefixes)
                     if len(links) >= _CACHED_LINKS:
                         links.clear()
                     links[key] = url
@@ -79,12 +92,35 @@ class SimpleScraper(Scraper):
                 found[url] = None
         return list(found)
 
-    def _follow(self, base: str, href: str) -> Optional[str]:
-        """The canonical URL ``href`` on a page at ``base`` points to, if the scope takes it."""
+    def _follow(
+        self, base: str, href: str, prefixes: Optional[tuple[str, tuple[str, ...]]] = None
+    ) -> Optional[str]:
+        """The canonical URL ``href`` on a page at ``base`` points to, if the scope takes it.
+        ``prefixes``: the base's origin and directory segments, when they are plain enough to
+        join a plain href to (see _PLAIN_HREF)."""
         try:
-            return self.scope.accept(urljoin(base, href))
+            plain = _PLAIN_HREF.match(href) if prefixes is not None else None
+            if plain is not None:
+                joined = join_plain(prefixes, *plain.groups())
+            elif prefixes is not None and is_plain_url(href):
+                joined = href  # absolute already; urljoin would take it apart and put it back
+            else:
+                joined = urljoin(base, href)
+            return self.scope.accept(joined)
         except ValueError:  # urljoin on a malformed href (a bad IPv6 literal)
             return None
+
+
+def join_plain(prefixes: tuple[str, tuple[str, ...]], lead: str, rest: str) -> str:
+    """What urljoin gives for a plain href (``lead``: "/" or its "./" and "../" steps, ``rest``:
+    the path after them) on a page whose origin and directory segments are ``prefixes``, without
+    the fragment. Past the root, ".." stays at the root, as in urljoin."""
+    origin, dirs = prefixes
+    if lead == "/":
+        return f"{origin}/{rest}"
+    up = lead.count("../")
+    kept = dirs[:max(len(dirs) - up, 0)]
+    return origin + "/" + "".join(d + "/" for d in kept) + rest
 
 
 def _looks_like_html(download: Download) -> bool:
