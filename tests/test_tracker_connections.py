@@ -8,6 +8,7 @@ its parent's socket, and a flushed script cache is refilled. Real Redis servers 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 
 import pytest
@@ -86,11 +87,14 @@ def _lease_and_complete(tracker: RedisTracker, wid: str, item: str) -> str:
     return f"{co.status.value} {done.changed if done else '-'}"
 
 
-def _child_checkouts(tracker: RedisTracker, wid: str, items: list[str], out) -> None:
+def _child_checkouts(tracker: RedisTracker, wid: str, items: list[str], go, out) -> None:
     try:
-        out.put([_lease_and_complete(tracker, wid, item) for item in items])
+        go.wait(30)
+        results = [_lease_and_complete(tracker, wid, item) for item in items]
+        # The connection this thread keeps now, and whose socket it is.
+        out.put((results, tracker._local.conn.pid == os.getpid()))
     except Exception as exc:  # reported to the parent
-        out.put(repr(exc))
+        out.put((repr(exc), None))
 
 
 def test_a_forked_child_does_not_use_its_parents_kept_connection(redis_url):
@@ -100,15 +104,17 @@ def test_a_forked_child_does_not_use_its_parents_kept_connection(redis_url):
     wid = _job(tracker, parent_items + child_items)
     assert _lease_and_complete(tracker, wid, parent_items[0]) == "ok True"  # a kept connection
     ctx = multiprocessing.get_context("fork")
-    out = ctx.Queue()
-    child = ctx.Process(target=_child_checkouts, args=(tracker, wid, child_items, out))
+    go, out = ctx.Event(), ctx.Queue()
+    child = ctx.Process(target=_child_checkouts, args=(tracker, wid, child_items, go, out))
     child.start()
+    go.set()
     # Both talk at once: on one shared socket their replies would cross.
     mine = [_lease_and_complete(tracker, wid, item) for item in parent_items[1:]]
-    theirs = out.get(timeout=60)
+    theirs, own_connection = out.get(timeout=60)
     child.join(30)
     assert mine == ["ok True"] * len(parent_items[1:])
     assert theirs == ["ok True"] * len(child_items)
+    assert own_connection  # made in the child, not inherited from the parent
 
 
 def test_each_thread_keeps_its_own_connection(redis_url, redis_client):

@@ -105,17 +105,6 @@ SHARDS_FIELD = "shards"
 # execute_command's option for a reply read as bytes (bodies are binary).
 _UNDECODED = {NEVER_DECODE: []}
 
-# Bumped in a forked child: a connection a thread kept before the fork is the parent's socket.
-_forks = 0
-
-
-def _after_fork() -> None:
-    global _forks
-    _forks += 1
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
 
 def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
     """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
@@ -218,7 +207,7 @@ class RedisTracker(Tracker):
         )
         self._bound: Optional[int] = None
         self._bound_at = 0.0
-        self._local = threading.local()  # (fork count, connection) kept by each thread
+        self._local = threading.local()  # the connection each thread keeps (_thread_connection)
 
     @classmethod
     def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> "RedisTracker":
@@ -683,37 +672,40 @@ class RedisTracker(Tracker):
     def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
         return self._eval(name, self._item_keys(job, shard), args)
 
-    def _eval(self, name: str, script_keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run item script ``name``, as ``Script.__call__`` would, on a connection this thread
-        keeps. Taking a connection from redis-py's pool and going through its command layers
-        cost about as much client CPU as the round trip itself (28 of 72 us for a checkout),
-        and a page makes two of these calls. A cluster client routes by slot: it goes the usual
-        way."""
+    def _eval(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
+    ) -> Any:
+        """Run item script ``name``, as ``Script.__call__`` would; ``undecoded``: its reply as
+        bytes, whatever the client decodes. On one Redis, on a connection this thread keeps:
+        taking a connection from redis-py's pool and going through its command layers cost about
+        as much client CPU as the round trip itself (28 of 72 us for a checkout), and a page
+        makes two of these calls. A cluster client routes the call by slot."""
         script = self._scripts[name]
+        try:
+            return self._send_script(script.sha, script_keys, args, undecoded)
+        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
+            script.sha = self.client.script_load(script.script)
+            return self._send_script(script.sha, script_keys, args, undecoded)
+
+    def _send_script(
+        self, sha: str, script_keys: Sequence[str], args: Sequence[Any], undecoded: bool
+    ) -> Any:
+        command = ("EVALSHA", sha, len(script_keys), *script_keys, *args)
         if self.cluster:
-            return script(keys=script_keys, args=list(args))
-        for attempt in range(2):
-            conn = self._thread_connection()
-            try:
-                # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own
-                # calls do: its late reply is never read as the next call's.
-                conn.send_command("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
-                return conn.read_response()
-            except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
-                if attempt:
-                    raise
-                script.sha = self.client.script_load(script.script)
-        raise AssertionError("unreachable")
+            return self.client.execute_command(*command, **(_UNDECODED if undecoded else {}))
+        conn = self._thread_connection()
+        # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own calls do:
+        # its late reply is never read as the next call's.
+        conn.send_command(*command)
+        return conn.read_response(disable_decoding=undecoded)
 
     def _thread_connection(self) -> "redis.connection.AbstractConnection":
         """This thread's own connection, checked as redis-py's pool checks one it hands out: a
-        connection with something to read (the server closed it, say) is made again."""
-        held = getattr(self._local, "held", None)
-        if held is None or held[0] != _forks:
-            conn = self.client.connection_pool.make_connection()
-            self._local.held = (_forks, conn)
-        else:
-            conn = held[1]
+        connection with something to read (the server closed it, say) is made again. One that
+        a forked child inherited is its parent's socket: the child makes its own."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.pid != os.getpid():
+            conn = self._local.conn = self.client.connection_pool.make_connection()
         try:
             if conn.can_read():  # connects first when it is not connected
                 raise redis.ConnectionError("Connection has data")
@@ -815,8 +807,9 @@ class RedisTracker(Tracker):
 
     @_converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
-        begin = self._begin_reply(self._run_undecoded(
-            "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost)))
+        begin = self._begin_reply(self._eval(
+            "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost),
+            undecoded=True))
         if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
             # A token of another shard (see _body_keys): its body is read on its own.
             body = self.client.execute_command("GET", keys.body_key(job, token), **_UNDECODED)
@@ -842,7 +835,7 @@ class RedisTracker(Tracker):
         out = []
         for (script_keys, args), reply in zip(calls, replies):
             if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
-                reply = self._run_undecoded(name, script_keys, args)
+                reply = self._eval(name, script_keys, args, undecoded=True)
             if isinstance(reply, Exception):
                 raise reply
             out.append(reply)
@@ -856,21 +849,6 @@ class RedisTracker(Tracker):
             return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
         calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
         return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
-
-    def _run_undecoded(self, name: str, script_keys: list[str], args: Sequence[Any]) -> Any:
-        """Run an item script and return its reply as bytes, whatever the client decodes."""
-        script = self._scripts[name]
-
-        def run() -> Any:
-            return self.client.execute_command(
-                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **_UNDECODED
-            )
-
-        try:
-            return run()
-        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
-            script.sha = self.client.script_load(script.script)
-            return run()
 
     @_converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:
