@@ -291,20 +291,21 @@ def _flush_saves() -> None:
 
 @signals.task_received.connect
 def _on_task_received(request, **_):
-    """A batch of saves just left the broker for this worker: take its items into the worker's
+    """A save message just left the broker for this worker: take its items into the worker's
     hands now rather than at its next heartbeat, so that if the worker dies before then, they
-    come back a lease later, not a save timeout later. One round trip per batch, not per page."""
+    come back a lease later, not a save timeout later. One round trip per message: per batch of
+    pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
     if _agent is None:
         return
-    from .celery_app import SAVE_BATCH_TASK
+    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK
 
-    if request.name != SAVE_BATCH_TASK:
+    if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
         return
     try:
         _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id,
                                  saves=_save_pairs(request), running=[])
     except Exception as exc:  # the next heartbeat claims them instead
-        log.warning("could not claim a received batch of saves: %s", exc)
+        log.warning("could not claim the items of a received save message: %s", exc)
 
 
 @signals.worker_shutdown.connect

@@ -249,8 +249,11 @@ class ItemPipeline:
             res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id)
         else:
             # Staged in the same step as the item turns save-pending, so a pending save always
-            # has a body to take, and a stale lease stages nothing.
-            res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body)
+            # has a body to take, and a stale lease stages nothing. Kept under our lease until
+            # its save message is out (handed over below): if this process dies in between, the
+            # item is reclaimed a lease later, not a save timeout later.
+            res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
+                                  keep_as=self.rt.worker_id)
         if not res.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)
@@ -279,6 +282,7 @@ class ItemPipeline:
             # If this process dies now, no save message is left to be delivered again: the item
             # is reclaimed (downloaded again) once its saving lease and one more have passed.
             return self._store(job, item, token, download)
+        self._hand_over(job, [(item, token)])
         return "scraped"
 
     def _queue_saves(self, saves: list[ScrapedSave]) -> None:
@@ -303,12 +307,17 @@ class ItemPipeline:
                     except Exception as again:  # the tracker reclaims it within a lease
                         log.warning("%s %s: left for recovery: %s", job, entry.item, again)
                 continue
-            try:
-                self.rt.tracker.handoff(job, self.rt.worker_id, [(e.item, e.token) for e in group])
-            except Exception as exc:
-                # The messages are out: each save runs, and if it waits longer than a lease its
-                # item is downloaded again meanwhile, which the late save's complete settles.
-                log.warning("%s: could not hand over %d queued saves: %s", job, len(group), exc)
+            self._hand_over(job, [(e.item, e.token) for e in group])
+
+    def _hand_over(self, job: str, saves: list[tuple[str, int]]) -> None:
+        """Give the items of save messages just queued (item, token) the save timeout: from
+        now on the broker holds them, not this worker's lease."""
+        try:
+            self.rt.tracker.handoff(job, self.rt.worker_id, saves)
+        except Exception as exc:
+            # The messages are out: each save runs, and if it waits longer than a lease its
+            # item is downloaded again meanwhile, which the late save's complete settles.
+            log.warning("%s: could not hand over %d queued saves: %s", job, len(saves), exc)
 
     def save_batch(self, job: str, saves: Sequence[tuple[str, int, dict]]) -> list[str]:
         """Save several scraped items, each as :meth:`save` would, with one tracker round trip to

@@ -124,6 +124,60 @@ def test_saves_are_queued_together_with_the_links_found_and_then_handed_over(bat
     assert saved == sorted([ROUTES["/ok"][1], ROUTES["/hostile"][1]])
 
 
+def test_a_save_message_per_page_is_sent_while_the_item_is_kept_then_handed_over(
+        redis_url, server, tmp_path):  # noqa: F811
+    """save_batch_size 1: until its save message is out, the item waits under this worker's
+    lease (if the worker dies first, it is reclaimed a lease later, not a save timeout later);
+    once it is out, the broker holds it, for the save timeout."""
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
+    item = server.base + "/ok"
+    rt.tracker.add("p", [item])
+    owners_when_sent = []
+    real_save = rec.save
+    rec.save = lambda *a, **kw: (owners_when_sent.append(owner(rt, item)), real_save(*a, **kw))
+    assert pipe.scrape("p", item) == "scraped"
+    [(_, _, token, _)] = rec.saves
+    assert owners_when_sent == [f"{rt.worker_id} {token}"]
+    assert owner(rt, item) == f"- {token}"
+    assert _pending_for(rt, item) > 60  # the save timeout (5 leases of 30 s + 30 s), not a lease
+
+
+def _pending_for(rt, item):
+    """Seconds until the save-pending ``item`` is reclaimed (on Redis's clock)."""
+    now = float(rt.tracker.client.time()[0])
+    return rt.tracker.client.zscore(JobKeys("p").pending, item) - now
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
+        redis_url, server, tmp_path, monkeypatch, batch_size):  # noqa: F811
+    """A save message (per page or a batch) that leaves the broker for a worker: its items
+    follow that worker's lease at once, not at its next heartbeat."""
+    from distscrape_celery import agent
+
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=batch_size)
+    items = [server.base + "/ok", server.base + "/ok2"]
+    rt.tracker.add("p", items)
+    for item in items:
+        assert pipe.scrape("p", item) == "scraped"
+    assert pipe.flush()
+    assert all(owner(rt, item).startswith("- ") for item in items)
+    receiver = rt.tracker.register_worker("receiver", 2, 4)
+    monkeypatch.setattr(rt, "worker_id", receiver)
+    monkeypatch.setattr(agent, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
+    if batch_size == 1:
+        requests = [FakeRequest(SAVE_TASK, list(entry)) for entry in rec.saves]
+    else:
+        requests = [FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]])
+                    for batch in rec.batches]
+    for request in requests:
+        agent._on_task_received(request)
+    tokens = {item: token for _, item, token, _ in rec.saves}
+    for item in items:
+        assert owner(rt, item) == f"{receiver} {tokens[item]}"
+        assert _pending_for(rt, item) <= 31  # a lease (30 s) from now
+
+
 def test_a_batch_that_cannot_be_queued_hands_its_items_back_counting_nothing(batch_env):
     rt, pipe, rec, server = batch_env
 

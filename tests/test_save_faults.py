@@ -6,9 +6,6 @@ save these items, or every time, or pause in the save of this item. They log eve
 write, so the tests can count how often each item was saved; the site server counts how often each
 page was downloaded.
 
-The one case marked xfail(strict=True) pins down a known liveness limit of a non-default setting
-(its reason says which; the README lists it under Known limits); it turns into a failure (XPASS)
-once the limit is gone.
 Two duplicate-save defects these tests found are fixed (begin_save answers busy while a run of
 the same save holds a live lease).
 """
@@ -583,11 +580,11 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
             assert time.monotonic() - stopped_at < LEASE + 8, (
                 f"a frozen worker kept its leases: {_diagnose(redis_client, job, frozen_id)}")
             time.sleep(0.05)
-        # The survivor finishes everything else. An item the frozen worker had just made
-        # save-pending, and whose save message it had not sent yet (or had reserved since its
-        # last heartbeat), waits for the save timeout (5 leases + 30 s): see
-        # test_worker_killed_before_sending_a_save_recovers_within_a_lease. Those are left to the
-        # frozen worker when it wakes up: wait until only they are left, for a second on end.
+        # The survivor finishes everything else. An item whose save message the frozen worker
+        # took from the broker in the instant before the stop, before it could take the item
+        # into its hands, waits for the save timeout (5 leases + 30 s; the README's "Ack
+        # emulation is off by default"). Those are left to the frozen worker when it wakes up:
+        # wait until only they are left, for a second on end.
         deadline = time.monotonic() + 60
         settled_since = None
         while True:
@@ -654,18 +651,12 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
 
 # -- found on the way: a worker dying between `scraped` and its save message -------------------
 
-UNSENT_SAVE_GAP = (
-    "LIVENESS, with save_batch_size = 1 only: an item made save-pending by a worker that dies "
-    "before its save message is in another worker's hands waits the save timeout (5 leases + "
-    "30 s; 330 s by default), not the one lease the README promises for the work of a dead worker"
-)
-
-
 @pytest.mark.parametrize("batch_size", [
     # The default: the worker keeps the item under its lease until the batch of saves is queued.
     pytest.param(None, id="save-batches"),
-    # A save message per page, sent right after scraped: nobody holds the item in between.
-    pytest.param(1, id="save-per-page", marks=pytest.mark.xfail(strict=True, reason=UNSENT_SAVE_GAP)),
+    # A save message per page, sent right after scraped: the item is kept the same way until
+    # the message is out (an xfail until stop 26: it then waited the save timeout, 330 s).
+    pytest.param(1, id="save-per-page"),
 ])
 def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
     redis_url, redis_client, start_worker, tmp_path, batch_size
