@@ -573,9 +573,13 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     # background jobs of one shell, all in one session. Linux shares CPU between sessions
     # (autogroups) before it shares it between processes: workers in one session get no more
     # of it than the Redis server beside them.
+    # `forks`: one `python -m distscrape_celery.worker_main --forks` process (as `distscrape
+    # crawl` starts its workers, but with gossip and mingle on), which imports once and forks one
+    # worker per group entry (each group's options must be `-P threads -c N`).
     launch = worker_env.pop("BENCH_LAUNCH", "sessions" if pin else "multi")
-    if launch not in ("multi", "sessions", "loop") or (pin and launch != "sessions"):
-        raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions or loop (BENCH_PIN: sessions)")
+    if launch not in ("multi", "sessions", "loop", "forks") or (pin and launch != "sessions"):
+        raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions, loop or forks "
+                         "(BENCH_PIN: sessions)")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     settings = Settings(redis_url=server.url)
     tracker = RedisTracker.from_settings(settings)
@@ -601,6 +605,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         script = " ".join(f"{shlex.join(c)} >{shlex.quote(str(work / f'{job}-worker{i}.log'))} "
                           f"2>&1 &" for i, c in enumerate(commands)) + " wait"
         shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+    elif launch == "forks":
+        threads = [opts[opts.index("-c") + 1] for n, opts in groups for _ in range(n)]
+        command = [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *queues,
+                   "-P", "threads", "--forks", ",".join(threads), "-n", "distscrape@%h",
+                   "--loglevel", "WARNING"]
+        with (work / f"{job}-forks.log").open("ab") as log:
+            procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
     else:
         for i, command in enumerate(commands):
             with (work / f"{job}-worker{i}.log").open("ab") as log:
