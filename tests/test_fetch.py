@@ -331,3 +331,33 @@ def test_a_host_without_an_empty_label_passes(url: str) -> None:
     from distscrape_celery.fetch import _check_host
 
     _check_host(url)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_plain_url_goes_to_its_pool_directly_and_sends_what_the_manager_would(monkeypatch) -> None:
+    """Issue 9: a plain URL of the origin a thread asked last skips PoolManager.urlopen; the
+    request on the wire is the same, on the same kept-alive connection."""
+    import urllib3
+
+    routes = {"/k/a.html": lambda h: reply(h, 200, b"direct"), "/k?q=1": lambda h: reply(h, 200, b"q")}
+    fetch = fetcher()
+    with serve(routes) as (base, _, log):
+        assert fetch.get(base + "/k?q=1").body == b"q"  # not plain: through the manager
+        assert fetch.get(base + "/k/a.html").body == b"direct"  # plain: the pool is picked once
+        managed = urllib3.PoolManager.urlopen
+        monkeypatch.setattr(urllib3.PoolManager, "urlopen",
+                            lambda *a, **kw: pytest.fail("went through PoolManager.urlopen"))
+        assert fetch.get(base + "/k/a.html").body == b"direct"
+        monkeypatch.setattr(urllib3.PoolManager, "urlopen", managed)
+        with pytest.raises(FetchError, match="connection refused"):  # another origin: its own pool
+            fetch.get(f"http://127.0.0.1:{_closed_port()}/k/a.html")
+    assert [entry["path"] for entry in log] == ["/k?q=1"] + ["/k/a.html"] * 2
+    wire = [(e["headers"]["Host"], e["headers"]["User-Agent"], e["headers"]["Accept-Encoding"])
+            for e in log]
+    assert len(set(wire)) == 1 and wire[0][:2] == (base.split("//")[1], "test-agent/1.0")
+    assert len({e["port"] for e in log}) == 1  # one kept-alive connection, whichever way

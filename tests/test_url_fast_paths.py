@@ -153,3 +153,26 @@ def test_find_items_on_a_generated_site_is_the_same_without_the_fast_paths(monke
     assert not is_plain_url("http://h/")
     assert crawl_links() == fast
     assert sum(map(len, fast)) > 5 * len(pages)
+
+
+@SETTINGS
+@given(urls())
+@example("http://127.0.0.1:8080/p/1.html")
+@example("http://h:80/")
+@example("http://h:65536/")
+@example("http://a-/x")
+@example("https://xn--bcher-kva.a/%7E")
+def test_fetch_fast_path_picks_the_pool_and_target_urllib3_would(url: str) -> None:
+    """A URL that Fetcher sends to its origin's pool directly must give the scheme, host, port
+    and request target that PoolManager.urlopen gets from parse_url."""
+    from urllib3.util import parse_url
+
+    from distscrape_celery.fetch import _PLAIN_TARGET
+
+    plain = _PLAIN_TARGET.match(url)
+    if plain is None or (plain[3] and int(plain[3]) > 65535):
+        return
+    scheme, host, port, path = plain.groups()
+    parsed = parse_url(url)
+    assert (parsed.scheme, parsed.host, parsed.port, parsed.request_uri) == (
+        scheme, host, int(port) if port else None, path)
