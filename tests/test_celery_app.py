@@ -82,3 +82,29 @@ def test_save_batches_wait_far_less_than_a_lease(redis_url):
         Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SECONDS": "0.6"}, lease_seconds=2)
     with pytest.raises(ConfigError, match="DISTSCRAPE_SAVE_BATCH_SIZE"):
         Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SIZE": "0"})
+
+
+@pytest.mark.parametrize("handler", ["_on_worker_ready", "_on_pool_process_init"])
+def test_a_ready_worker_leaves_its_startup_objects_out_of_garbage_collection(monkeypatch, handler):
+    """Issue 9: what a worker (or prefork pool process) holds once ready is frozen, so the
+    collections of a crawl do not walk it again; garbage there is collected first, not kept."""
+    import gc
+    import weakref
+
+    from distscrape_celery import agent
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.me = cycle
+    gone = weakref.ref(cycle)
+    del cycle
+    monkeypatch.setattr(agent, "_agent", None)
+    gc.unfreeze()  # an in-process worker of an earlier test may have frozen this process
+    try:
+        getattr(agent, handler)()
+        assert gone() is None  # collected, not frozen
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
