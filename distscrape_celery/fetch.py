@@ -28,15 +28,12 @@ from urllib3.util import make_headers, parse_url
 from .errors import FetchError
 from .jobspec import FetchSpec, JobSpec
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
-from .urls import PLAIN_PATH
+from .urls import PLAIN_ORIGIN, PLAIN_PATH
 
 # An absolute http(s) URL that urllib3's parse_url would give back unchanged: lower-case host
 # name, a port without leading zeros, a path of unreserved characters without "." or ".."
 # segments, no query, user info or fragment. Such a URL goes to its pool directly (Fetcher._open).
-_PLAIN_TARGET = re.compile(
-    r"(https?)://((?:[a-z0-9-]{1,63}\.)*[a-z0-9-]{1,63})(?::([1-9][0-9]{0,4}))?"
-    rf"({PLAIN_PATH})\Z"
-)
+_PLAIN_TARGET = re.compile(rf"{PLAIN_ORIGIN}({PLAIN_PATH})\Z")
 
 _CHUNK_BYTES = 64 * 1024
 # Statuses worth trying again later; every other 4xx is the request's own fault.
@@ -110,6 +107,9 @@ class Fetcher:
             **make_headers(accept_encoding=True),
         }
         self._timeout = urllib3.Timeout(connect=spec.connect_timeout, read=_read_timeout(spec))
+        # Every request's arguments (no retries or redirects: see _pool).
+        self._request_kw = {"redirect": False, "retries": False, "timeout": self._timeout,
+                            "preload_content": False, "decode_content": True}
 
     @classmethod
     def for_job(cls, spec: JobSpec, **guard_hooks) -> "Fetcher":
@@ -141,8 +141,7 @@ class Fetcher:
         would pick after parsing the URL and building a pool key: a thread crawls one site for
         long stretches, and those two steps were about a fifth of a download's CPU (issue 9)."""
         manager = self._pool()
-        kw = {"redirect": False, "retries": False, "timeout": self._timeout,
-              "preload_content": False, "decode_content": True}
+        kw = self._request_kw
         plain = _PLAIN_TARGET.match(url)
         if plain is None or (plain[3] and int(plain[3]) > 65535):
             return manager.urlopen("GET", url, **kw)

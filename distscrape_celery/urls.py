@@ -35,10 +35,9 @@ DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
 # unchanged. Anything else goes to w3lib; tests/test_url_fast_paths.py checks that both agree.
 PLAIN_SEGMENT = r"(?!\.\.?(?:[/#]|\Z))[A-Za-z0-9._~-]+"
 PLAIN_PATH = rf"(?:(?:/{PLAIN_SEGMENT})+/?|/)"
-_PLAIN_URL = re.compile(
-    r"(https?)://((?:[a-z0-9-]{1,63}\.)*[a-z0-9-]{1,63})(?::([1-9][0-9]{0,4}))?"
-    rf"({PLAIN_PATH}?)(?:#[!-~]*)?\Z"
-)
+# Its scheme, host and port (groups 1-3; the port may still be over 65535).
+PLAIN_ORIGIN = r"(https?)://((?:[a-z0-9-]{1,63}\.)*[a-z0-9-]{1,63})(?::([1-9][0-9]{0,4}))?"
+_PLAIN_URL = re.compile(rf"{PLAIN_ORIGIN}({PLAIN_PATH}?)(?:#[!-~]*)?\Z")
 
 
 class CanonicalURL(NamedTuple):
