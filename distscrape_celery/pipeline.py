@@ -260,6 +260,13 @@ class ItemPipeline:
             return "stale"
         if self._saves is not None:
             found = list(res.dispatch)
+            if hold and found:
+                # The tracker handed out what this page found: it had room under its dispatch
+                # bound, so its frontier ran dry (the first pages of a crawl, or its last) and
+                # the broker's queue is short. Threads may be waiting for these messages; a
+                # crawl's every level of links would wait out the batch's wait.
+                found, hold = carry + found, False
+                carry.clear()
             if not hold:
                 found = self._dispatch_or_keep(job, item, found)
             self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + found))

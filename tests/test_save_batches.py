@@ -102,20 +102,21 @@ def owner(rt, item):
     return rt.tracker.client.hget(JobKeys("p").owners, item)
 
 
-def test_saves_are_queued_together_with_the_links_found_and_then_handed_over(batch_env, tmp_path):
+def test_saves_wait_for_their_batch_under_the_workers_lease_and_are_then_handed_over(
+        batch_env, tmp_path):
     rt, pipe, rec, server = batch_env
     items = [server.base + "/ok", server.base + "/hostile"]
     rt.tracker.add("p", items)
     for item in items:
         assert pipe.scrape("p", item) == "scraped"
-    # Waiting in the process: nothing queued yet, each item kept under this worker's lease.
-    assert (rec.batches, rec.scrapes) == ([], [])
+    # Waiting in the process: no save queued yet, each item kept under this worker's lease.
+    assert rec.batches == []
     assert all(owner(rt, item).startswith(rt.worker_id + " ") for item in items)
     assert rt.tracker.checkout("p", items[0], "w2", max_lost=3).status is LeaseStatus.BUSY
+    assert rec.scrapes == [server.base + "/ok2"]  # found in both, queued once, sent at once
     assert pipe.flush()
     [batch] = rec.batches
     assert [item for item, _, _ in batch] == items
-    assert rec.scrapes == [server.base + "/ok2"]  # found in both, queued once
     assert all(owner(rt, item).startswith("- ") for item in items)  # in the broker's hands
     assert pipe.save_batch("p", batch) == ["saved", "saved"]
     assert rt.tracker.stats("p").done == 2
@@ -341,18 +342,20 @@ def test_under_a_cap_the_workers_could_fill_what_a_scraped_page_hands_out_goes_a
     _assert_only_the_save_waited(pipe, rec, ok)
 
 
-def test_with_caps_the_workers_cannot_fill_what_a_scraped_page_hands_out_waits_for_the_batch(
+def test_with_caps_the_workers_cannot_fill_a_scraped_page_reopening_its_domain_sends_at_once(
         redis_url, server, tmp_path, monkeypatch):  # noqa: F811
-    """A cap of 4, the live workers' slots: the crawl is not held back by it, and what a page
-    hands out goes with its save (one broker round trip a page fewer)."""
+    """A cap of 4, the live workers' slots: what a checkout hands out goes with the page's save,
+    but the item a page hands out as it ends (its fetch over, its domain has a place again) is
+    sent at once: nothing in the broker was waiting for that place."""
     rt, pipe, rec, server = _capped_env(redis_url, server, tmp_path, {"per_domain_concurrency": 4})
+    checked_out = _record_dispatch(monkeypatch, rt, "checkout")
     handed = _record_dispatch(monkeypatch, rt, "scraped")
     ok = server.base + "/ok"
     rt.tracker.add("p", [server.base + path for path in ROUTES])  # 4 in flight, 1 queued
     assert pipe.scrape("p", ok) == "scraped"
-    assert handed[-1] and not set(handed[-1]) & set(rec.scrapes)  # waiting with the save
-    assert pipe.flush()
-    assert set(handed[-1]) <= set(rec.scrapes)
+    assert checked_out[-1] == []  # the domain was at its cap
+    assert handed[-1] and set(handed[-1]) <= set(rec.scrapes)
+    _assert_only_the_save_waited(pipe, rec, ok)
 
 
 # -- the group commit -------------------------------------------------------------------------
@@ -459,3 +462,20 @@ def test_a_saver_without_group_commits_has_each_item_done_as_soon_as_it_is_store
         done_before.append(rt.tracker.stats("p").done), real_save(item, download))[1])
     assert pipe.save_batch("p", batch) == ["saved"] * 3
     assert done_before == [0, 1, 2]
+
+
+def test_what_a_page_hands_out_while_the_frontier_is_dry_goes_at_once(batch_env, monkeypatch):
+    """When the tracker hands out the links a page found (it had room under its bound: the
+    frontier ran dry, as in a crawl's first levels and its last), they go to the broker now, with
+    what the checkout handed out; only the save waits for its batch. Before, each level of a
+    crawl waited out the batch's wait (50 ms) before any of its pages could be fetched."""
+    rt, pipe, rec, server = batch_env
+    checked_out = _record_dispatch(monkeypatch, rt, "checkout")
+    ok, leaf = server.base + "/ok", server.base + "/ok2"
+    rt.tracker.add("p", [ok])
+    assert pipe.scrape("p", ok) == "scraped"
+    assert leaf in rec.scrapes and set(checked_out[-1]) <= set(rec.scrapes)
+    assert rec.batches == []  # the save still waits for its batch
+    assert pipe.flush()
+    assert [[entry for entry, _, _ in batch] for batch in rec.batches] == [[ok]]
+    assert rec.scrapes.count(leaf) == 1
