@@ -156,14 +156,16 @@ class Site:
         return sum(own_cpu(pid) for pid in [self.proc.pid, *descendants(self.proc.pid)])
 
     def requests_since(self, offset: int) -> list[tuple[float, str]]:
+        return [(float(stamp), path) for stamp, path, *_ in self._lines_since(offset)]
+
+    def lag_since(self, offset: int) -> list[float]:
+        """The latency site's lag of each answer since ``offset``, in ms (nginx logs none)."""
+        return [float(rest[0]) for _, _, _, *rest in self._lines_since(offset) if rest]
+
+    def _lines_since(self, offset: int) -> list[list[str]]:
         with self.log.open("rb") as fh:
             fh.seek(offset)
-            lines = fh.read().decode().splitlines()
-        out = []
-        for line in lines:
-            stamp, path, _status = line.split(" ")
-            out.append((float(stamp), path))
-        return out
+            return [line.split(" ") for line in fh.read().decode().splitlines()]
 
 
 class NginxSite(Site):
@@ -187,6 +189,7 @@ class NginxSite(Site):
 
 def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
     logfh = open(log, "a", buffering=1)
+    loop: Optional[asyncio.AbstractEventLoop] = None
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -197,6 +200,7 @@ def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass
                 target = line.split(b" ")[1].decode()
+                asked = loop.time()
                 await asyncio.sleep(delay)
                 body = pages.get(target)
                 status = b"200 OK" if body is not None else b"404 Not Found"
@@ -205,7 +209,10 @@ def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -
                 writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
                              + b"\r\nContent-Length: " + str(len(body)).encode()
                              + b"\r\n\r\n" + body)
-                logfh.write(f"{time.time():.3f} {target} {status[:3].decode()}\n")
+                # The last field: how much later than `delay` the answer left, in ms (the
+                # server's own lag: a starved event loop would add latency the crawler sees).
+                late = (loop.time() - asked - delay) * 1000
+                logfh.write(f"{time.time():.3f} {target} {status[:3].decode()} {late:.1f}\n")
                 await writer.drain()
         except (ConnectionError, IndexError):
             pass
@@ -213,6 +220,8 @@ def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -
             writer.close()
 
     async def main() -> None:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
         server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
         async with server:
             await server.serve_forever()
@@ -262,6 +271,9 @@ class Result:
     redis_reads: float = 0.0  # requests Redis read from clients: round trips
     redis_cpu: float = 0.0
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
+    # From the site's log: how long the first and last 5 % of the pages took and the rate in
+    # between, and (the latency site) how late its answers left, median and 90th percentile.
+    timeline: str = ""
     note: str = ""
     ok: bool = True
     kind: str = ""  # what main ran: scrapy, scrapy-redis, default, baseline, workers, scale-N, variant
@@ -367,6 +379,29 @@ def embedded_probe(state_dir: Path):
     return find
 
 
+def cpu_ticks() -> tuple[int, int, int]:
+    """(idle and iowait, steal, everything else) jiffies of all CPUs, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:9]]
+    return v[3] + v[4], v[7], sum(v) - v[3] - v[4] - v[7]
+
+
+def context_switches(pid: int) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of every thread ``pid`` has now (threads that
+    ended are not counted: a threads pool's are alive until the worker stops)."""
+    vol = invol = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("voluntary_ctxt_switches"):
+                    vol += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches"):
+                    invol += int(line.split()[1])
+        except OSError:
+            pass
+    return vol, invol
+
+
 class ThrowawayRedis:
     def __init__(self, workdir: Path, name: str) -> None:
         self.port = free_port()
@@ -395,6 +430,17 @@ def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
     result.distinct = len({p for _, p in hits})
     if len(hits) > 1:
         result.seconds = hits[-1][0] - hits[0][0]
+    if len(hits) > 40:
+        # Where the time goes: the ramp-up (the first 5 % of pages, while the frontier is
+        # still narrow), the steady middle, and the tail (the last 5 %).
+        t = [h[0] for h in hits]
+        a, b = len(t) // 20, len(t) - len(t) // 20
+        result.timeline = (f"first 5 % {t[a] - t[0]:.2f} s, middle {(b - a) / (t[b] - t[a]):.0f} "
+                           f"pages/s, last 5 % {t[-1] - t[b]:.2f} s")
+    lag = sorted(site.lag_since(mark[0]))
+    if lag:
+        result.timeline += (f"; site lag ms: median {lag[len(lag) // 2]:.1f}, "
+                           f"90th {lag[int(len(lag) * 0.9)]:.1f}")
 
 
 def clean_env() -> dict:
@@ -577,8 +623,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     # crawl` starts its workers, but with gossip and mingle on), which imports once and forks one
     # worker per group entry (each group's options must be `-P threads -c N`).
     launch = worker_env.pop("BENCH_LAUNCH", "sessions" if pin else "multi")
-    if launch not in ("multi", "sessions", "loop", "forks") or (pin and launch != "sessions"):
-        raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions, loop or forks "
+    # BENCH_PROFILE=DIR: py-spy records each worker (collapsed stacks, samples holding the GIL)
+    # from the seed to the end, into DIR/LABEL-PID.txt.
+    profile_dir = worker_env.pop("BENCH_PROFILE", "")
+    # `mains`: as `sessions`, but each `python -m distscrape_celery.worker_main` (the same
+    # worker without Celery's command line and the plugins it imports).
+    if (launch not in ("multi", "sessions", "loop", "forks", "mains")
+            or (pin and launch != "sessions")):
+        raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions, loop, forks or mains "
                          "(BENCH_PIN: sessions)")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     settings = Settings(redis_url=server.url)
@@ -589,7 +641,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     queues = ["-Q", "distscrape.scrape,distscrape.save"]
     commands = [
         [*(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
-         str(BIN / "celery"), "-A", "distscrape_celery", "worker", *queues, *opts,
+         *([str(BIN / "python"), "-m", "distscrape_celery.worker_main"] if launch == "mains"
+           else [str(BIN / "celery"), "-A", "distscrape_celery", "worker"]), *queues, *opts,
          "-n", f"distscrape-{i}@%h", "--loglevel", "WARNING"]
         for i, opts in enumerate(opts for n, opts in groups for _ in range(n))]
     procs = []
@@ -607,9 +660,12 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
     elif launch == "forks":
         threads = [opts[opts.index("-c") + 1] for n, opts in groups for _ in range(n)]
+        # worker_main's switches (--without-gossip, --without-mingle) pass on; the first
+        # group's, which every worker then gets.
+        flags = [o for o in groups[0][1] if o.startswith("--without-")]
         command = [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *queues,
                    "-P", "threads", "--forks", ",".join(threads), "-n", "distscrape@%h",
-                   "--loglevel", "WARNING"]
+                   "--loglevel", "WARNING", *flags]
         with (work / f"{job}-forks.log").open("ab") as log:
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True))
@@ -626,6 +682,33 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     mark = site.mark()
     server.probe.start = {}
     server.probe.sample()
+
+    def worker_pids() -> list[int]:
+        if launch == "multi":
+            files = [Path(work, f"{job}-{name}.pid") for name in multi_names]
+            deadline = time.monotonic() + 10  # a pidfile may come after the worker's heartbeat
+            while not all(f.exists() for f in files) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return [int(f.read_text()) for f in files]
+        if launch == "forks":
+            return children_of(procs[0].pid)
+        return [proc.pid for proc in procs] if launch != "loop" else children_of(shell.pid)
+
+    def worker_cpu() -> float:  # from /proc: the workers' own CPU so far
+        return sum(own_cpu(pid) for pid in worker_pids())
+
+    spies = []
+    if profile_dir:
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        spies = [subprocess.Popen(
+            [str(PEERS / "bin" / "py-spy"), "record", "--pid", str(pid), "--nonblocking", "--gil",
+             "--format", "raw", "--rate", "100",
+             "-o", str(Path(profile_dir, f"{site_name}-{launch}-{pid}.txt"))],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in worker_pids()]
+        time.sleep(0.5)
+    switches_before = [sum(x) for x in zip(*map(context_switches, worker_pids()))]
+    cpu_before = worker_cpu()
+    ticks_before = cpu_ticks()
     limit = ["--max-pages", str(max_pages)] if max_pages else []
     seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
                            *HIGH_LIMITS, *limit], env=env, capture_output=True, text=True)
@@ -644,6 +727,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
             occupancy.add(stats)
         time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
+    crawl_cpu = worker_cpu() - cpu_before
+    ticks = [b - a for a, b in zip(ticks_before, cpu_ticks())]
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)
+    for spy in spies:
+        spy.wait(30)
+    switches = [b - a for a, b in zip(switches_before,
+                                      [sum(x) for x in zip(*map(context_switches, worker_pids()))])]
     cpu = 0.0
     if launch == "multi":
         # Detached, not our children: their CPU up to now, from /proc, then a warm stop.
@@ -678,6 +769,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
+    if r.pages:
+        r.note += f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
+        if sum(ticks):
+            r.note += (f"; machine idle {ticks[0] / sum(ticks):.0%}, steal "
+                       f"{ticks[1] / sum(ticks):.0%}")
+    if switches and r.pages:
+        r.note += (f"; context switches a page: {switches[0] / r.pages:.1f} voluntary, "
+                   f"{switches[1] / r.pages:.1f} involuntary")
     r.ok = r.ok and r.pages == r.distinct
     return r
 
@@ -720,13 +819,14 @@ def table(results: list[Result], peers: dict[str, Result]) -> str:
     for r in results:
         scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
         ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
+        notes = "; ".join(filter(None, [r.note, r.timeline]))
         rows.append(
             f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
             f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
             f"{r.per_page(r.redis_reads):.1f} | {r.per_page(r.redis_cmds):.1f} | "
             f"{1000 * r.per_page(r.redis_cpu):.2f} | "
             f"{1000 * r.per_page(r.site_cpu):.2f} | {r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
-            f"{' (' + r.note + ')' if r.note else ''} |")
+            f"{' (' + notes + ')' if notes else ''} |")
     return "\n".join(rows)
 
 
