@@ -708,7 +708,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.5)
     switches_before = [sum(x) for x in zip(*map(context_switches, worker_pids()))]
     cpu_before = worker_cpu()
-    ticks_before = cpu_ticks()
+    ticks = [(time.time(), cpu_ticks())]  # sampled as the crawl goes, for its idle time
     limit = ["--max-pages", str(max_pages)] if max_pages else []
     seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
                            *HIGH_LIMITS, *limit], env=env, capture_output=True, text=True)
@@ -719,6 +719,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                  if args.sample else None)
     while time.monotonic() - started < args.timeout:
         server.probe.sample()
+        ticks.append((time.time(), cpu_ticks()))
         stats = tracker.stats(job)
         if stats.finished:
             ok = True
@@ -728,7 +729,6 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
     crawl_cpu = worker_cpu() - cpu_before
-    ticks = [b - a for a, b in zip(ticks_before, cpu_ticks())]
     for spy in spies:
         spy.send_signal(signal.SIGINT)
     for spy in spies:
@@ -771,9 +771,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
         r.note += f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
-        if sum(ticks):
-            r.note += (f"; machine idle {ticks[0] / sum(ticks):.0%}, steal "
-                       f"{ticks[1] / sum(ticks):.0%}")
+        # Between the samples inside the site's first and last page: not the seed's start-up
+        # or the wait for the last saves, which idle the machine whatever the workers do.
+        hits = [t for t, path in site.requests_since(mark[0]) if path != "/robots.txt"]
+        inside = [x for t, x in ticks if hits and hits[0] <= t <= hits[-1]]
+        if len(inside) > 1:
+            idle, steal, busy = (b - a for a, b in zip(inside[0], inside[-1]))
+            total = idle + steal + busy
+            r.note += f"; machine idle {idle / total:.0%}, steal {steal / total:.0%}"
     if switches and r.pages:
         r.note += (f"; context switches a page: {switches[0] / r.pages:.1f} voluntary, "
                    f"{switches[1] / r.pages:.1f} involuntary")
