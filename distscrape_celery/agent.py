@@ -67,7 +67,10 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
 
     held: dict[str, Held] = defaultdict(Held)
     active = set(state.active_requests)
-    requests = list(state.reserved_requests) + [r for r in active if r not in state.reserved_requests]
+    # With an ETA (a deferred save), a message waits in the worker's timer, in neither set,
+    # until then; it is taken into our hands as it arrives, so it must be kept too.
+    requests = list(dict.fromkeys([*state.reserved_requests, *active,
+                                   *getattr(state, "scheduled_requests", ())]))
     if max_running is not None:
         # Neither its lease nor (for a save) its item's wait for the save is kept any more.
         too_old = time.time() - max_running
@@ -318,6 +321,12 @@ def _on_task_received(request, **_):
     from .celery_app import SAVE_BATCH_TASK, SAVE_TASK
 
     if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
+        return
+    from celery.worker import state
+
+    if request.eta and not hasattr(state, "scheduled_requests"):
+        # A Celery that does not list messages waiting for their ETA: the heartbeat could not
+        # keep the items until then, so they wait for the message under the save timeout.
         return
     try:
         _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id,

@@ -216,8 +216,8 @@ def test_a_save_batch_saves_each_item_whatever_happened_to_the_others(batch_env)
 
 
 class FakeRequest:
-    def __init__(self, name, args):
-        self.name, self.args, self.time_start = name, args, None
+    def __init__(self, name, args, eta=None):
+        self.name, self.args, self.time_start, self.eta = name, args, None, eta
 
 
 def test_heartbeat_keeps_every_item_of_a_reserved_or_running_save_batch(monkeypatch):
@@ -235,6 +235,43 @@ def test_heartbeat_keeps_every_item_of_a_reserved_or_running_save_batch(monkeypa
     assert sorted(held["j"].running) == ["a", "b"]
     assert sorted(held["j"].saves) == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
     assert (held["k"].items, held["k"].running, held["k"].saves) == (["e"], ["e"], [])
+
+
+def test_heartbeat_keeps_the_item_of_a_deferred_save_waiting_for_its_eta(monkeypatch):
+    """A save deferred because the output was full comes back with an ETA: it waits in the
+    worker's timer (Celery's scheduled requests), not among its reserved ones. The worker took
+    its item into its hands as it arrived, so its heartbeat must keep it until the ETA: with a
+    retry delay as long as the lease, the item was reclaimed as "lost" and downloaded again
+    (test_worker_faults.py's full-disk test, now and then)."""
+    from celery.worker import state
+
+    waiting = FakeRequest(SAVE_TASK, ["j", "a", 7, {"url": "u"}], eta="2026-01-01T00:00:05")
+    monkeypatch.setattr(state, "active_requests", set())
+    monkeypatch.setattr(state, "reserved_requests", set())
+    monkeypatch.setattr(state, "scheduled_requests", {waiting}, raising=False)
+    held = reserved_items()
+    assert (held["j"].items, held["j"].running, held["j"].saves) == (["a"], [], [("a", 7)])
+
+
+def test_without_a_list_of_waiting_messages_a_deferred_save_is_not_taken_on_arrival(
+        redis_url, server, tmp_path, monkeypatch):  # noqa: F811
+    """On a Celery that does not list messages waiting for their ETA, the heartbeat cannot keep
+    a deferred save's item, so it is not taken on arrival: it waits under the save timeout."""
+    from celery.worker import state
+
+    from distscrape_celery import agent
+
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
+    item = server.base + "/ok"
+    rt.tracker.add("p", [item])
+    assert pipe.scrape("p", item) == "scraped"
+    [(_, _, token, meta)] = rec.saves
+    monkeypatch.setattr(agent, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
+    monkeypatch.delattr(state, "scheduled_requests", raising=False)
+    agent._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta], eta="soon"))
+    assert owner(rt, item) == f"- {token}"
+    agent._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta]))
+    assert owner(rt, item) == f"{rt.worker_id} {token}"
 
 
 def _record_dispatch(monkeypatch, rt, method):
