@@ -66,11 +66,12 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
     from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
     held: dict[str, Held] = defaultdict(Held)
-    active = set(state.active_requests)
+    active = set(_snapshot(state.active_requests))
+    reserved = _snapshot(state.reserved_requests)
     # With an ETA (a deferred save), a message waits in the worker's timer, in neither set,
     # until then; it is taken into our hands as it arrives, so it must be kept too.
-    requests = list(dict.fromkeys([*state.reserved_requests, *active,
-                                   *getattr(state, "scheduled_requests", ())]))
+    scheduled = _snapshot(getattr(state, "scheduled_requests", ()))
+    requests = list(dict.fromkeys([*reserved, *active, *scheduled]))
     if max_running is not None:
         # Neither its lease nor (for a save) its item's wait for the save is kept any more.
         too_old = time.time() - max_running
@@ -92,6 +93,16 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
         except (IndexError, TypeError, ValueError):
             continue
     return held
+
+
+def _snapshot(requests) -> list:
+    """The members of one of Celery's request sets (weak sets), which the consumer changes while
+    the heartbeat thread reads them. Iterating one can then fail ("changed size during
+    iteration"); copying its underlying set is a single step under the GIL."""
+    data = getattr(requests, "data", None)
+    if isinstance(data, set):
+        return [r for r in (ref() for ref in data.copy()) if r is not None]
+    return list(requests)
 
 
 def _save_pairs(request) -> list[tuple[str, int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -251,6 +252,31 @@ def test_heartbeat_keeps_the_item_of_a_deferred_save_waiting_for_its_eta(monkeyp
     monkeypatch.setattr(state, "scheduled_requests", {waiting}, raising=False)
     held = reserved_items()
     assert (held["j"].items, held["j"].running, held["j"].saves) == (["a"], [], [("a", 7)])
+
+
+class _ChangingWhileRead(weakref.WeakSet):
+    """A request set that another thread changes while it is iterated."""
+
+    def __iter__(self):
+        raise RuntimeError("Set changed size during iteration")
+
+
+def test_heartbeat_reads_celerys_request_sets_while_the_consumer_changes_them(monkeypatch):
+    """The heartbeat thread reads Celery's request sets while the consumer thread adds to them:
+    iterating them could fail and cost a heartbeat (no lease kept that time)."""
+    from celery.worker import state
+
+    running = FakeRequest(SCRAPE_TASK, ["k", "e"])
+    reserved = FakeRequest(SAVE_TASK, ["j", "d", 4, {"url": "u"}])
+    waiting = FakeRequest(SAVE_TASK, ["j", "a", 7, {"url": "u"}], eta="2026-01-01T00:00:05")
+    sets = {}
+    for name, request in (("active_requests", running), ("reserved_requests", reserved),
+                          ("scheduled_requests", waiting)):
+        sets[name] = _ChangingWhileRead([request])
+        monkeypatch.setattr(state, name, sets[name], raising=False)
+    held = reserved_items()
+    assert sorted(held["j"].saves) == [("a", 7), ("d", 4)]
+    assert held["k"].running == ["e"]
 
 
 def test_without_a_list_of_waiting_messages_a_deferred_save_is_not_taken_on_arrival(
