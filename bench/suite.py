@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import datetime
 import itertools
 import multiprocessing
@@ -674,6 +675,22 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
             with (work / f"{job}-worker{i}.log").open("ab") as log:
                 procs.append(subprocess.Popen(command, env=env, stdout=log,
                                               stderr=subprocess.STDOUT, start_new_session=True))
+
+    def abandon() -> None:
+        """The run failed before it stopped its workers: kill them and the Redis all the same
+        (a failed run once left four idle workers polling for an hour and a half, beside every
+        later measurement)."""
+        if launch == "multi":
+            subprocess.run([str(BIN / "celery"), "multi", "kill", *multi_names, *multi_files],
+                           env=env, capture_output=True, timeout=60)
+        for proc in [*procs, *([shell] if launch == "loop" else [])]:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.stop()
+
+    atexit.register(abandon)
     deadline = time.monotonic() + 60
     while sum(1 for w in tracker.workers() if w.alive) < workers:
         if time.monotonic() > deadline:
@@ -755,6 +772,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                 cpu += usage.ru_utime + usage.ru_stime
             except ChildProcessError:
                 pass
+    atexit.unregister(abandon)
     wall = time.monotonic() - started
     stats = tracker.stats(job)
     server.stop()
