@@ -261,10 +261,11 @@ class ItemPipeline:
         if self._saves is not None:
             found = list(res.dispatch)
             if hold and found:
-                # The tracker handed out what this page found: it had room under its dispatch
-                # bound, so its frontier ran dry (the first pages of a crawl, or its last) and
-                # the broker's queue is short. Threads may be waiting for these messages; a
-                # crawl's every level of links would wait out the batch's wait.
+                # The tracker handed out items as this page ended: it had room under its
+                # dispatch bound with its frontier run dry (a crawl's first levels of links, or
+                # its last), or a capped domain has a place again. Either way the broker holds
+                # too little to keep the threads busy, and each level of links would wait out
+                # the batch's wait.
                 found, hold = carry + found, False
                 carry.clear()
             if not hold:
