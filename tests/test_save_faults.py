@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -150,6 +151,15 @@ def _worker_logs(procs) -> str:
     return "".join(p.log_path.read_text(errors="replace") for p in procs if p.log_path.exists())
 
 
+def _vanished_counts(logs: str) -> dict[str, int]:
+    """How many times each item's holder vanished, by item, from the workers' "saving again" lines
+    (the last count logged)."""
+    counts: dict[str, int] = {}
+    for m in re.finditer(r" (\S+): saving again; the worker holding it vanished (\d+) time", logs):
+        counts[m[1]] = max(counts.get(m[1], 0), int(m[2]))
+    return counts
+
+
 def _results(procs) -> Counter:
     """What the tasks returned, from Celery's INFO lines ("... succeeded in 0.1s: 'saved'")."""
     out: Counter = Counter()
@@ -282,7 +292,12 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     # killed process had scraped and not yet queued for saving was (a lease later), once more.
     assert _downloads_after_kill(out, victims, fetch_times) == dict.fromkeys(kills, [])
     again = [p for p, k in fetched.items() if k > 1]
-    assert max(fetched.values()) <= 2 and len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
+    assert len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
+    # Each download beyond the first had a holder that vanished: a page taken again after one
+    # kill can be caught by a later one too (seen: downloaded 3 times, "vanished 2 times").
+    vanished = _vanished_counts(_worker_logs(procs))
+    unexplained = {p: fetched[p] for p in again if fetched[p] - 1 > vanished.get(_item(server, p), 0)}
+    assert not unexplained, (unexplained, vanished)
     _assert_nothing_in_flight(redis_client, job, downloaded_again=again)
 
 
