@@ -160,6 +160,15 @@ def _vanished_counts(logs: str) -> dict[str, int]:
     return counts
 
 
+def _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs) -> None:
+    """Each download of a page beyond its first had a holder that vanished (a killed process
+    had scraped it and not yet queued its save). A page taken again after one kill can be caught
+    by a later one too: seen in CI, downloaded 3 times, "vanished 2 time(s)"."""
+    vanished = _vanished_counts(_worker_logs(procs))
+    unexplained = {p: fetched[p] for p in again if fetched[p] - 1 > vanished.get(_item(server, p), 0)}
+    assert not unexplained, (unexplained, vanished)
+
+
 def _results(procs) -> Counter:
     """What the tasks returned, from Celery's INFO lines ("... succeeded in 0.1s: 'saved'")."""
     out: Counter = Counter()
@@ -257,7 +266,8 @@ def test_sigkill_in_save_then_saved_exactly_once(
         assert set(fetched.values()) == {1}
     else:
         again = [p for p, k in fetched.items() if k > 1]
-        assert max(fetched.values()) <= 2 and len(again) <= 5 * DEFAULT_SAVE_BATCH, again
+        assert len(again) <= 5 * DEFAULT_SAVE_BATCH, again
+        _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs)
     _assert_nothing_in_flight(redis_client, job, downloaded_again=again if batch_size is None else None)
 
 
@@ -293,11 +303,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     assert _downloads_after_kill(out, victims, fetch_times) == dict.fromkeys(kills, [])
     again = [p for p, k in fetched.items() if k > 1]
     assert len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
-    # Each download beyond the first had a holder that vanished: a page taken again after one
-    # kill can be caught by a later one too (seen: downloaded 3 times, "vanished 2 times").
-    vanished = _vanished_counts(_worker_logs(procs))
-    unexplained = {p: fetched[p] for p in again if fetched[p] - 1 > vanished.get(_item(server, p), 0)}
-    assert not unexplained, (unexplained, vanished)
+    _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs)
     _assert_nothing_in_flight(redis_client, job, downloaded_again=again)
 
 
