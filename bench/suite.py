@@ -387,11 +387,11 @@ def cpu_ticks() -> tuple[int, int, int]:
     return v[3] + v[4], v[7], sum(v) - v[3] - v[4] - v[7]
 
 
-def context_switches(pid: int) -> tuple[int, int]:
-    """Voluntary and involuntary context switches of every thread ``pid`` has now (threads that
+def context_switches(pids: list[int]) -> tuple[int, int]:
+    """Voluntary and involuntary context switches of every thread of ``pids`` now (threads that
     ended are not counted: a threads pool's are alive until the worker stops)."""
     vol = invol = 0
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+    for status in (s for pid in pids for s in Path(f"/proc/{pid}/task").glob("*/status")):
         try:
             for line in status.read_text().splitlines():
                 if line.startswith("voluntary_ctxt_switches"):
@@ -723,7 +723,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
              "-o", str(Path(profile_dir, f"{site_name}-{launch}-{pid}.txt"))],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in worker_pids()]
         time.sleep(0.5)
-    switches_before = [sum(x) for x in zip(*map(context_switches, worker_pids()))]
+    switches_before = context_switches(worker_pids())
     cpu_before = worker_cpu()
     ticks = [(time.time(), cpu_ticks())]  # sampled as the crawl goes, for its idle time
     limit = ["--max-pages", str(max_pages)] if max_pages else []
@@ -750,12 +750,11 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         spy.send_signal(signal.SIGINT)
     for spy in spies:
         spy.wait(30)
-    switches = [b - a for a, b in zip(switches_before,
-                                      [sum(x) for x in zip(*map(context_switches, worker_pids()))])]
+    switches = [b - a for a, b in zip(switches_before, context_switches(worker_pids()))]
     cpu = 0.0
     if launch == "multi":
         # Detached, not our children: their CPU up to now, from /proc, then a warm stop.
-        cpu = sum(own_cpu(int(Path(work, f"{job}-{name}.pid").read_text())) for name in multi_names)
+        cpu = worker_cpu()
         subprocess.run([str(BIN / "celery"), "multi", "stopwait", *multi_names, *multi_files],
                        env=env, capture_output=True, timeout=60)
     else:
