@@ -139,6 +139,13 @@ class WorkerAgent:
         # Jobs whose maintenance failed, with the failure last logged: a job that fails the same
         # way on every heartbeat (one of an older format, say) is logged once, not each time.
         self._failing: dict[str, str] = {}
+        # The (item, token) of the save messages this worker has reserved, by job: as of the last
+        # heartbeat, and received since. A stop gives back every other save-pending item it
+        # holds at once (kept for a batch its processes never queued), and Celery has forgotten
+        # its reserved messages by then.
+        self._saves_lock = threading.Lock()
+        self._reserved_saves: dict[str, set[tuple[str, int]]] = {}
+        self._received_saves: dict[str, set[tuple[str, int]]] = defaultdict(set)
 
     def register(self) -> str:
         worker_id = self.rt.tracker.register_worker(socket.gethostname(), os.getpid(), self.concurrency)
@@ -151,7 +158,14 @@ class WorkerAgent:
         Returns the seconds until dispatch can hand out more (None: not by time alone)."""
         tracker = self.rt.tracker
         tracker.heartbeat(self.rt.worker_id)
-        for job, held in self.held_items().items():
+        with self._saves_lock:
+            received, self._received_saves = self._received_saves, defaultdict(set)
+        held_items = self.held_items()
+        with self._saves_lock:
+            self._reserved_saves = {job: set(held.saves) for job, held in held_items.items()}
+            for job, pairs in received.items():
+                self._reserved_saves.setdefault(job, set()).update(pairs)
+        for job, held in held_items.items():
             tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
         pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
         if pruned:
@@ -160,6 +174,24 @@ class WorkerAgent:
         if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
             log.warning("listed again job(s) with unfinished work that were not maintained")
         return self.maintain_all()
+
+    def note_received_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> None:
+        """A save message for these (item, token) reached this worker (see ``_reserved_saves``)."""
+        with self._saves_lock:
+            self._received_saves[job].update(saves)
+
+    def _saves_to_return(self) -> dict[str, set[tuple[str, int]]]:
+        """The saves whose messages go back to the broker as this worker stops."""
+        with self._saves_lock:
+            out = {job: set(pairs) for job, pairs in self._reserved_saves.items()}
+            for job, pairs in self._received_saves.items():
+                out.setdefault(job, set()).update(pairs)
+        try:  # what Celery still lists (it may have let go of them already)
+            for job, held in self.held_items().items():
+                out.setdefault(job, set()).update(held.saves)
+        except Exception:
+            log.exception("could not list the reserved saves; those named before are returned")
+        return out
 
     def maintain_all(self) -> Optional[float]:
         """Maintain every active job; the soonest wake of any (see :meth:`tick`)."""
@@ -236,11 +268,14 @@ class WorkerAgent:
         if self._thread is not None:
             self._thread.join(self.interval + 5)
         try:
-            # Whatever this worker still holds (its tasks were cut short) goes back at once,
-            # rather than a lease from now.
+            # Whatever this worker still holds (its tasks were cut short, its pool processes'
+            # unqueued save batches) goes back at once, rather than a lease or a save timeout
+            # from now; its reserved save messages go back to the broker.
+            returning = self._saves_to_return()
             for job in self.rt.tracker.jobs():
                 try:
-                    released = self.rt.tracker.release(job, self.rt.worker_id)
+                    released = self.rt.tracker.release(job, self.rt.worker_id,
+                                                       sorted(returning.get(job, ())))
                 except JobNotFound:  # being deleted
                     continue
                 if released:
@@ -340,8 +375,9 @@ def _on_task_received(request, **_):
         # keep the items until then, so they wait for the message under the save timeout.
         return
     try:
-        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id,
-                                 saves=_save_pairs(request), running=[])
+        saves = _save_pairs(request)
+        _agent.note_received_saves(request.args[0], saves)
+        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
     except Exception as exc:  # the next heartbeat claims them instead
         log.warning("could not claim the items of a received save message: %s", exc)
 

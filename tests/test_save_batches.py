@@ -542,3 +542,36 @@ def test_what_a_page_hands_out_while_the_frontier_is_dry_goes_at_once(batch_env,
     assert pipe.flush()
     assert [[entry for entry, _, _ in batch] for batch in rec.batches] == [[ok]]
     assert rec.scrapes.count(leaf) == 1
+
+
+def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reserved_saves(
+        batch_env, monkeypatch):
+    """Found in CI (SIGTERM to a worker's process group): the pool processes died with saves
+    kept for a batch they never queued, and the worker's stop gave those pages the save timeout
+    as if their messages were coming back from the broker. Only saves whose messages reached the
+    worker (and go back to the broker) wait for them; the unsent ones are queued again at once,
+    though Celery has forgotten its reserved messages by the time the worker stops."""
+    from distscrape_celery import agent
+
+    rt, pipe, rec, server = batch_env
+    sent = [server.base + "/ok", server.base + "/hostile"]
+    rt.tracker.add("p", sent)
+    for item in sent:
+        assert pipe.scrape("p", item) == "scraped"
+    assert pipe.flush()
+    [batch] = rec.batches
+    worker = agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape, held_items=dict)
+    monkeypatch.setattr(agent, "_agent", worker)
+    agent._on_task_received(FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]]))
+    tokens = {item: token for item, token, _ in batch}
+    assert all(owner(rt, item) == f"{rt.worker_id} {tokens[item]}" for item in sent)
+    unsent = server.base + "/ok2"  # found in both; scraped into a batch that is never queued
+    assert pipe.scrape("p", unsent) == "scraped"
+    assert owner(rt, unsent).startswith(rt.worker_id + " ")
+
+    worker.stop()
+    assert owner(rt, unsent) is None
+    assert rt.tracker.checkout("p", unsent, "w2", max_lost=3).status is LeaseStatus.OK
+    for item in sent:  # back in the broker's hands, for the save timeout
+        assert owner(rt, item) == f"- {tokens[item]}"
+        assert _pending_for(rt, item) > 60

@@ -490,7 +490,7 @@ def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):
     assert t.stats("j").saving == 1  # y still waits for its message
     # A clean stop hands a reserved save back to the broker's wait.
     t.extend("j", ["y"], saver, [("y", ty)])
-    assert t.release("j", saver) == 0
+    assert t.release("j", saver, saves=[("y", ty)]) == 1  # only x, dispatched since its reclaim
     time.sleep(0.35)
     t.maintain("j", max_lost=5)
     assert t.stats("j").saving == 1
@@ -603,13 +603,47 @@ def test_release_gives_back_at_once_without_counting(tracker_factory):
     lease(t, "b", w2)
     tc = lease(t, "c", w1)
     t.scraped("j", "c", tc)  # save pending: its message is in the broker, not on w1
-    assert t.release("j", w1) == 1
+    assert t.stats("j").dispatched == 2  # d, e
+    # a (leased to w1), and d, e: dispatched items name no worker, and w1 may have taken them for
+    # messages it never sent.
+    assert t.release("j", w1) == 3
+    assert (t.stats("j").frontier, t.stats("j").saving) == (3, 1)
     assert t.checkout("j", "a", w2, max_lost=0).failed_attempts == 0
     assert fail(t, "a", ta).outcome is FailOutcome.IGNORED  # w1's token is stale now
-    assert t.release("j") == 5  # a, b (leased), c (save pending), d, e (dispatched)
+    assert t.checkout("j", "d", w2, max_lost=0).status is LeaseStatus.OK  # its message came
+    assert t.release("j") == 5  # a, b, d (leased), c (save pending), e (dispatched again)
     s = t.stats("j")
     assert (s.leased, s.saving, s.dispatched, s.dead) == (0, 0, 0, 0)
     assert s.queued == 5
+
+
+def test_release_queues_kept_saves_at_once_and_returns_reserved_ones_to_the_broker(tracker_factory):
+    """Found in CI (a worker's process group got SIGTERM): pages its pool processes had kept for
+    a save batch they never queued waited the whole save timeout after the worker stopped, as if
+    their save messages were coming back from the broker. Only the saves the worker says it had
+    reserved wait; a kept one, or one whose token is stale, is queued again at once."""
+    t = tracker_factory(save_timeout=600, dispatch_factor=1)
+    w = new_job(t, concurrency=4)
+    other = t.register_worker("h2", 2, 1)
+    t.add("j", ["kept", "claimed", "stale", "theirs"])
+    tk, tc, ts, tt = (lease(t, i, w) for i in ("kept", "claimed", "stale", "theirs"))
+    t.scraped("j", "kept", tk, keep_as=w)  # its batch never went out
+    t.scraped("j", "claimed", tc)
+    t.scraped("j", "stale", ts, keep_as=w)
+    t.scraped("j", "theirs", tt, keep_as=other)
+    assert t.extend("j", ["claimed"], w, [("claimed", tc)]) == 1  # its message reached w
+    assert t.release("j", w, saves=[("claimed", tc), ("stale", ts + 1000)]) == 2
+    s = t.stats("j")
+    assert (s.frontier, s.saving) == (2, 2), s  # kept and stale queued; claimed and theirs wait
+    # The claimed save's message comes back from the broker: its save still runs, once.
+    assert t.begin_save("j", "claimed", tc, other, max_lost=LOST).status is SaveStart.OK
+    assert t.begin_save("j", "kept", tk, other, max_lost=LOST).status is SaveStart.STALE
+    co = t.checkout("j", "kept", other, max_lost=LOST)
+    assert co.token not in (None, tk) and co.failed_attempts == 0
+    # Its kept "theirs", "claimed" it saves, "kept" it scrapes, and "stale", dispatched when
+    # the save of "claimed" left the broker.
+    assert t.stats("j").dispatched == 1
+    assert t.release("j", other) == 4
 
 
 def test_item_operations_on_an_unknown_job_are_errors(tracker_factory):

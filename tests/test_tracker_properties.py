@@ -428,20 +428,33 @@ class TrackerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.releasable())
     @rule(data=st.data(), replaced=st.booleans())
     def worker_stops(self, data, replaced):
-        """release(job, worker): a stopping worker gives back what it scrapes or saves, at once
-        and counting nothing; its reserved save messages go back to the broker, whose wait for
-        them starts again. Then it deregisters, and maybe a new worker takes its place."""
+        """release(job, worker, saves): a stopping worker gives back what it scrapes or saves,
+        and every dispatched item, at once and counting nothing; the save messages it names (some of its save-pending items,
+        maybe with a stale token) go back to the broker, whose wait for them starts again; any
+        other save-pending item it holds has no message and is queued again. Then it
+        deregisters, and maybe a new worker takes its place."""
         self.step()
         w = data.draw(st.sampled_from(self.releasable()), label="worker")
-        n = self.t.release(JOB, w)
+        mine = sorted(i for i, it in self.items.items()
+                      if it.state == "s" and it.owner and it.owner[0] == w)
+        named = data.draw(st.lists(st.sampled_from(mine), unique=True) if mine else st.just([]),
+                          label="reserved saves")
+        stale = set(data.draw(st.lists(st.sampled_from(named), unique=True) if named
+                              else st.just([]), label="of them stale"))
+        saves = [(i, self.items[i].owner[1] + (1000 if i in stale else 0)) for i in named]
+        n = self.t.release(JOB, w, saves)
         want = 0
-        for it in self.items.values():
+        for i, it in self.items.items():
             if it.owner and it.owner[0] == w:
-                if it.state == "s":
-                    it.expired = False  # waits for its message a save timeout from now
-                elif it.state in "lS":
+                if it.state == "s" and i in named and i not in stale:
+                    # Waits for its message a save timeout from now, in the broker's hands.
+                    it.owner, it.expired = ("-", it.owner[1]), False
+                elif it.state in "lSs":
                     self.requeue(it)
                     want += 1
+            elif it.state == "d":  # names no worker: may be one it never sent
+                self.requeue(it)
+                want += 1
         assert n == want
         if self.workers[w][1]:
             self.t.deregister_worker(w)

@@ -221,17 +221,19 @@ def test_sigterm_mid_crawl_gives_items_back_at_once(
         spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed(job, spec)
-        # Wait until a third is done and some worker is scraping or saving; that one is the victim.
+        # Wait until a third is done and some worker is scraping or saving, and also holds saves
+        # (kept for its next batch, or reserved): that one is the victim.
         deadline = time.monotonic() + 30
         while True:
             assert time.monotonic() < deadline, f"no point to stop a worker: {tracker.stats(job)}"
             assert not tracker.stats(job).finished, "the crawl finished before the SIGTERM"
             if tracker.stats(job).done >= n // 3:
-                holding = {wid: _leased_to(redis_client, job, wid) for wid in ids}
+                snap = _snapshot(redis_client, job)
+                holding = {wid: {i: st for i, (st, h) in snap.items() if h == wid} for wid in ids}
                 wid = max(holding, key=lambda w: len(holding[w]))
-                if holding[wid]:
+                if {"l", "s"} <= set(holding[wid].values()):
                     break
-            time.sleep(0.02)
+            time.sleep(0.01)
         victim, victim_id = ids[wid], wid
         survivor = b if victim is a else a
         held_before = holding[wid]
@@ -250,9 +252,10 @@ def test_sigterm_mid_crawl_gives_items_back_at_once(
         still_held = {i: st for i, (st, holder) in at_exit.items() if holder == victim_id}
         stats_at_exit = tracker.stats(job)
         assert exited < 5, f"exit took {exited:.1f} s"
-        # Save-pending items ('s') may still name it: their save messages wait in the broker.
-        leased = {i: st for i, st in still_held.items() if st in ("l", "S")}
-        assert not leased, f"items still leased to the stopped worker {victim_id}: {leased}"
+        # Nothing names it: what it scraped or saved, and the saves its pool processes kept for
+        # a batch, are queued again; its reserved save messages are back in the broker's hands.
+        # (Found in CI: kept saves named it and waited the save timeout.)
+        assert not still_held, f"items still held by the stopped worker {victim_id}: {still_held}"
 
         try:
             stats = manager.wait(job, timeout=LONG_LEASE / 2, check=survivor.check)

@@ -563,10 +563,17 @@ class Tracker(ABC):
         up dispatch."""
 
     @abstractmethod
-    def release(self, job: str, worker_id: Optional[str] = None) -> int:
-        """Put the items ``worker_id`` is working on back in the frontier at once, counting
-        nothing (a worker stopping). With None, every in-flight item of the job: only safe when
-        no worker runs it (a stopped one-machine crawl resuming)."""
+    def release(
+        self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
+    ) -> int:
+        """Put the items ``worker_id`` holds back in the frontier at once, counting nothing (a
+        worker stopping), except the saves it had reserved, ``saves`` (item, token): their
+        messages go back to the broker, so they wait for them again for ``save_timeout``. A kept
+        save not listed is queued again (no message for it is taken to exist), and so is every
+        dispatched item (the worker may have taken some for messages it never sent; one whose
+        message is out gets a second, which finds it taken). With None, every in-flight item of
+        the job: only safe when no worker runs it (a stopped one-machine crawl resuming). Returns
+        how many items were queued again."""
 
     @abstractmethod
     def stats(self, job: str) -> JobStats:

@@ -669,20 +669,32 @@ class InMemoryTracker(Tracker):
             return MaintainResult(dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake,
                                   finished=finished)
 
-    def release(self, job: str, worker_id: Optional[str] = None) -> int:
+    def release(
+        self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
+    ) -> int:
         with self._lock:
             j = self._job(job)
-            if worker_id:
-                later = self._clock() + self.save_timeout
-                for item in j.pending:
-                    if j.owners.get(item, ("", 0))[0] == worker_id:
-                        j.pending[item] = later
             now = self._clock()
-            sets = (j.leased,) if worker_id else (j.leased, j.pending, j.dispatched)
             n = 0
+            if worker_id:
+                returning = {(item, int(token)) for item, token in saves}
+                later = now + self.save_timeout
+                for item in list(j.pending):
+                    who, token = j.owners.get(item, ("", 0))
+                    if who != worker_id:
+                        continue
+                    if (item, token) in returning:
+                        j.pending[item] = later
+                        j.owners[item] = ("-", token)
+                    else:  # kept for a save batch never queued: no message will come
+                        self._requeue(j, item, True, now)
+                        n += 1
+            # Dispatched items name no worker: all go back (see release.lua).
+            sets = (j.leased, j.dispatched) if worker_id else (j.leased, j.pending, j.dispatched)
             for inflight in sets:
                 for item in list(inflight):
-                    if worker_id is None or j.owners.get(item, ("", 0))[0] == worker_id:
+                    if (worker_id is None or inflight is j.dispatched
+                            or j.owners.get(item, ("", 0))[0] == worker_id):
                         self._requeue(j, item, True, now)
                         n += 1
             return n

@@ -941,8 +941,15 @@ class RedisTracker(Tracker):
         )
 
     @_converts_redis_errors
-    def release(self, job: str, worker_id: Optional[str] = None) -> int:
-        return sum(int(self._run("release", job, [worker_id or "", self.save_timeout], s))
+    def release(
+        self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
+    ) -> int:
+        by_shard: dict[int, list[Any]] = {}
+        for item, token in saves:
+            by_shard.setdefault(self._shard_of(job, item), []).extend((item, int(token)))
+        # One call per shard: an item the call is not told about is taken to have no message.
+        return sum(int(self._run("release", job,
+                                 [worker_id or "", self.save_timeout, *by_shard.get(s, [])], s))
                    for s in range(self._shards(job)))
 
     @_converts_redis_errors
