@@ -7,11 +7,13 @@
 
 One run, in this order, so every figure is taken under the same machine load:
 
-1. generates a site with ``tests/sitegen.py`` (``--pages`` pages of about 6 KB, robots.txt
+1. installs Scrapy, scrapy-redis, py-spy and uvloop into ``bench/.venv-peers`` if they are not
+   there;
+2. generates a site with ``tests/sitegen.py`` (``--pages`` pages of about 6 KB, robots.txt
    allowing everything) and serves it on 127.0.0.1 twice: from static files by nginx (a child
-   process with its own config; ``apt-get install nginx-light`` if it is missing) and by an
-   asyncio server that answers every request after ``--latency`` seconds;
-2. installs Scrapy, scrapy-redis and py-spy into ``bench/.venv-peers`` if they are not there;
+   process with its own config; ``apt-get install nginx-light`` if it is missing) and by
+   ``bench/latency_site.py`` (asyncio on uvloop, the peers' Python), which answers every request
+   after ``--latency`` seconds;
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
@@ -32,11 +34,10 @@ Network: 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import datetime
 import itertools
-import multiprocessing
+import json
 import os
 import platform
 import re
@@ -63,7 +64,7 @@ from bench_crawl import children_of, own_cpu  # noqa: E402
 from sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
-PEER_PACKAGES = ["scrapy", "scrapy-redis", "py-spy"]
+PEER_PACKAGES = ["scrapy", "scrapy-redis", "py-spy", "uvloop"]
 BIN = Path(sys.executable).parent
 ROBOTS = b"User-agent: *\nAllow: /\n"
 HIGH_LIMITS = ["--per-domain-concurrency", "256"]
@@ -146,7 +147,7 @@ class Site:
     url: str
     log: Path
 
-    proc: "subprocess.Popen | multiprocessing.Process"
+    proc: subprocess.Popen
 
     def mark(self) -> tuple[int, float]:
         """Where the access log ends now, and the server's CPU seconds so far."""
@@ -188,62 +189,25 @@ class NginxSite(Site):
         self.proc.wait(10)
 
 
-def _serve_latency(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
-    logfh = open(log, "a", buffering=1)
-    loop: Optional[asyncio.AbstractEventLoop] = None
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                line = await reader.readline()
-                if not line:
-                    return
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
-                target = line.split(b" ")[1].decode()
-                asked = loop.time()
-                await asyncio.sleep(delay)
-                body = pages.get(target)
-                status = b"200 OK" if body is not None else b"404 Not Found"
-                body = body if body is not None else b"not found"
-                ctype = b"text/plain" if target == "/robots.txt" else b"text/html"
-                writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: " + ctype
-                             + b"\r\nContent-Length: " + str(len(body)).encode()
-                             + b"\r\n\r\n" + body)
-                # The last field: how much later than `delay` the answer left, in ms (the
-                # server's own lag: a starved event loop would add latency the crawler sees).
-                late = (loop.time() - asked - delay) * 1000
-                logfh.write(f"{time.time():.3f} {target} {status[:3].decode()} {late:.1f}\n")
-                await writer.drain()
-        except (ConnectionError, IndexError):
-            pass
-        finally:
-            writer.close()
-
-    async def main() -> None:
-        nonlocal loop
-        loop = asyncio.get_running_loop()
-        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
-
-
 class LatencySite(Site):
+    """``bench/latency_site.py``, run by the peers' Python (which has uvloop, so the server takes
+    as little of the shared CPU as it can)."""
+
     def __init__(self, pages: dict[str, bytes], workdir: Path, delay: float) -> None:
         port = free_port()
         self.log = workdir / "latency-access.log"
         self.url = f"http://127.0.0.1:{port}/"
-        ctx = multiprocessing.get_context("fork")
-        self.proc = ctx.Process(target=_serve_latency, args=(pages, port, delay, str(self.log)),
-                                daemon=True)
-        self.proc.start()
+        pages_file = workdir / "latency-pages.json"
+        pages_file.write_text(json.dumps({p: b.decode("latin-1") for p, b in pages.items()}))
+        self.proc = subprocess.Popen(
+            [str(PEERS / "bin" / "python"), str(ROOT / "bench" / "latency_site.py"),
+             "--port", str(port), "--delay", str(delay), "--pages", str(pages_file),
+             "--log", str(self.log)], start_new_session=True)
         wait_port(port)
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.join(10)
+        self.proc.wait(10)
 
 
 def wait_port(port: int, timeout: float = 20) -> None:
@@ -481,7 +445,9 @@ class Bench({base}):
 
 
 def ensure_peers() -> None:
-    if not (PEERS / "bin" / "scrapy").exists() or not (PEERS / "bin" / "py-spy").exists():
+    have = (PEERS / "bin" / "scrapy").exists() and (PEERS / "bin" / "py-spy").exists() and any(
+        PEERS.glob("lib/python*/site-packages/uvloop"))
+    if not have:
         print("installing the peers into bench/.venv-peers", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
         subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
@@ -1011,8 +977,7 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
     print(header, flush=True)
-    if any(o.startswith("scrapy") for o in only) or args.profile:  # --profile needs py-spy
-        ensure_peers()
+    ensure_peers()  # the latency site runs on their Python too
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     args.pages_map = site_pages(args.pages, args.page_bytes)
