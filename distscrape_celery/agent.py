@@ -279,7 +279,9 @@ class WorkerAgent:
                 except JobNotFound:  # being deleted
                     continue
                 if released:
-                    log.warning("job %s: gave back %d unfinished item(s)", job, released)
+                    log.warning("job %s: gave back %d unfinished item(s) (those it held, and "
+                                "the job's dispatched ones: any may be a message it never sent)",
+                                job, released)
             self.rt.tracker.deregister_worker(self.rt.worker_id)
         except Exception:
             log.exception("could not deregister worker %s", self.rt.worker_id)
