@@ -984,6 +984,14 @@ def main() -> int:
     parser.add_argument("--crawl-args", default="",
                         help="extra options for `distscrape crawl` (to compare settings)")
     args = parser.parse_args()
+    # A SIGTERM (`timeout`, `kill`) unwinds like Ctrl-C, so the sites, the workers and their
+    # Redis are stopped (finally blocks, atexit) instead of left running in their own sessions;
+    # a second one (`timeout` passes its own on) must not cut that clean-up short.
+    def terminate(*_) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminate)
     only = args.only.split(",")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
