@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 from celery import signals
@@ -105,6 +105,15 @@ def _snapshot(requests) -> list:
     return list(requests)
 
 
+def _merged(*by_job: dict[str, Iterable[tuple[str, int]]]) -> dict[str, set[tuple[str, int]]]:
+    """The union, job by job, of (item, token) pairs."""
+    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for pairs_by_job in by_job:
+        for job, pairs in pairs_by_job.items():
+            out[job].update(pairs)
+    return out
+
+
 def _save_pairs(request) -> list[tuple[str, int]]:
     """(item, token) of each save a save task's request carries: one for ``distscrape.save``
     (job, item, token, meta), several for ``distscrape.save_batch`` (job, [[item, token, meta]...])."""
@@ -140,9 +149,10 @@ class WorkerAgent:
         # way on every heartbeat (one of an older format, say) is logged once, not each time.
         self._failing: dict[str, str] = {}
         # The (item, token) of the save messages this worker has reserved, by job: as of the last
-        # heartbeat, and received since. A stop gives back every other save-pending item it
-        # holds at once (kept for a batch its processes never queued), and Celery has forgotten
-        # its reserved messages by then.
+        # heartbeat (written by the heartbeat thread only), and received since (by the consumer
+        # thread, under the lock). A stop gives back every other save-pending item it holds at
+        # once (kept for a batch its processes never queued); Celery has forgotten its reserved
+        # messages by then, and every message passed through task_received.
         self._saves_lock = threading.Lock()
         self._reserved_saves: dict[str, set[tuple[str, int]]] = {}
         self._received_saves: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -158,13 +168,11 @@ class WorkerAgent:
         Returns the seconds until dispatch can hand out more (None: not by time alone)."""
         tracker = self.rt.tracker
         tracker.heartbeat(self.rt.worker_id)
-        with self._saves_lock:
+        with self._saves_lock:  # before the snapshot, so nothing falls between the two
             received, self._received_saves = self._received_saves, defaultdict(set)
         held_items = self.held_items()
-        with self._saves_lock:
-            self._reserved_saves = {job: set(held.saves) for job, held in held_items.items()}
-            for job, pairs in received.items():
-                self._reserved_saves.setdefault(job, set()).update(pairs)
+        self._reserved_saves = _merged({job: held.saves for job, held in held_items.items()},
+                                       received)
         for job, held in held_items.items():
             tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
         pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
@@ -179,19 +187,6 @@ class WorkerAgent:
         """A save message for these (item, token) reached this worker (see ``_reserved_saves``)."""
         with self._saves_lock:
             self._received_saves[job].update(saves)
-
-    def _saves_to_return(self) -> dict[str, set[tuple[str, int]]]:
-        """The saves whose messages go back to the broker as this worker stops."""
-        with self._saves_lock:
-            out = {job: set(pairs) for job, pairs in self._reserved_saves.items()}
-            for job, pairs in self._received_saves.items():
-                out.setdefault(job, set()).update(pairs)
-        try:  # what Celery still lists (it may have let go of them already)
-            for job, held in self.held_items().items():
-                out.setdefault(job, set()).update(held.saves)
-        except Exception:
-            log.exception("could not list the reserved saves; those named before are returned")
-        return out
 
     def maintain_all(self) -> Optional[float]:
         """Maintain every active job; the soonest wake of any (see :meth:`tick`)."""
@@ -271,7 +266,8 @@ class WorkerAgent:
             # Whatever this worker still holds (its tasks were cut short, its pool processes'
             # unqueued save batches) goes back at once, rather than a lease or a save timeout
             # from now; its reserved save messages go back to the broker.
-            returning = self._saves_to_return()
+            with self._saves_lock:
+                returning = _merged(self._reserved_saves, self._received_saves)
             for job in self.rt.tracker.jobs():
                 try:
                     released = self.rt.tracker.release(job, self.rt.worker_id,

@@ -841,3 +841,23 @@ def test_a_job_deleted_and_made_again_sharded_gets_its_new_keys(redis_url):
     for item in items:
         assert lease(t, item, w)
     assert [t._item_keys("j", s)[18] for s in range(3)] == [JobKeys("j", s).active for s in range(3)]
+
+
+def test_release_of_a_sharded_job_returns_each_shards_reserved_saves(redis_url):
+    """release sends each shard's script the pairs of its own items, all in one call: an item it
+    is not told about is queued again, so a pair given to the wrong shard would cost a download."""
+    t = RedisTracker.from_url(redis_url, save_timeout=600)
+    t.create_job("j", SPEC, CrawlLimits(shards=3))
+    w = t.register_worker("host", 1, 16)
+    items = [f"http://h{i}.invalid/" for i in range(12)]
+    t.add("j", items)
+    tokens = {item: lease(t, item, w) for item in items}
+    for item in items:
+        t.scraped("j", item, tokens[item], keep_as=w)
+    claimed = items[::2]
+    assert len({t._shard_of("j", item) for item in claimed}) == 3
+    assert t.release("j", w, saves=[(item, tokens[item]) for item in claimed]) == 6
+    s = t.stats("j")
+    assert (s.saving, s.frontier) == (6, 6), s
+    for item in claimed:
+        assert t.begin_save("j", item, tokens[item], w, max_lost=LOST).status is SaveStart.OK

@@ -775,13 +775,17 @@ class RedisTracker(Tracker):
             dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
 
+    def _group_pairs(self, job: str, pairs: Sequence[tuple[str, int]]) -> dict[int, list[tuple[str, int]]]:
+        """``pairs`` (item, token) by the shard of their item."""
+        by_shard: dict[int, list[tuple[str, int]]] = {}
+        for item, token in pairs:
+            by_shard.setdefault(self._shard_of(job, item), []).append((item, int(token)))
+        return by_shard
+
     def _pairs_by_shard(self, job: str, pairs: Sequence[tuple[str, int]]) -> Iterator[tuple[int, list[Any]]]:
         """(shard, flat item, token, item, token... arguments) for ``pairs``, a script's worth at a
         time, shard by shard."""
-        by_shard: dict[int, list[tuple[str, int]]] = {}
-        for item, token in pairs:
-            by_shard.setdefault(self._shard_of(job, item), []).append((item, token))
-        for s, group in sorted(by_shard.items()):
+        for s, group in sorted(self._group_pairs(job, pairs).items()):
             for chunk in _chunks(group, MAX_ADD_BATCH // 2):
                 yield s, [x for item, token in chunk for x in (item, token)]
 
@@ -944,13 +948,13 @@ class RedisTracker(Tracker):
     def release(
         self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
     ) -> int:
-        by_shard: dict[int, list[Any]] = {}
-        for item, token in saves:
-            by_shard.setdefault(self._shard_of(job, item), []).extend((item, int(token)))
-        # One call per shard: an item the call is not told about is taken to have no message.
-        return sum(int(self._run("release", job,
-                                 [worker_id or "", self.save_timeout, *by_shard.get(s, [])], s))
-                   for s in range(self._shards(job)))
+        by_shard = self._group_pairs(job, saves)
+        # One call per shard with all its pairs (not chunked): an item the call is not told
+        # about is taken to have no message.
+        return sum(
+            int(self._run("release", job, [worker_id or "", self.save_timeout,
+                                           *(x for pair in by_shard.get(s, ()) for x in pair)], s))
+            for s in range(self._shards(job)))
 
     @_converts_redis_errors
     def stats(self, job: str) -> JobStats:

@@ -28,7 +28,7 @@ if worker ~= '' then
       if returning[item] == token then
         redis.call('ZADD', K_PENDING, later, item)
         redis.call('HSET', K_OWNERS, item, '- ' .. token)
-      else
+      else  -- a pending item always has its state: 's' .. depth
         local _, depth = split_state(redis.call('HGET', K_ITEMS, item))
         requeue(item, 's', depth, true)
         n = n + 1
