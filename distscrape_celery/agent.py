@@ -18,7 +18,9 @@ import functools
 import gc
 import logging
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -314,12 +316,29 @@ def _on_worker_init(sender, **_):
     # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
     # still exits through the interpreter, so give back what we hold there too.
     atexit.register(_agent.stop)
+    _exit_on_stop_signals()
     tracker = rt.tracker
     if isinstance(tracker, RedisTracker):
         # WARNING, Celery's default level for workers: an operator starting a worker sees where
         # it went whatever the log level (the URL's password is redacted).
         log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
         redis_checks.warn_about(tracker.client, tracker.url)
+
+
+def _exit_on_stop_signals() -> None:
+    """Until Celery installs its own handlers (in its start, after its banner), a stop signal
+    would end the registered worker at once, by the signal's default action: no exit handlers,
+    so it would stay listed as alive until its heartbeat ran out. Exit through the interpreter
+    instead, so ``atexit`` deregisters it. Celery replaces these before the pool starts."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("stopped by %s before the worker was ready", signal.Signals(signum).name)
+        sys.exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, stop)
 
 
 def freeze_startup_objects() -> None:

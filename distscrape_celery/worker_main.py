@@ -21,6 +21,7 @@ them sees one process that exits when the workers do, with the first failing wor
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import os
 import platform
@@ -173,10 +174,14 @@ def run_forked(args: argparse.Namespace) -> int:
             code = 1
             try:
                 code = run_worker(args, forked_name(args.hostname, index), concurrency)
+            except SystemExit as exc:  # a stop signal before Celery's own handlers (agent)
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
             except BaseException:
                 traceback.print_exc()
             finally:
-                # Never back into the supervisor's loop; exit as a worker would.
+                # Never back into the supervisor's loop; exit as a worker would, through its
+                # exit handlers (the agent's gives back what it holds and deregisters).
+                atexit._run_exitfuncs()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)

@@ -63,14 +63,14 @@ def test_the_options_are_celery_workers_own():
 
 
 @contextlib.contextmanager
-def forked(redis_url: str, tmp_path, forks: list[int]):
+def forked(redis_url: str, tmp_path, forks: list[int], include: str = "plugins.loaded_modules"):
     """``worker_main --forks FORKS`` on ``redis_url``, once every worker has registered: (its
     WorkerProcess, the tracker, the forked workers' pids). Stopped on the way out."""
     settings = Settings(redis_url=redis_url)
     tracker = RedisTracker.from_settings(settings)
     worker = WorkerProcess(
         settings, name="forked", pool="threads", loglevel="INFO", log_dir=str(tmp_path),
-        forks=forks, extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"],
+        forks=forks, extra_env={"PYTHONPATH": plugins_path()}, include=[include],
     ).start()
     try:
         wait_for_workers(tracker, len(forks), procs=[worker])
@@ -146,12 +146,48 @@ def test_killing_a_forked_worker_process_kills_every_worker(redis_url, tmp_path)
 
 def test_forked_workers_shut_down_when_their_supervisor_is_killed(redis_url, tmp_path):
     with forked(redis_url, tmp_path, [1, 1]) as (worker, tracker, pids):
+        # Ready: Celery's own handlers make the stop a warm shutdown (before, see the next test).
+        for n in (1, 2):
+            wait_for_line(worker, re.escape(f"forked-{n}@{socket.gethostname()} ready."))
         os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor alone
         worker.proc.wait(30)
         _wait_gone(pids)
         # A warm shutdown (SIGTERM), not a kill: each deregistered itself.
         assert not [w for w in tracker.workers() if w.alive]
         assert worker.log_tail(100_000).count("worker: Warm shutdown") == 2, worker.log_tail()
+
+
+def test_a_worker_stopped_before_it_is_ready_deregisters(redis_url, tmp_path):
+    """A worker registers in worker_init; Celery installs its stop handlers later in its start.
+    A stop signal in between used to end it by the signal's default action, with no exit
+    handlers: it stayed listed as alive until its heartbeat ran out (seen in CI, 1 run of ~10,
+    when a supervisor was killed while its workers started)."""
+    settings = Settings(redis_url=redis_url)
+    tracker = RedisTracker.from_settings(settings)
+    worker = WorkerProcess(
+        settings, name="early", pool="threads", concurrency=1, log_dir=str(tmp_path),
+        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.slow_start"],
+    ).start()
+    try:
+        wait_for_workers(tracker, 1, procs=[worker])
+        wait_for_line(worker, "slow start: pausing")  # registered, Celery's handlers not yet in
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0  # well before the plugin's 60 s pause ends
+        assert not [w for w in tracker.workers() if w.alive]
+        assert "stopped by SIGTERM before the worker was ready" in worker.log_tail(100_000)
+    finally:
+        worker.stop(timeout=5)
+
+
+def test_forked_workers_stopped_before_they_are_ready_deregister(redis_url, tmp_path):
+    with forked(redis_url, tmp_path, [1, 1], include="plugins.slow_start") as (
+            worker, tracker, pids):
+        wait_for_line(worker, "slow start: pausing(.|\n)*slow start: pausing")
+        os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor: each worker gets a SIGTERM
+        worker.proc.wait(30)
+        _wait_gone(pids)
+        assert not [w for w in tracker.workers() if w.alive]
+        assert worker.log_tail(100_000).count("before the worker was ready") == 2
 
 
 @pytest.mark.parametrize("argv, message", [
