@@ -106,6 +106,12 @@ def own_cpu(pid: int) -> float:
     return 0.0 if st is None else (int(st[11]) + int(st[12])) / CLK_TCK
 
 
+def own_system_cpu(pid: int) -> float:
+    """sys of ``pid`` alone: the kernel's share of :func:`own_cpu`."""
+    st = _proc_stat(pid)
+    return 0.0 if st is None else int(st[12]) / CLK_TCK
+
+
 def group_cpu(pgids: list[int]) -> float:
     return sum(cpu_seconds(group_pids(g)) for g in pgids)
 

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from bench_crawl import children_of, own_cpu  # noqa: E402
+from bench_crawl import children_of, own_cpu, own_system_cpu  # noqa: E402
 from sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
@@ -682,6 +682,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     def worker_cpu() -> float:  # from /proc: the workers' own CPU so far
         return sum(own_cpu(pid) for pid in worker_pids())
 
+    def worker_system_cpu() -> float:  # the kernel's part of it
+        return sum(own_system_cpu(pid) for pid in worker_pids())
+
     spies = []
     if profile_dir:
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
@@ -692,7 +695,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid in worker_pids()]
         time.sleep(0.5)
     switches_before = context_switches(worker_pids())
-    cpu_before = worker_cpu()
+    cpu_before, system_before = worker_cpu(), worker_system_cpu()
     ticks = [(time.time(), cpu_ticks())]  # sampled as the crawl goes, for its idle time
     limit = ["--max-pages", str(max_pages)] if max_pages else []
     seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
@@ -713,7 +716,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
             occupancy.add(stats)
         time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
-    crawl_cpu = worker_cpu() - cpu_before
+    crawl_cpu, crawl_system = worker_cpu() - cpu_before, worker_system_cpu() - system_before
     for spy in spies:
         spy.send_signal(signal.SIGINT)
     for spy in spies:
@@ -755,7 +758,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
-        r.note += f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
+        r.note += (f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
+                   f" ({1000 * crawl_system / r.pages:.2f} in the kernel)")
         # Between the samples inside the site's first and last page: not the seed's start-up
         # or the wait for the last saves, which idle the machine whatever the workers do.
         hits = [t for t, path in site.requests_since(mark[0]) if path != "/robots.txt"]
