@@ -237,6 +237,7 @@ class Result:
     redis_cpu: float = 0.0
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     middle: float = 0.0  # pages/s between the first and the last 5 % of the pages
+    busiest: float = 0.0  # workers: the busiest worker process's share of a core, seed to finish
     # From the site's log: how long the first and last 5 % of the pages took and the rate in
     # between, and (the latency site) how late its answers left, median and 90th percentile.
     timeline: str = ""
@@ -696,6 +697,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.5)
     switches_before = context_switches(worker_pids())
     cpu_before, system_before = worker_cpu(), worker_system_cpu()
+    each_before, seeded = {pid: own_cpu(pid) for pid in worker_pids()}, time.monotonic()
     ticks = [(time.time(), cpu_ticks())]  # sampled as the crawl goes, for its idle time
     limit = ["--max-pages", str(max_pages)] if max_pages else []
     seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
@@ -717,6 +719,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
     crawl_cpu, crawl_system = worker_cpu() - cpu_before, worker_system_cpu() - system_before
+    busiest = max((own_cpu(pid) - cpu for pid, cpu in each_before.items()), default=0.0) / max(
+        time.monotonic() - seeded, 1e-9)
     for spy in spies:
         spy.send_signal(signal.SIGINT)
     for spy in spies:
@@ -753,13 +757,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     readme = (groups == [(workers, README_WORKER_ARGS)] and not worker_env and launch == "multi")
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
-               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads,
+               cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, busiest=busiest,
                ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
         r.note += (f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
-                   f" ({1000 * crawl_system / r.pages:.2f} in the kernel)")
+                   f" ({1000 * crawl_system / r.pages:.2f} in the kernel), the busiest process"
+                   f" {busiest:.2f} of a core")
         # Between the samples inside the site's first and last page: not the seed's start-up
         # or the wait for the last saves, which idle the machine whatever the workers do.
         hits = [t for t, path in site.requests_since(mark[0]) if path != "/robots.txt"]
@@ -951,6 +956,14 @@ def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
         met = sum(1 for x in got if x >= least)
         lines.append(f"| {label} | {least:.2f} | {cells} | {statistics.median(got):.2f} | "
                      f"{met} of {len(got)} |")
+    alone = [r.busiest for results, _ in rounds for r in results
+             if (r.kind, r.site) == ("scale-1", "latency") and r.busiest]
+    if alone:
+        # A worker process's threads share one GIL: near a whole core, one worker is held by it,
+        # and on a machine of 2 cores the 1 -> 2 ratio then measures what the second worker,
+        # Redis and the site find left of them, not the crawler (bench/RESULTS.md, stop 29).
+        lines.append("\nscale-out: the 1-worker crawl's process used "
+                     + " / ".join(f"{x:.2f}" for x in alone) + f" of a core ({os.cpu_count()} here)")
     return "\n".join(lines)
 
 
