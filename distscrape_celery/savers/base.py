@@ -34,11 +34,11 @@ class ItemSaver(ABC):
         saving the same item twice leaves one copy. Raises :class:`SaveError` on failure."""
 
     def commits_groups(self) -> bool:
-        """Whether :meth:`save_many` makes its entries durable together (a group commit). Only
-        then does a save batch hand its items to ``save_many`` and mark them done after the
-        whole group; else each is saved and marked done in turn, so that a save that kills its
-        process costs the items before it no second write (an archive saver would append them
-        twice)."""
+        """Whether a save batch may hand its items to :meth:`save_many` and mark them done after
+        the whole group, in one tracker round trip: a saver that makes a group durable at once,
+        or one for which storing an item twice costs no more than a rewrite. Else each is saved
+        and marked done in turn, so that a save that kills its process costs the items before it
+        no second write (an archive saver would append them twice)."""
         return False
 
     def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:

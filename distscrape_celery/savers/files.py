@@ -136,10 +136,13 @@ class FileItemSaver(ItemSaver):
         return str(target)
 
     def commits_groups(self) -> bool:
-        """True with ``fsync`` and ``group_commit``, where the C library has ``syncfs``, unless
-        a subclass overrides :meth:`save` (its ``save`` is then called for each item)."""
-        return (self.fsync and self.group_commit and _syncfs is not None
-                and type(self).save is FileItemSaver.save)
+        """True without ``fsync`` (nothing to flush: a batch's items are stored one after another
+        and marked done together), and with ``fsync`` and ``group_commit`` where the C library has
+        ``syncfs``; never when a subclass overrides :meth:`save` (its ``save`` is then called for
+        each item). Without it, each item of a batch costs the tracker a round trip of its own."""
+        if type(self).save is not FileItemSaver.save:
+            return False
+        return not self.fsync or (self.group_commit and _syncfs is not None)
 
     def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
         """Save ``entries`` as :meth:`save` would, made durable together (group commit): every
@@ -148,8 +151,9 @@ class FileItemSaver(ItemSaver):
         for the group instead of two per item; as with :meth:`save`, no file is ever replaced by
         a part, and nothing counts as saved before it is on disk.
 
-        One at a time instead where :meth:`commits_groups` says no."""
-        if len(entries) < 2 or not self.commits_groups():
+        One at a time instead where :meth:`commits_groups` says no, and without ``fsync``,
+        which has no flush to share."""
+        if len(entries) < 2 or not self.fsync or not self.commits_groups():
             return super().save_many(entries)
         out: list[Union[str, Exception, None]] = [None] * len(entries)
         try:
