@@ -99,3 +99,42 @@ def test_crawl_into_a_separate_redis_through_real_workers(redis_url, output_redi
         assert float(h[b"fetched_at"]) > 0
     # Nothing of the output went to the tracker's Redis.
     assert redis.Redis.from_url(redis_url).keys("site:*") == []
+
+
+def test_a_batch_is_written_in_one_transaction_per_group_and_errors_name_their_entries(
+        output_redis, monkeypatch):
+    """Found measuring issue 9: a save batch going to the Redis saver cost two round trips a page
+    (its write, and marking it done); now one transaction per group of pages, and the pages are
+    marked done together."""
+    from distscrape_celery.savers import redis as redis_saver
+
+    client = redis.Redis.from_url(output_redis)
+    client.flushdb()
+    saver = RedisItemSaver(output_redis, "b:{sha1}", job="j")
+    saver.open()
+    assert saver.commits_groups()
+    monkeypatch.setattr(redis_saver, "GROUP_BYTES", 10)
+    items = [f"http://127.0.0.1:9/{i}" for i in range(5)]
+    bodies = [b"1234", b"5678", b"abcdefghijk", b"x", b"y"]  # groups: [0, 1, 2], [3, 4]
+    executed = []
+    real_pipeline = saver._client.pipeline
+
+    def pipeline(*args, **kwargs):
+        pipe = real_pipeline(*args, **kwargs)
+        real_execute = pipe.execute
+        pipe.execute = lambda *a, **k: (executed.append(len(pipe.command_stack)), real_execute(*a, **k))[1]
+        return pipe
+
+    monkeypatch.setattr(saver._client, "pipeline", pipeline)
+    got = saver.save_many([(i, Download(i, 200, "text/html", b)) for i, b in zip(items, bodies)])
+    assert got == [f"b:{sha1(i)}" for i in items]
+    assert executed == [6, 4]  # DEL + HSET per page, one transaction per group
+    assert [client.hget(f"b:{sha1(i)}", "body") for i in items] == bodies
+    # A group that Redis refuses fails as a whole, each of its entries with the error.
+    client.config_set("maxmemory", 1)
+    try:
+        got = saver.save_many([(i, Download(i, 200, "text/html", b"z" * 4)) for i in items[:2]])
+    finally:
+        client.config_set("maxmemory", 0)
+    assert all(isinstance(r, SaveError) and "cannot save a group of 2 item(s)" in str(r) for r in got), got
+    saver.close()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import string
-from typing import Optional
+from collections.abc import Sequence
+from typing import Optional, Union
 from urllib.parse import urlsplit
 
 import redis
@@ -16,6 +17,9 @@ from ..settings import redact
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")
+# Bodies of at most about this many bytes go to the output Redis in one transaction: a batch of
+# large pages is not one request of hundreds of MB.
+GROUP_BYTES = 16 * 1024 * 1024
 
 
 class RedisItemSaver(ItemSaver):
@@ -64,23 +68,51 @@ class RedisItemSaver(ItemSaver):
 
     def save(self, item: str, download: Download) -> str:
         """Write the item's hash (and its TTL) in one transaction; return its key."""
+        [key] = self._write([(item, download)], what=repr(item))
+        return key
+
+    def commits_groups(self) -> bool:
+        """A batch's items are written in one transaction (a rewrite of a hash costs no more
+        than its first write), so they are marked done together too."""
+        return type(self).save is RedisItemSaver.save
+
+    def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
+        """The entries' hashes in one transaction (one round trip) per GROUP_BYTES of bodies:
+        each group is written whole or not at all."""
+        out: list[Union[str, Exception]] = []
+        start, size = 0, 0
+        for end, (_, download) in enumerate(entries, 1):
+            size += len(download.body)
+            if size >= GROUP_BYTES or end == len(entries):
+                group = entries[start:end]
+                try:
+                    out.extend(self._write(group, what=f"a group of {len(group)} item(s)"))
+                except SaveError as exc:
+                    out.extend([exc] * len(group))
+                start, size = end, 0
+        return out
+
+    def _write(self, entries: Sequence[tuple[str, Download]], what: str) -> list[str]:
         if self._client is None:
             self.open()
-        key = self.key_for(item)
+        keys = []
         pipe = self._client.pipeline(transaction=True)
-        pipe.delete(key)  # a re-save replaces the hash whole, never merges into it
-        pipe.hset(key, mapping={
-            "body": download.body, "item": item, "url": download.url,
-            "status": download.status, "content_type": download.content_type,
-            "fetched_at": repr(download.fetched_at),
-        })
-        if self.ttl_ms:
-            pipe.pexpire(key, self.ttl_ms)
+        for item, download in entries:
+            key = self.key_for(item)
+            keys.append(key)
+            pipe.delete(key)  # a re-save replaces the hash whole, never merges into it
+            pipe.hset(key, mapping={
+                "body": download.body, "item": item, "url": download.url,
+                "status": download.status, "content_type": download.content_type,
+                "fetched_at": repr(download.fetched_at),
+            })
+            if self.ttl_ms:
+                pipe.pexpire(key, self.ttl_ms)
         try:
             pipe.execute()
         except redis.RedisError as exc:
-            raise SaveError(f"cannot save {item!r} to {redact(self.url)}: {exc}") from exc
-        return key
+            raise SaveError(f"cannot save {what} to {redact(self.url)}: {exc}") from exc
+        return keys
 
 
 def _check_scheme(scheme: str) -> None:
