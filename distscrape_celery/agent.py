@@ -27,11 +27,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
+import redis
 from celery import signals
 
 from . import redis_checks
 from .errors import JobNotFound, TrackerUnavailable
 from .events import job_finished
+from .lost_saves import LostSaves, is_redis_broker
 from .runtime import Runtime
 from .tracker import RedisTracker
 
@@ -147,6 +149,7 @@ class WorkerAgent:
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
         self._ticks = 0
+        self._lost_saves: Optional[LostSaves] = None  # see _expire_lost_saves
         # Jobs whose maintenance failed, with the failure last logged: a job that fails the same
         # way on every heartbeat (one of an older format, say) is logged once, not each time.
         self._failing: dict[str, str] = {}
@@ -183,7 +186,31 @@ class WorkerAgent:
         self._ticks += 1
         if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
             log.warning("listed again job(s) with unfinished work that were not maintained")
+        self._expire_lost_saves()
         return self.maintain_all()
+
+    def _expire_lost_saves(self) -> None:
+        """Items whose save message a dead worker took from the Redis broker wait a lease, not the
+        save timeout (see :mod:`.lost_saves`); the maintenance that follows reclaims them."""
+        settings = self.rt.settings
+        if not isinstance(self.rt.tracker, RedisTracker) or not is_redis_broker(
+                settings.effective_broker_url):
+            return  # another broker's queue cannot be read: they wait out the save timeout
+        if self._lost_saves is None:
+            tracker = self.rt.tracker
+            broker = (tracker.client if settings.effective_broker_url == tracker.url
+                      and not tracker.cluster else redis.Redis.from_url(
+                          settings.effective_broker_url, socket_timeout=30,
+                          socket_connect_timeout=10))
+            self._lost_saves = LostSaves(tracker, broker, settings.save_queue,
+                                         age=settings.lease_seconds)
+        jobs = self.rt.tracker.active_jobs()
+        self._lost_saves.forget_others(jobs)
+        for job in jobs:
+            try:
+                self._lost_saves.check(job)
+            except Exception as exc:  # the save timeout still applies
+                log.warning("job %s: could not look for lost save messages: %s", job, exc)
 
     def note_received_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> None:
         """A save message for these (item, token) reached this worker (see ``_reserved_saves``)."""

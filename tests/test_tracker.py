@@ -861,3 +861,29 @@ def test_release_of_a_sharded_job_returns_each_shards_reserved_saves(redis_url):
     assert (s.saving, s.frontier) == (6, 6), s
     for item in claimed:
         assert t.begin_save("j", item, tokens[item], w, max_lost=LOST).status is SaveStart.OK
+
+
+def test_unclaimed_saves_are_listed_after_their_age_and_only_they_expire(tracker_factory):
+    """A save message a worker took from the broker and died with (ack emulation off) leaves its
+    items handed over ("- token") and in no queue. ``unclaimed_saves`` lists the handed-over items
+    no worker has taken over, once old enough; ``expire_saves`` ends their wait now, so the next
+    maintain reclaims them as lost, not after the save timeout. Only still unclaimed pairs."""
+    t = tracker_factory(save_timeout=600)
+    w = new_job(t, concurrency=4)
+    t.add("j", ["lost", "claimed", "kept"])
+    tokens = {i: lease(t, i, w) for i in ("lost", "claimed", "kept")}
+    for item, token in tokens.items():
+        assert t.scraped("j", item, token, body=b"x", keep_as=w).held
+    assert t.handoff("j", w, [("lost", tokens["lost"]), ("claimed", tokens["claimed"])]) == 2
+    assert t.unclaimed_saves("j", age=60) == []  # handed over just now
+    time.sleep(0.3)
+    assert sorted(t.unclaimed_saves("j", age=0.2)) == [("claimed", tokens["claimed"]),
+                                                       ("lost", tokens["lost"])]
+    assert t.extend("j", [], "w9", [("claimed", tokens["claimed"])], []) == 1  # taken over
+    assert t.unclaimed_saves("j", age=0.2) == [("lost", tokens["lost"])]
+    assert t.expire_saves("j", [("lost", tokens["lost"] + 1), ("claimed", tokens["claimed"]),
+                                ("kept", tokens["kept"])]) == 0  # stale token, claimed, kept
+    assert t.expire_saves("j", [("lost", tokens["lost"])]) == 1
+    res = t.maintain("j", max_lost=LOST)
+    assert res.reclaimed == 1 and t.stats("j").saving == 2
+    assert t.checkout("j", "lost", w, max_lost=LOST).status is LeaseStatus.OK

@@ -510,6 +510,18 @@ class Tracker(ABC):
         Pairs that are no longer ``worker_id``'s are left alone. Returns how many were handed."""
 
     @abstractmethod
+    def unclaimed_saves(self, job: str, age: float, limit: int = 1000) -> list[tuple[str, int]]:
+        """Up to ``limit`` (item, token) of items handed to the broker (:meth:`handoff`) at least
+        ``age`` seconds ago that no worker has taken over since: their save messages wait in the
+        broker, or left it with a worker that died before it could take them over."""
+
+    @abstractmethod
+    def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
+        """These (item, token) have no save message left (it is in no broker queue): end their
+        wait now, so the next :meth:`maintain` reclaims them as lost rather than after
+        ``save_timeout``. Items taken over or saved meanwhile are left alone. Returns how many."""
+
+    @abstractmethod
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         """Start saving ``item`` under a lease. A save of the same token that was already running
         vanished with its process: that counts against ``max_lost``. Reads the body staged for

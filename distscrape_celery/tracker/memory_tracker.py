@@ -512,6 +512,29 @@ class InMemoryTracker(Tracker):
                     n += 1
             return n
 
+    def unclaimed_saves(self, job: str, age: float, limit: int = 1000) -> list[tuple[str, int]]:
+        with self._lock:
+            j = self._job(job)
+            before = self._clock() + self.save_timeout - age
+            out = []
+            for item, deadline in sorted(j.pending.items(), key=lambda kv: kv[1]):
+                if deadline > before or len(out) >= limit:
+                    break
+                who, token = j.owners.get(item, (None, None))
+                if j.state.get(item) == SAVE_PENDING and who == "-":
+                    out.append((item, token))
+            return out
+
+    def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
+        with self._lock:
+            j = self._job(job)
+            now, n = self._clock(), 0
+            for item, token in saves:
+                if j.state.get(item) == SAVE_PENDING and j.owners.get(item) == ("-", int(token)):
+                    j.pending[item] = now
+                    n += 1
+            return n
+
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         with self._lock:
             j = self._job(job)

@@ -91,7 +91,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
-    "maintain", "release", "retry_dead", "control", "handoff",
+    "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
 )
 # Keys (or hash fields, set members) removed per command when a job is deleted: each command
 # stays short, so Redis keeps answering others meanwhile.
@@ -943,6 +943,19 @@ class RedisTracker(Tracker):
         return MaintainResult(
             dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
         )
+
+    @_converts_redis_errors
+    def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for s in range(self._shards(job)):
+            flat = self._run("unclaimed_saves", job, [age, self.save_timeout, limit], s)
+            out += [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return out
+
+    @_converts_redis_errors
+    def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("expire_saves", job, pairs, s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
 
     @_converts_redis_errors
     def release(
