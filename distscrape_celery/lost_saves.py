@@ -3,9 +3,10 @@ over (ack emulation off: README, "Ack emulation is off by default").
 
 Such an item is save pending with no holder ("- <token>") and its message is in no queue. The
 broker holds few messages (the tracker's dispatch bound), so a live worker reads the save queue
-and ends the wait of the items whose message is not there: they are reclaimed a lease after
-their hand-over instead of after the save timeout. A message taken between the two reads costs
-at most one download again (its late save finds the lease stale).
+and ends the wait of the items whose message is not there at two checks in a row: they are
+reclaimed about a lease after their hand-over instead of after the save timeout. A live worker
+that took the message and could not take its items over for a whole heartbeat costs its page one
+download again (its late save finds the lease stale); nothing is lost either way.
 """
 
 from __future__ import annotations
