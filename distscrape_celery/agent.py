@@ -33,7 +33,7 @@ from celery import signals
 from . import redis_checks
 from .errors import JobNotFound, TrackerUnavailable
 from .events import job_finished
-from .lost_saves import LostSaves, is_redis_broker
+from .lost_saves import LostSaves
 from .runtime import Runtime
 from .tracker import RedisTracker
 
@@ -67,7 +67,7 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
     later; the hung run's fencing token is then stale)."""
     from celery.worker import state
 
-    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
+    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 
     held: dict[str, Held] = defaultdict(Held)
     active = set(_snapshot(state.active_requests))
@@ -85,7 +85,7 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
             if request.name == SCRAPE_TASK:
                 saves = []
             elif request.name in (SAVE_TASK, SAVE_BATCH_TASK):
-                saves = _save_pairs(request)
+                saves = save_pairs(request.name, request.args)
             else:
                 continue
             job = request.args[0]
@@ -116,16 +116,6 @@ def _merged(*by_job: dict[str, Iterable[tuple[str, int]]]) -> dict[str, set[tupl
         for job, pairs in pairs_by_job.items():
             out[job].update(pairs)
     return out
-
-
-def _save_pairs(request) -> list[tuple[str, int]]:
-    """(item, token) of each save a save task's request carries: one for ``distscrape.save``
-    (job, item, token, meta), several for ``distscrape.save_batch`` (job, [[item, token, meta]...])."""
-    from .celery_app import SAVE_BATCH_TASK
-
-    if request.name == SAVE_BATCH_TASK:
-        return [(item, int(token)) for item, token, _ in request.args[1]]
-    return [(request.args[1], int(request.args[2]))]
 
 
 class WorkerAgent:
@@ -186,15 +176,15 @@ class WorkerAgent:
         self._ticks += 1
         if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
             log.warning("listed again job(s) with unfinished work that were not maintained")
-        self._expire_lost_saves()
-        return self.maintain_all()
+        jobs = tracker.active_jobs()
+        self._expire_lost_saves(jobs)
+        return self.maintain_all(jobs)
 
-    def _expire_lost_saves(self) -> None:
+    def _expire_lost_saves(self, jobs: list[str]) -> None:
         """Items whose save message a dead worker took from the Redis broker wait a lease, not the
         save timeout (see :mod:`.lost_saves`); the maintenance that follows reclaims them."""
         settings = self.rt.settings
-        if not isinstance(self.rt.tracker, RedisTracker) or not is_redis_broker(
-                settings.effective_broker_url):
+        if not isinstance(self.rt.tracker, RedisTracker) or not settings.broker_is_redis:
             return  # another broker's queue cannot be read: they wait out the save timeout
         if self._lost_saves is None:
             tracker = self.rt.tracker
@@ -204,7 +194,6 @@ class WorkerAgent:
                           socket_connect_timeout=10))
             self._lost_saves = LostSaves(tracker, broker, settings.save_queue,
                                          age=settings.lease_seconds)
-        jobs = self.rt.tracker.active_jobs()
         self._lost_saves.forget_others(jobs)
         for job in jobs:
             try:
@@ -217,10 +206,11 @@ class WorkerAgent:
         with self._saves_lock:
             self._received_saves[job].update(saves)
 
-    def maintain_all(self) -> Optional[float]:
-        """Maintain every active job; the soonest wake of any (see :meth:`tick`)."""
+    def maintain_all(self, jobs: Optional[list[str]] = None) -> Optional[float]:
+        """Maintain every active job (``jobs``, if the caller has just listed them); the soonest
+        wake of any (see :meth:`tick`)."""
         wake: Optional[float] = None
-        for job in self.rt.tracker.active_jobs():
+        for job in self.rt.tracker.active_jobs() if jobs is None else jobs:
             try:
                 w = self._maintain(job)
             except Exception as exc:  # one broken job must not stop recovery of the others
@@ -408,7 +398,7 @@ def _on_task_received(request, **_):
     pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
     if _agent is None:
         return
-    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK
+    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
 
     if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
         return
@@ -419,7 +409,7 @@ def _on_task_received(request, **_):
         # keep the items until then, so they wait for the message under the save timeout.
         return
     try:
-        saves = _save_pairs(request)
+        saves = save_pairs(request.name, request.args)
         _agent.note_received_saves(request.args[0], saves)
         _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
     except Exception as exc:  # the next heartbeat claims them instead

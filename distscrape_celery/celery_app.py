@@ -23,6 +23,14 @@ SAVE_TASK = "distscrape.save"
 SAVE_BATCH_TASK = "distscrape.save_batch"
 
 
+def save_pairs(task: str, args: Any) -> list[tuple[str, int]]:
+    """(item, token) of each save a save task's arguments carry: one for SAVE_TASK (job, item,
+    token, meta), several for SAVE_BATCH_TASK (job, [[item, token, meta], ...])."""
+    if task == SAVE_BATCH_TASK:
+        return [(item, int(token)) for item, token, _ in args[1]]
+    return [(args[1], int(args[2]))]
+
+
 # The Redis transport's BRPOP timeout (see broker_transport_options).
 BRPOP_SECONDS = 0.25
 

@@ -14,7 +14,7 @@ from pydantic import (
 
 from .errors import ConfigError
 from .keys import NO_DOMAIN, domain_of
-from .settings import format_validation_error
+from .settings import format_validation_error, is_redis_url
 from .tracker.base import CrawlLimits, DomainLimits
 from .urls import DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, normalize_url
 
@@ -220,7 +220,6 @@ def _label(info: ValidationInfo, field: str, default: Optional[str] = None) -> s
 
 
 # The built-in savers by what their output looks like; anything else is a directory (files).
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 TAR_EXTENSIONS = (".tar", ".tar.gz", ".tar.bz2")
 WARC_EXTENSIONS = (".warc.gz",)
 
@@ -228,7 +227,7 @@ WARC_EXTENSIONS = (".warc.gz",)
 def saver_kind_for(output: str) -> str:
     """The built-in saver an output names: a Redis URL -> redis, a .tar/.tar.gz/.tar.bz2 name ->
     tar, a .warc.gz name -> warc, anything else (a directory) -> files."""
-    if output.lower().startswith(_REDIS_SCHEMES):
+    if is_redis_url(output):
         return "redis"
     if output.endswith(TAR_EXTENSIONS):
         return "tar"

@@ -15,54 +15,39 @@ import base64
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
-from urllib.parse import urlsplit
 
 import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from .tracker import Tracker
 
 log = logging.getLogger(__name__)
 
-# kombu's Redis transport: a message of priority p > 0 waits in the list "<queue>\x06\x16<p>".
-PRIORITY_SEP = "\x06\x16"
-PRIORITY_STEPS = (0, 3, 6, 9)
-
-
-def is_redis_broker(url: str) -> bool:
-    return urlsplit(url).scheme in ("redis", "rediss", "unix")
-
 
 def queued_saves(client: redis.Redis, queue: str) -> set[tuple[str, str, int]]:
-    """(job, item, token) of every save in the messages waiting in the Redis broker's ``queue``.
-    A message that is not one of our save tasks, or cannot be read, is skipped."""
-    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK  # the app imports the agent, which imports us
+    """(job, item, token) of every save in the messages waiting in the Redis broker's ``queue``
+    (kombu keeps a message of priority p > 0 in the list "<queue><sep><p>"). A message that is
+    not one of our save tasks, or cannot be read, is skipped."""
+    from .celery_app import SAVE_BATCH_TASK, SAVE_TASK, save_pairs  # it imports the agent, us
 
-    names = [queue if p == 0 else f"{queue}{PRIORITY_SEP}{p}" for p in PRIORITY_STEPS]
     pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.lrange(name, 0, -1)
+    for p in PRIORITY_STEPS:
+        pipe.lrange(f"{queue}{Channel.sep}{p}" if p else queue, 0, -1)
     out: set[tuple[str, str, int]] = set()
     for raw in (m for messages in pipe.execute() for m in messages):
         try:
-            out.update(_saves_of(json.loads(raw), SAVE_TASK, SAVE_BATCH_TASK))
+            message = json.loads(raw)
+            task = message["headers"]["task"]
+            if task not in (SAVE_TASK, SAVE_BATCH_TASK):
+                continue
+            body = message["body"]
+            if message.get("properties", {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args = json.loads(body)[0]
+            out.update((args[0], item, token) for item, token in save_pairs(task, args))
         except (ValueError, TypeError, KeyError, IndexError):
             continue
     return out
-
-
-def _saves_of(message: dict[str, Any], save: str, batch: str) -> Iterable[tuple[str, str, int]]:
-    task = message["headers"]["task"]
-    if task not in (save, batch):
-        return ()
-    body = message["body"]
-    if message.get("properties", {}).get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    args = json.loads(body)[0]
-    if task == save:
-        job, item, token = args[0], args[1], args[2]
-        return [(job, item, int(token))]
-    return [(args[0], entry[0], int(entry[1])) for entry in args[1]]
 
 
 class LostSaves:

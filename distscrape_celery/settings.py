@@ -177,7 +177,7 @@ class Settings(BaseModel):
         if value is None:
             return value
         scheme = value.split("://", 1)[0].lower() if "://" in value else ""
-        if scheme in ("redis", "rediss", "unix"):
+        if scheme in REDIS_SCHEMES:
             return check_redis_url(value)
         if not scheme:
             raise ValueError(f"{redact(value)!r} is not a URL (expected e.g. redis://host:6379/0)")
@@ -197,6 +197,10 @@ class Settings(BaseModel):
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    @property
+    def broker_is_redis(self) -> bool:
+        return is_redis_url(self.effective_broker_url)
 
     @property
     def scrape_queue(self) -> str:
@@ -299,6 +303,14 @@ def redact(url: str) -> str:
     if not at or ":" not in user:
         return url
     return f"{scheme}://{user.split(':', 1)[0]}:***@{host}{slash}{tail}"
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether ``url`` names a Redis (its scheme; see :func:`check_redis_url` for the rest)."""
+    return url.split("://", 1)[0].lower() in REDIS_SCHEMES if "://" in url else False
 
 
 def check_redis_url(url: str) -> str:

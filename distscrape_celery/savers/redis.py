@@ -6,14 +6,13 @@ import hashlib
 import string
 from collections.abc import Sequence
 from typing import Optional, Union
-from urllib.parse import urlsplit
 
 import redis
 
 from ..errors import ConfigError, SaveError
 from ..fetch import Download
 from ..jobspec import SaverSpec
-from ..settings import redact
+from ..settings import is_redis_url, redact
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")
@@ -31,7 +30,7 @@ class RedisItemSaver(ItemSaver):
         self, url: str, key_scheme: str = "ds:out:{job}:{sha1}", *, job: str = "",
         ttl_seconds: Optional[float] = None, client: Optional[redis.Redis] = None,
     ) -> None:
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
+        if not is_redis_url(url):
             raise ConfigError(
                 f"saver.output {redact(url)!r} is not a Redis URL (redis://, rediss:// or unix://)"
             )

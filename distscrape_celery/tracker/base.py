@@ -510,7 +510,7 @@ class Tracker(ABC):
         Pairs that are no longer ``worker_id``'s are left alone. Returns how many were handed."""
 
     @abstractmethod
-    def unclaimed_saves(self, job: str, age: float, limit: int = 1000) -> list[tuple[str, int]]:
+    def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
         """Up to ``limit`` (item, token) of items handed to the broker (:meth:`handoff`) at least
         ``age`` seconds ago that no worker has taken over since: their save messages wait in the
         broker, or left it with a worker that died before it could take them over."""

@@ -13,6 +13,7 @@ from ..errors import JobNotFound, JobStateError
 from ..keys import check_job_name, domain_of
 from ..staging import InMemoryBodyStaging
 from .base import (
+    MAX_ADD_BATCH,
     MAX_DISPATCH_BATCH,
     MAX_REASON,
     MAX_RECLAIM_BATCH,
@@ -512,7 +513,7 @@ class InMemoryTracker(Tracker):
                     n += 1
             return n
 
-    def unclaimed_saves(self, job: str, age: float, limit: int = 1000) -> list[tuple[str, int]]:
+    def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
         with self._lock:
             j = self._job(job)
             before = self._clock() + self.save_timeout - age
