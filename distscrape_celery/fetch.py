@@ -88,8 +88,9 @@ class Fetcher:
 
     With a ``guard``, every connection (each redirect hop's too) goes only to addresses it
     allows; without one, anywhere. ``content_types`` (fnmatch patterns of media types), if given,
-    are the only types whose body is read. Safe to share between threads: each thread gets its
-    own urllib3 ``PoolManager``.
+    are the only types whose body is read. ``cut_at_max_bytes``: a longer body is cut to
+    ``max_bytes`` (the rest left unread) instead of failing. Safe to share between threads: each
+    thread gets its own urllib3 ``PoolManager``.
     """
 
     def __init__(
@@ -97,10 +98,13 @@ class Fetcher:
         spec: FetchSpec,
         guard: Optional[AddressGuard] = None,
         content_types: Optional[Iterable[str]] = None,
+        *,
+        cut_at_max_bytes: bool = False,
     ) -> None:
         self.spec = spec
         self.guard = guard
         self.content_types = tuple(content_types) if content_types is not None else None
+        self.cut_at_max_bytes = cut_at_max_bytes
         self._local = threading.local()
         self._headers = {
             "User-Agent": spec.user_agent, "Accept": "*/*",
@@ -205,7 +209,8 @@ class Fetcher:
                 body=body,
             )
         except AddressRefused as exc:
-            raise FetchError(f"{exc}: {url}", retryable=False) from None
+            # Chained, so a caller can tell the guard's refusal from the host's answer.
+            raise FetchError(f"{exc}: {url}", retryable=False) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise _urllib3_error(exc, url, spec) from exc
         except UnicodeError as exc:  # a host name the IDNA codec refuses, met when resolving
@@ -236,6 +241,8 @@ class Fetcher:
             body += chunk
             # Decoded bytes count, so max_bytes also caps what a compressed body expands to.
             if len(body) > limit:
+                if self.cut_at_max_bytes:
+                    return bytes(body[:limit])
                 raise FetchError(
                     f"body of {url} exceeds max_bytes={limit}", retryable=False
                 )
