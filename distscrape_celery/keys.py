@@ -48,9 +48,13 @@ key                               type    holds
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
-``ds:robots:<origin>``            string  a host's robots.txt record (JSON), shared by all jobs
-                                          (has a TTL); ``<origin>`` is ``scheme://host[:port]``
-``ds:robots-fetch:<origin>``      string  set while one worker fetches that robots.txt (TTL)
+``ds:robots:<fetch>:<origin>``    string  a host's robots.txt record (JSON: its first 500 KiB
+                                          or status, and when it was fetched; has a TTL),
+                                          shared by the jobs whose fetch of it is the same:
+                                          ``<fetch>`` digests their user agent, timeouts and
+                                          redirect limit; ``<origin>`` is ``scheme://host[:port]``
+``ds:robots-fetch:<name>``        string  set while one worker fetches the robots.txt of
+                                          ``ds:robots:<name>`` (TTL)
 ``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
 ``ds:{workers}:concurrency``      hash    worker ID -> concurrency
 ``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
@@ -98,14 +102,14 @@ HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
 WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
 
 
-def robots(origin: str) -> str:
-    """Where the robots.txt record of ``origin`` (``scheme://host[:port]``) is cached."""
-    return f"{PREFIX}:robots:{origin}"
+def robots(name: str) -> str:
+    """Where the robots.txt record ``name`` (``<fetch digest>:scheme://host[:port]``) is cached."""
+    return f"{PREFIX}:robots:{name}"
 
 
-def robots_fetch(origin: str) -> str:
-    """The claim of the worker fetching ``origin``'s robots.txt right now."""
-    return f"{PREFIX}:robots-fetch:{origin}"
+def robots_fetch(name: str) -> str:
+    """The claim of the worker fetching the robots.txt of record ``name`` right now."""
+    return f"{PREFIX}:robots-fetch:{name}"
 
 
 def check_job_name(job: str) -> str:

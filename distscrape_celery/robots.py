@@ -1,16 +1,25 @@
 """robots.txt: fetched once per host through the job's guarded fetcher, parsed with protego, kept
 in a shared store (Redis, or process memory for the in-memory crawl) for a TTL.
 
-What an answer means (Google's rules): 2xx, the rules; 4xx or an unusable file, allow everything;
-5xx, 429 or an unreachable host, nothing may be fetched for now (the item is retried later).
+What an answer means (Google's rules): 2xx, the rules of its first 500 KiB; 4xx or an unusable
+file, allow everything; 5xx, 429 or an unreachable host, nothing may be fetched for now (the item
+is retried later).
+
+The store keeps what the host answered (the file's head, its status), never a job's decision: a
+record is named by the origin and a digest of what the request sends and waits for (user agent,
+timeouts, redirects), each job matches the text against its own user agent and reads the record
+only while it is fresh by its own TTLs, and a fetch the job's own guard refused is not shared.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Protocol
 from urllib.parse import urlsplit
@@ -21,32 +30,36 @@ from protego import Protego
 from . import keys
 from .errors import FetchError
 from .fetch import Fetcher
-from .jobspec import JobSpec
-from .ssrf import AddressGuard
+from .jobspec import FetchSpec, JobSpec
+from .ssrf import AddressGuard, AddressRefused
 
 log = logging.getLogger(__name__)
 
 DISALLOWED = "disallowed by robots.txt"
-# Google reads the first 500 KiB; a larger file is not worth more.
-MAX_ROBOTS_BYTES = 512 * 1024
-_PARSED_ORIGINS = 1024  # parsed files kept per process
+# Google reads the first 500 KiB and ignores the rest; a larger file is cut there, not refused.
+MAX_ROBOTS_BYTES = 500 * 1024
+# Parsed files kept per process, counted by their text (each at least _ENTRY_BYTES): a full-size
+# file per origin times many origins would otherwise add up.
+PARSED_ROBOTS_BYTES = 32 * 1024 * 1024
+_ENTRY_BYTES = 1024
 
 
 class RobotsStore(Protocol):
-    """Where fetched robots.txt records are shared, by origin (``http://host:port``)."""
+    """Where fetched robots.txt records are shared, by name: ``<fetch digest>:<origin>``, the
+    origin as ``scheme://host[:port]`` (see :meth:`RobotsCache.name`)."""
 
-    def get(self, origin: str) -> Optional[str]:
-        """The record stored for ``origin``, or None."""
+    def get(self, name: str) -> Optional[str]:
+        """The record stored as ``name``, or None."""
 
-    def put(self, origin: str, record: str, ttl: float) -> None:
-        """Store ``record`` for ``origin`` for ``ttl`` seconds, and end the fetcher's claim (so
+    def put(self, name: str, record: str, ttl: float) -> None:
+        """Store ``record`` as ``name`` for ``ttl`` seconds, and end the fetcher's claim (so
         the next fetch, once the record expires, need not wait for the claim to run out)."""
 
-    def claim(self, origin: str, seconds: float) -> bool:
-        """True if the caller is the one to fetch ``origin``'s file now (for ``seconds``)."""
+    def claim(self, name: str, seconds: float) -> bool:
+        """True if the caller is the one to fetch ``name``'s file now (for ``seconds``)."""
 
-    def release(self, origin: str) -> None:
-        """End a claim on ``origin`` without storing a record."""
+    def release(self, name: str) -> None:
+        """End a claim on ``name`` without storing a record."""
 
 
 class MemoryRobotsStore:
@@ -57,27 +70,27 @@ class MemoryRobotsStore:
         self._claims: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def get(self, origin: str) -> Optional[str]:
+    def get(self, name: str) -> Optional[str]:
         with self._lock:
-            expires, record = self._records.get(origin, (0.0, None))
+            expires, record = self._records.get(name, (0.0, None))
             return record if expires > time.monotonic() else None
 
-    def put(self, origin: str, record: str, ttl: float) -> None:
+    def put(self, name: str, record: str, ttl: float) -> None:
         with self._lock:
-            self._records[origin] = (time.monotonic() + ttl, record)
-            self._claims.pop(origin, None)
+            self._records[name] = (time.monotonic() + ttl, record)
+            self._claims.pop(name, None)
 
-    def claim(self, origin: str, seconds: float) -> bool:
+    def claim(self, name: str, seconds: float) -> bool:
         now = time.monotonic()
         with self._lock:
-            if self._claims.get(origin, 0.0) > now:
+            if self._claims.get(name, 0.0) > now:
                 return False
-            self._claims[origin] = now + seconds
+            self._claims[name] = now + seconds
             return True
 
-    def release(self, origin: str) -> None:
+    def release(self, name: str) -> None:
         with self._lock:
-            self._claims.pop(origin, None)
+            self._claims.pop(name, None)
 
 
 class RedisRobotsStore:
@@ -87,34 +100,34 @@ class RedisRobotsStore:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    def get(self, origin: str) -> Optional[str]:
+    def get(self, name: str) -> Optional[str]:
         try:
-            record = self.client.get(keys.robots(origin))
+            record = self.client.get(keys.robots(name))
         except redis.RedisError as exc:
             log.warning("robots.txt cache unavailable (%s); fetching it again", exc)
             return None
         return record.decode() if isinstance(record, bytes) else record
 
-    def put(self, origin: str, record: str, ttl: float) -> None:
+    def put(self, name: str, record: str, ttl: float) -> None:
         try:
             pipe = self.client.pipeline(transaction=False)  # the two keys may be in two slots
-            pipe.set(keys.robots(origin), record, px=max(1, int(ttl * 1000)))
-            pipe.delete(keys.robots_fetch(origin))
+            pipe.set(keys.robots(name), record, px=max(1, int(ttl * 1000)))
+            pipe.delete(keys.robots_fetch(name))
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("robots.txt cache unavailable (%s); not kept", exc)
 
-    def claim(self, origin: str, seconds: float) -> bool:
+    def claim(self, name: str, seconds: float) -> bool:
         try:
             return bool(
-                self.client.set(keys.robots_fetch(origin), "1", nx=True, px=int(seconds * 1000))
+                self.client.set(keys.robots_fetch(name), "1", nx=True, px=int(seconds * 1000))
             )
         except redis.RedisError:
             return True
 
-    def release(self, origin: str) -> None:
+    def release(self, name: str) -> None:
         try:
-            self.client.delete(keys.robots_fetch(origin))
+            self.client.delete(keys.robots_fetch(name))
         except redis.RedisError:
             pass  # the claim runs out by itself
 
@@ -126,6 +139,64 @@ class _Rules:
     parser: Optional[Protego]  # None: everything allowed
     unavailable: Optional[str] = None  # why nothing may be fetched for now
     expires: float = 0.0
+
+
+class _ParsedCache:
+    """A thread-safe LRU map bounded by the bytes its values stand for (``size`` at
+    :meth:`put`), not by their number."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[object, tuple[object, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: object) -> Optional[object]:
+        """The value kept for ``key`` (now the most recently used), or None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: object, value: object, size: int) -> None:
+        """Keep ``value`` for ``key``, dropping the least recently used values until all fit;
+        a value larger than the whole bound is not kept."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._entries[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self.bytes -= dropped
+
+
+# Shared by the jobs of a process; each job's entries are its own (keyed by its cache's id).
+_PARSED = _ParsedCache(PARSED_ROBOTS_BYTES)
+_CACHE_IDS = itertools.count()
+
+
+def fetch_digest(spec: FetchSpec) -> str:
+    """What a robots.txt fetch under ``spec`` depends on besides the origin: the user agent it
+    sends (a site may answer each its own file) and how long and how far it follows the host.
+    The body limit is not in it: every fetch reads the same :data:`MAX_ROBOTS_BYTES`."""
+    parts = [spec.user_agent, spec.connect_timeout, spec.read_timeout, spec.total_timeout,
+             spec.max_redirects]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def robots_head(body: bytes) -> bytes:
+    """The part of ``body`` that is read: all of it up to :data:`MAX_ROBOTS_BYTES`, else the
+    lines that end before that mark (a line cut there could read as another rule)."""
+    if len(body) <= MAX_ROBOTS_BYTES:
+        return body
+    head = body[:MAX_ROBOTS_BYTES]
+    return head[:max(head.rfind(b"\n"), head.rfind(b"\r")) + 1]
 
 
 class RobotsCache:
@@ -143,18 +214,19 @@ class RobotsCache:
         # An unreadable robots.txt is asked again after this long, not after the TTL; its items
         # retry then (their Retry-After), so a robots.txt that was down for a moment costs no item.
         self.retry_seconds = retry_seconds
-        self._parsed: dict[str, _Rules] = {}
-        self._lock = threading.Lock()
+        self.digest = fetch_digest(fetcher.spec)
+        self._id = next(_CACHE_IDS)
 
     @classmethod
     def from_spec(cls, spec: JobSpec, store: RobotsStore, **guard_hooks) -> "RobotsCache":
-        """The job's robots.txt policy, its files fetched within the job's limits and guard
-        (``guard_hooks``: ``resolver`` and ``classify``, for tests)."""
-        limits = spec.fetch.model_copy(
-            update={"max_bytes": min(spec.fetch.max_bytes, MAX_ROBOTS_BYTES)}
-        )
+        """The job's robots.txt policy, its files fetched within the job's timeouts and guard
+        (``guard_hooks``: ``resolver`` and ``classify``, for tests), each read to 500 KiB
+        whatever the job's ``max_bytes``."""
+        # One byte more than is read, to tell a file cut at the mark from one that ends there.
+        limits = spec.fetch.model_copy(update={"max_bytes": MAX_ROBOTS_BYTES + 1})
         # Any content type: robots.txt is read whatever types the scraper keeps.
-        fetcher = Fetcher(limits, AddressGuard.from_spec(spec, **guard_hooks))
+        fetcher = Fetcher(limits, AddressGuard.from_spec(spec, **guard_hooks),
+                          cut_at_max_bytes=True)
         return cls(fetcher, store, user_agent=spec.fetch.user_agent,
                    ttl=spec.fetch.robots_cache_seconds,
                    retry_seconds=spec.fetch.robots_retry_seconds)
@@ -188,66 +260,93 @@ class RobotsCache:
             delay = max(delay or 0.0, rate.seconds / rate.requests)
         return float(delay) if delay is not None else None
 
+    def name(self, origin: str) -> str:
+        """The store's name for ``origin``'s record as this job fetches it."""
+        return f"{self.digest}:{origin}"
+
     def _rules(self, url: str) -> _Rules:
         parts = urlsplit(url)
         origin = f"{parts.scheme}://{parts.netloc}"
-        rules = self._parsed.get(origin)
-        if rules is not None and rules.expires > time.monotonic():
+        rules = _PARSED.get((self._id, origin))
+        if isinstance(rules, _Rules) and rules.expires > time.monotonic():
             return rules
-        record = self.store.get(origin) or self._fetch_shared(origin)
-        rules = _parse(record, self.retry_seconds)
-        with self._lock:
-            if len(self._parsed) >= _PARSED_ORIGINS:
-                self._parsed.pop(next(iter(self._parsed)))
-            self._parsed[origin] = rules
+        name = self.name(origin)
+        data = self._usable(self.store.get(name)) or self._fetch_shared(name, origin)
+        rules = self._parse(data)
+        _PARSED.put((self._id, origin), rules, len(data.get("rules", "")) + _ENTRY_BYTES)
         return rules
 
-    def _fetch_shared(self, origin: str) -> str:
+    def _keep(self, data: dict) -> float:
+        """How long after its fetch this job uses a record."""
+        return min(self.ttl, self.retry_seconds) if "unavailable" in data else self.ttl
+
+    def _usable(self, record: Optional[str]) -> Optional[dict]:
+        """``record`` read, if this job may use it: of this layout, and fresh by this job's TTLs
+        (another job's may be longer)."""
+        try:
+            data = json.loads(record) if record is not None else None
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or not isinstance(data.get("at"), (int, float)):
+            return None
+        return data if time.time() - data["at"] < self._keep(data) else None
+
+    def _fetch_shared(self, name: str, origin: str) -> dict:
         """Fetch ``origin``'s robots.txt, unless another worker is doing so: then wait for its
         record (up to one download's time limit) rather than fetch the file twice."""
         budget = self.fetcher.spec.total_timeout + self.fetcher.spec.connect_timeout
-        if self.store.claim(origin, budget):
-            # The worker that stored the record may have ended its claim since we looked.
-            record = self.store.get(origin)
-            if record is not None:
-                self.store.release(origin)
-                return record
+        deadline = time.monotonic() + budget
+        # A fetcher may end its claim without a record (its guard refused the host): then the
+        # next one takes the claim rather than wait it out.
+        while not self.store.claim(name, budget):
+            time.sleep(0.1)
+            data = self._usable(self.store.get(name))
+            if data is not None:
+                return data
+            if time.monotonic() > deadline:
+                break
         else:
-            deadline = time.monotonic() + budget
-            while time.monotonic() < deadline:
-                time.sleep(0.1)
-                record = self.store.get(origin)
-                if record is not None:
-                    return record
-        record, ttl = self._fetch(origin)
-        self.store.put(origin, record, ttl)
-        return record
+            # The worker that stored the record may have ended its claim since we looked.
+            data = self._usable(self.store.get(name))
+            if data is not None:
+                self.store.release(name)
+                return data
+        data, shared = self._fetch(origin)
+        if shared:
+            self.store.put(name, json.dumps(data), self._keep(data))
+        else:
+            self.store.release(name)
+        return data
 
-    def _fetch(self, origin: str) -> tuple[str, float]:
-        """The record of ``origin``'s robots.txt, and how long to keep it."""
+    def _fetch(self, origin: str) -> tuple[dict, bool]:
+        """The record of ``origin``'s robots.txt, and whether it is the host's answer (to be
+        shared) rather than this job's guard's refusal."""
         url = origin + "/robots.txt"
+        at = time.time()
         try:
             download = self.fetcher.get(url)
         except FetchError as exc:
             if exc.retryable:
                 reason = f"robots.txt unavailable, retried later: {exc}"
-                return json.dumps({"unavailable": reason}), min(self.ttl, self.retry_seconds)
-            return json.dumps({"allow": str(exc)}), self.ttl
+                return {"unavailable": reason, "at": at}, True
+            # The job's own fetch of the page is refused too; a job that may reach the host
+            # must not read this as the host's "allow everything".
+            return {"allow": str(exc), "at": at}, not isinstance(exc.__cause__, AddressRefused)
         if not 200 <= download.status < 300:  # an unfollowed redirect
-            return json.dumps({"allow": f"HTTP {download.status}"}), self.ttl
-        return json.dumps({"rules": download.body.decode("utf-8", "replace")}), self.ttl
+            return {"allow": f"HTTP {download.status}", "at": at}, True
+        text = robots_head(download.body).decode("utf-8", "replace")
+        return {"rules": text, "at": at}, True
 
-
-def _parse(record: str, keep_seconds: float) -> _Rules:
-    """A stored record as rules, kept in this process for ``keep_seconds`` before the store is
-    asked again."""
-    data = json.loads(record)
-    expires = time.monotonic() + keep_seconds
-    if "unavailable" in data:
-        return _Rules(None, unavailable=data["unavailable"], expires=expires)
-    if "rules" in data:
-        try:
-            return _Rules(Protego.parse(data["rules"]), expires=expires)
-        except Exception:  # a file protego cannot read is no file: allow all
-            log.warning("unreadable robots.txt; allowing everything", exc_info=True)
-    return _Rules(None, expires=expires)
+    def _parse(self, data: dict) -> _Rules:
+        """A record as rules, kept in this process until the store is asked again: after
+        ``retry_seconds``, or sooner when the record is older than this job keeps it."""
+        left = self._keep(data) - (time.time() - data["at"])
+        expires = time.monotonic() + max(0.0, min(self.retry_seconds, left))
+        if "unavailable" in data:
+            return _Rules(None, unavailable=data["unavailable"], expires=expires)
+        if "rules" in data:
+            try:
+                return _Rules(Protego.parse(data["rules"]), expires=expires)
+            except Exception:  # a file protego cannot read is no file: allow all
+                log.warning("unreadable robots.txt; allowing everything", exc_info=True)
+        return _Rules(None, expires=expires)

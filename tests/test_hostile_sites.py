@@ -287,7 +287,8 @@ def test_robots_txt_is_cached_in_redis_for_every_worker(redis_url, redis_client)
             t.join(10)
     assert results == [False, False, False]
     assert len(hits) == 1  # fetched by one worker, the others waited for its record
-    ttl = redis_client.pttl(f"ds:robots:{base}")
+    [key] = redis_client.keys(f"ds:robots:*:{base}")  # one record: one user agent, one origin
+    ttl = redis_client.pttl(key)
     assert 0 < ttl <= 30_000
 
 
