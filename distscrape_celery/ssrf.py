@@ -39,10 +39,27 @@ def system_resolver(host: str) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+# RFC 6052's well-known NAT64 prefix: the last 32 bits are the IPv4 address reached.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def address_kind(host: str, ip: IPAddress) -> Optional[str]:
-    """What kind of non-public address ``ip`` is, for a message; None when it is public."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """What kind of non-public address ``ip`` is, for a message; None when it is public. An IPv6
+    address that stands for an IPv4 one (mapped, NAT64) is judged as that address; one that
+    tunnels to an IPv4 one (6to4, Teredo's client) is refused when that address is not public."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        translated = ip.ipv4_mapped
+        if translated is None and ip in NAT64:
+            translated = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if translated is not None:
+            return address_kind(host, translated)
+        tunnel_end = ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if tunnel_end is not None:
+            kind = address_kind(host, tunnel_end)
+            if kind is not None:
+                return kind
+        if ip.is_site_local:  # fec0::/10: deprecated, yet is_global says yes
+            return "a site-local"
     for kind, flag in (
         ("a loopback", ip.is_loopback), ("a link-local", ip.is_link_local),
         ("a multicast", ip.is_multicast), ("an unspecified", ip.is_unspecified),

@@ -171,7 +171,16 @@ def resolver(table: dict[str, list[str]]):
     [("127.0.0.1", "a loopback"), ("169.254.169.254", "a link-local"), ("10.1.2.3", "a private"),
      ("192.168.0.1", "a private"), ("::1", "a loopback"), ("fe80::1", "a link-local"),
      ("::ffff:127.0.0.1", "a loopback"), ("0.0.0.0", "an unspecified"), ("224.0.0.1", "a multicast"),
-     ("100.64.0.1", "a non-public"), ("93.184.216.34", None), ("2606:4700::1111", None)],
+     ("100.64.0.1", "a non-public"), ("93.184.216.34", None), ("2606:4700::1111", None),
+     # IPv6 forms that carry an IPv4 address are judged by it: mapped, NAT64, 6to4, Teredo.
+     ("::ffff:169.254.169.254", "a link-local"), ("::ffff:93.184.216.34", None),
+     ("64:ff9b::a9fe:a9fe", "a link-local"), ("64:ff9b::7f00:1", "a loopback"),
+     ("64:ff9b::5db8:d822", None), ("64:ff9b:1::a9fe:a9fe", "a reserved"),
+     ("2002:7f00:1::1", "a loopback"), ("2002:a9fe:a9fe::1", "a link-local"),
+     ("2002:a00:1::1", "a private"), ("2002:5db8:d822::1", None),
+     ("2001:0:4136:e378:8000:63bf:80ff:fffe", "a loopback"),  # Teredo, client 127.0.0.1
+     ("2001:0:4136:e378:8000:63bf:a201:5601", "a private"),  # Teredo, public client: 2001::/23
+     ("fec0::1", "a site-local"), ("::7f00:1", "a reserved"), ("ff02::1", "a multicast")],
 )
 def test_address_kinds(address: str, kind: str | None) -> None:
     assert address_kind("h", ipaddress.ip_address(address)) == kind
