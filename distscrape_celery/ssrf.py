@@ -1,5 +1,6 @@
 """SSRF guard: a job reaches private, loopback, link-local and reserved addresses only when its own
-seeds are there, or when it says ``allow_private``.
+seeds name them literally (an IP address, or ``localhost``), or when it says ``allow_private``.
+A DNS answer never makes an address trusted, whatever name it came for.
 
 The guard resolves every host a connection is made to, checks each address, and the connection
 then goes to an address it checked (:func:`guarded_pool_classes`), so a DNS answer that changes
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import threading
 from collections.abc import Callable, Iterable
 from typing import Optional, Union
 
@@ -41,6 +41,16 @@ def system_resolver(host: str) -> list[str]:
 
 # RFC 6052's well-known NAT64 prefix: the last 32 bits are the IPv4 address reached.
 NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# RFC 6761: these names are the loopback addresses, whatever a resolver says.
+LOOPBACK_ADDRESSES: tuple[IPAddress, ...] = (
+    ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"),
+)
+
+
+def is_localhost_name(host: str) -> bool:
+    """True for ``localhost`` and names under ``.localhost`` (RFC 6761), in any case."""
+    name = host.rstrip(".").lower()
+    return name == "localhost" or name.endswith(".localhost")
 
 
 def address_kind(host: str, ip: IPAddress) -> Optional[str]:
@@ -70,9 +80,19 @@ def address_kind(host: str, ip: IPAddress) -> Optional[str]:
     return None if ip.is_global else "a non-public"
 
 
+def literal_addresses(host: str) -> tuple[IPAddress, ...]:
+    """The addresses ``host`` names without DNS: itself if an IP literal (brackets allowed), the
+    loopback addresses for a localhost name, else none."""
+    try:
+        return (ipaddress.ip_address(host.strip("[]")),)
+    except ValueError:
+        return LOOPBACK_ADDRESSES if is_localhost_name(host) else ()
+
+
 class AddressGuard:
     """Resolves hosts for connections and refuses non-public addresses, except those the
-    ``trusted_hosts`` (the job's seeds) resolve to, or all of them with ``allow_private``."""
+    ``trusted_hosts`` (the job's seeds) name literally, or all of them with ``allow_private``.
+    A trusted host given by name trusts nothing: its DNS answers are checked like any other."""
 
     def __init__(
         self,
@@ -83,16 +103,14 @@ class AddressGuard:
         classify: Classifier = address_kind,
     ) -> None:
         self.allow_private = allow_private
-        self.trusted_hosts = tuple(dict.fromkeys(trusted_hosts))
+        self.trusted = frozenset(ip for host in trusted_hosts for ip in literal_addresses(host))
         self.resolver = resolver
         self.classify = classify
-        self._trusted: Optional[frozenset[IPAddress]] = None
-        self._lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **hooks) -> "AddressGuard":
-        """The guard of a job: its seeds' (and download URL's) hosts are trusted. ``hooks``:
-        ``resolver`` and ``classify``, for tests."""
+        """The guard of a job: its seeds' (and download URL's) literal hosts are trusted.
+        ``hooks``: ``resolver`` and ``classify``, for tests."""
         return cls(
             allow_private=spec.fetch.allow_private,
             trusted_hosts=[url_host(url) for url in spec.origin_urls()], **hooks,
@@ -105,43 +123,25 @@ class AddressGuard:
         if not self.allow_private:
             for ip in resolved:
                 kind = self.classify(host, ip)
-                if kind is not None and ip not in self._trusted_addresses():
-                    literal = str(ip) == host.strip("[]")
+                if kind is not None and ip not in self.trusted:
+                    # An IP literal host names just itself; a name (localhost too) resolves.
+                    literal = literal_addresses(host) == (ip,)
                     where = f"{ip} is" if literal else f"{host} resolves to {ip},"
                     raise AddressRefused(
-                        f"refused: {where} {kind} address (the job's seeds are not there; "
-                        "allow_private permits it)"
+                        f"refused: {where} {kind} address (only addresses the seeds give "
+                        "literally, or localhost, are trusted; --allow-private / "
+                        "fetch.allow_private permits any)"
                     )
         return [str(ip) for ip in resolved]
 
     def _resolve(self, host: str) -> list[IPAddress]:
-        host = host.strip("[]")
-        try:
-            return [ipaddress.ip_address(host)]
-        except ValueError:
-            pass
+        literal = literal_addresses(host)
+        if literal:
+            return list(literal)
         resolved = [ipaddress.ip_address(a.partition("%")[0]) for a in self.resolver(host)]
         if not resolved:
             raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
         return resolved
-
-    def _trusted_addresses(self) -> frozenset[IPAddress]:
-        """The non-public addresses the seeds resolve to, looked up once (a seed that does not
-        resolve now is looked up again next time)."""
-        if self._trusted is not None:
-            return self._trusted
-        with self._lock:
-            found: set[IPAddress] = set()
-            complete = True
-            for host in self.trusted_hosts:
-                try:
-                    found.update(ip for ip in self._resolve(host) if self.classify(host, ip))
-                except (OSError, ValueError):
-                    complete = False
-            trusted = frozenset(found)
-            if complete:
-                self._trusted = trusted
-            return trusted
 
 
 def guarded_pool_classes(guard: AddressGuard) -> dict[str, type[HTTPConnectionPool]]:

@@ -7,7 +7,9 @@ import email.utils
 import re
 import ipaddress
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from distscrape_celery.encoding import decode_html
@@ -205,22 +207,133 @@ def test_guard_refuses_private_addresses_by_name_and_literal() -> None:
         guard.addresses("nowhere.invalid")
 
 
-def test_guard_trusts_the_addresses_of_the_seeds_only() -> None:
-    spec = build_spec({"seeds": ["http://intranet.invalid/"]})
+def answers(host: str, *replies: list[str]):
+    """A resolver whose answer for ``host`` changes at each call: ``replies`` in turn, then the
+    last one again. It records every name it is asked."""
+    queue = list(replies)
+    asked: list[str] = []
+
+    def resolve(name: str) -> list[str]:
+        asked.append(name)
+        if name != host:
+            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    resolve.asked = asked  # type: ignore[attr-defined]
+    return resolve
+
+
+def test_guard_trusts_the_literal_addresses_of_the_seeds_only() -> None:
+    spec = build_spec({"seeds": ["http://10.0.0.5:8080/", "http://[fd00::5]/", "http://intranet.invalid/"]})
     guard = AddressGuard.from_spec(
-        spec, resolver=resolver({"intranet.invalid": ["10.0.0.5"], "db.invalid": ["10.0.0.6"]})
+        spec, resolver=resolver({"intranet.invalid": ["10.0.0.6"], "alias.invalid": ["10.0.0.5"]})
     )
-    assert guard.addresses("intranet.invalid") == ["10.0.0.5"]
     assert guard.addresses("10.0.0.5") == ["10.0.0.5"]
-    with pytest.raises(AddressRefused, match="10.0.0.6"):
-        guard.addresses("db.invalid")
+    assert guard.addresses("[fd00::5]") == ["fd00::5"]
+    assert guard.addresses("alias.invalid") == ["10.0.0.5"]  # a trusted address, by any name
+    # A seed given by name gets no trust from its DNS answer: the user is told what permits it.
+    with pytest.raises(AddressRefused, match=r"^refused: intranet\.invalid resolves to 10\.0\.0\.6, "
+                       r"a private address .*--allow-private / fetch\.allow_private"):
+        guard.addresses("intranet.invalid")
     with pytest.raises(AddressRefused, match="169.254.169.254"):
         guard.addresses("169.254.169.254")
     allowed = AddressGuard.from_spec(
         build_spec({"seeds": ["http://intranet.invalid/"], "fetch": {"allow_private": True}}),
-        resolver=resolver({"db.invalid": ["10.0.0.6"]}),
+        resolver=resolver({"intranet.invalid": ["10.0.0.6"], "db.invalid": ["10.0.0.7"]}),
     )
-    assert allowed.addresses("db.invalid") == ["10.0.0.6"]
+    assert allowed.addresses("intranet.invalid") == ["10.0.0.6"]
+    assert allowed.addresses("db.invalid") == ["10.0.0.7"]
+
+
+def test_guard_trusts_a_literal_download_url_host() -> None:
+    spec = build_spec({"seeds": ["1"], "scraper": {
+        "kind": "ids", "id_regex": "x", "download_url_fmt": "http://10.0.0.7:9/item/{id}"}})
+    assert AddressGuard.from_spec(spec, resolver=resolver({})).addresses("10.0.0.7") == ["10.0.0.7"]
+
+
+def test_a_seed_name_answering_public_then_metadata_is_refused() -> None:
+    """The seed's own name answers a public address, then 169.254.169.254: the second answer is
+    refused like any other, and it makes the metadata address trusted for nothing else."""
+    resolve = answers("flip.invalid", ["93.184.216.34"], ["169.254.169.254"])
+    guard = AddressGuard.from_spec(build_spec({"seeds": ["http://flip.invalid/"]}), resolver=resolve)
+    assert guard.addresses("flip.invalid") == ["93.184.216.34"]
+    for _ in range(2):
+        with pytest.raises(AddressRefused, match="flip.invalid resolves to 169.254.169.254, a link-local"):
+            guard.addresses("flip.invalid")
+    with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local"):
+        guard.addresses("169.254.169.254")
+
+
+def test_a_seed_name_answering_metadata_then_public_trusts_nothing() -> None:
+    """The reverse order: the seed's name answers 169.254.169.254 twice, then a public address.
+    Another host is refused first, so that any look the guard takes at its seeds sees the
+    metadata address. That address stays refused, by the seed's name and as a literal."""
+    meta = ["169.254.169.254"]
+    resolve = answers("flip.invalid", meta, meta, ["93.184.216.34"])
+    guard = AddressGuard.from_spec(build_spec({"seeds": ["http://flip.invalid/"]}), resolver=resolve)
+    with pytest.raises(AddressRefused, match="10.0.0.1"):
+        guard.addresses("10.0.0.1")
+    for _ in range(2):
+        with pytest.raises(AddressRefused, match="flip.invalid resolves to 169.254.169.254, a link-local"):
+            guard.addresses("flip.invalid")
+    assert guard.addresses("flip.invalid") == ["93.184.216.34"]
+    with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local"):
+        guard.addresses("169.254.169.254")
+
+
+def test_localhost_names_are_loopback_without_asking_the_resolver() -> None:
+    """``localhost`` and names under ``.localhost`` (RFC 6761) are the loopback addresses, never
+    a resolver's answer; a seed there trusts them as a literal 127.0.0.1 would."""
+    resolve = answers("localhost", ["169.254.169.254"])
+    spec = build_spec({"seeds": ["http://localhost:8000/"]})
+    guard = AddressGuard.from_spec(spec, resolver=resolve)
+    for name in ("localhost", "LocalHost.", "app.localhost"):
+        assert guard.addresses(name) == ["127.0.0.1", "::1"]
+    assert guard.addresses("127.0.0.1") == ["127.0.0.1"]
+    assert resolve.asked == []  # type: ignore[attr-defined]
+    other = AddressGuard.from_spec(build_spec({"seeds": ["http://site.invalid/"]}), resolver=resolve)
+    with pytest.raises(AddressRefused, match="^refused: localhost resolves to 127.0.0.1, a loopback"):
+        other.addresses("localhost")
+
+
+def test_a_localhost_seed_is_crawled() -> None:
+    with serve({"/": lambda h: reply(h, 200, b"home")}) as (base, _, log):
+        url = base.replace("127.0.0.1", "localhost") + "/"
+        assert Fetcher.for_job(build_spec({"seeds": [url]})).get(url).body == b"home"
+    assert log[0]["headers"]["Host"] == url[len("http://"):-1]
+
+
+def test_the_fetcher_never_reaches_an_internal_answer_of_the_seed_name() -> None:
+    """End to end: the seed's name answers 127.0.0.1 (a "public" site here) and then 127.0.0.2,
+    where an internal server listens on the same port. Nothing is fetched from it."""
+    secret_hits: list[str] = []
+
+    class Secret(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            secret_hits.append(self.path)
+            reply(self, 200, b"internal")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    page = {"/": lambda h: reply(h, 200, b"public", {"Connection": "close"})}
+    with serve(page) as (base, _, log):
+        port = int(base.rsplit(":", 1)[1])
+        internal = ThreadingHTTPServer(("127.0.0.2", port), Secret)
+        threading.Thread(target=internal.serve_forever, daemon=True).start()
+        try:
+            hooks = {"resolver": answers("flip.invalid", ["127.0.0.1"], ["127.0.0.2"]),
+                     "classify": lambda host, ip: None if str(ip) == "127.0.0.1" else address_kind(host, ip)}
+            url = f"http://flip.invalid:{port}/"
+            fetch = Fetcher.for_job(build_spec({"seeds": [url], "fetch": {"read_timeout": 2}}), **hooks)
+            assert fetch.get(url).body == b"public"
+            for _ in range(2):
+                with pytest.raises(FetchError, match="flip.invalid resolves to 127.0.0.2, a loopback"):
+                    fetch.get(url)
+        finally:
+            internal.shutdown()
+            internal.server_close()
+    assert secret_hits == [] and [e["path"] for e in log] == ["/"]
 
 
 def public_test_hooks(port_hosts: dict[str, str]) -> dict:
