@@ -140,7 +140,7 @@ policy_options = [
                       "seeds' hosts)."),
     click.option("--allow-private", is_flag=True,
                  help="Let links reach private, loopback and link-local addresses (by default "
-                      "only the seeds' own addresses)."),
+                      "only those the seeds give literally: an IP address, or localhost)."),
 ]
 # How hard a job may hit each site, across all workers (see the README's Politeness).
 politeness_options = [

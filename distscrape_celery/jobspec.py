@@ -54,7 +54,8 @@ class FetchSpec(_Strict):
     allow_private: bool = Field(
         False,
         description="Let the job reach private, loopback, link-local and reserved addresses. "
-        "Without it only the addresses its seeds resolve to are allowed of those.",
+        "Without it only those its seed URLs give literally (an IP address, or localhost) are "
+        "allowed; a name's DNS answer never is.",
     )
 
     @field_validator("user_agent")
