@@ -21,10 +21,12 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import threading
 import zlib
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
@@ -358,6 +360,14 @@ class CompleteUnits:
         return bz2.BZ2Decompressor()
 
     def _decompressed_members(self) -> Iterator[bytes]:
+        for _, data in self.members():
+            yield data
+
+    def members(self, max_unit: Optional[int] = None) -> Iterator[tuple[bytes, bytes]]:
+        """Each complete unit of a compressed shard as (its bytes in the file, decompressed).
+
+        Stops at a torn or corrupt unit (``torn``); raises :class:`NotAUnit` for one that
+        decompresses to more than ``max_unit`` bytes (decompression stops there)."""
         pending = b""
         while True:
             if not pending:
@@ -365,10 +375,22 @@ class CompleteUnits:
                 if not pending:
                     return  # the end of the last complete member: a clean end
             decomp = self._new_decompressor()
+            fed: list[bytes] = []
             parts: list[bytes] = []
+            size = 0
             try:
                 while True:
-                    parts.append(decomp.decompress(pending))
+                    fed.append(pending)
+                    if max_unit is None:
+                        out = decomp.decompress(pending)
+                    else:
+                        # Asking for one byte more than allowed tells a unit too large without
+                        # ever holding more than that of it.
+                        out = decomp.decompress(pending, max_unit + 1 - size)
+                    size += len(out)
+                    parts.append(out)
+                    if max_unit is not None and size > max_unit:
+                        raise NotAUnit(f"a unit larger than {max_unit} bytes")
                     if decomp.eof:
                         pending = decomp.unused_data
                         break
@@ -376,8 +398,118 @@ class CompleteUnits:
                     if not pending:
                         self.torn = True  # the file ends inside this member
                         return
-            except (zlib.error, OSError, EOFError, ValueError):
+            except (zlib.error, OSError, EOFError, ValueError) as exc:
+                if isinstance(exc, NotAUnit):
+                    raise
                 self.torn = True  # garbage: nothing after it can be trusted
                 return
+            raw = b"".join(fed)
             self.last_unit = b"".join(parts)
-            yield self.last_unit
+            yield raw[: len(raw) - len(pending)], self.last_unit
+
+
+class NotAUnit(ValueError):
+    """Part of an archive is not one unit a saver writes (one item, or the end marker)."""
+
+
+# -- joining shards into the named output ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The output the shards were joined into, how many items it holds (None: not counted, as
+    there was nothing to join into it) and the shards that were joined in and then removed."""
+
+    path: Path
+    items: Optional[int]
+    shards: tuple[Path, ...]
+
+
+# A source's units: (bytes to copy, key to keep each once, or None for a unit not to copy).
+Units = Callable[[Path, bool], Iterator[tuple[bytes, Optional[Hashable]]]]
+
+
+def join_shards(
+    names: ShardNames, units: Units, *, item_of: Callable[[Hashable], Optional[str]],
+    read_back: Callable[[Path], list[Hashable]], head: Callable[[Path], bytes] = lambda p: b"",
+    tail: bytes = b"",
+) -> Joined:
+    """Join every shard of ``names.output`` (and the output itself, if it exists: an earlier
+    join) into the output, each unit once, copied as it is on disk; then remove the shards.
+
+    ``units(path, whole)`` gives a source's units (``whole`` for the existing output, which must
+    read to its end without a torn tail and hold nothing but saved items). The new archive is
+    ``head(path)``, the units, ``tail``; it is written beside the output, fsynced, read back
+    with ``read_back`` (which must give every key written, in order, or raise
+    :class:`NotAUnit`), and only then renamed over the output and the shards removed. Raises :class:`SaveError` naming the output when
+    the join cannot be done; the shards and the output are then left as they were."""
+    output = names.output
+    shards = names.shards()
+    if not shards and output.is_file():
+        return Joined(output, None, ())  # nothing to add: the output is as an earlier join left it
+    sources = shards + ([output] if output.exists() else [])
+    # Not mkstemp: the archive gets the mode a shard gets (0666 less the umask), not 0600.
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = names.directory / f".{names.stem}.joining-{token}{names.ext}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise SaveError(
+            f"cannot join the shards into {str(output)!r}: {exc.strerror or exc}"
+        ) from exc
+    try:
+        written: list[Hashable] = []
+        seen: set[Hashable] = set()
+        with open(fd, "wb") as out:
+            out.write(head(output))
+            for source in sources:
+                whole = source == output
+                for raw, key in _checked_units(units, source, whole, output):
+                    if key is None or key in seen:
+                        continue  # a late duplicate: the first copy, in source order, is kept
+                    seen.add(key)
+                    written.append(key)
+                    out.write(raw)
+            out.write(tail)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            problem = "" if read_back(tmp) == written else "not what was written"
+        except NotAUnit as exc:
+            problem = str(exc)
+        if problem:
+            raise SaveError(
+                f"cannot join the shards into {str(output)!r}: the joined archive does not read "
+                f"back ({problem}); nothing was changed"
+            )
+        os.replace(tmp, output)
+        _fsync_dir(names.directory)
+    except OSError as exc:
+        raise SaveError(
+            f"cannot join the shards into {str(output)!r}: {exc.strerror or exc}"
+        ) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    for shard in shards:
+        with contextlib.suppress(FileNotFoundError):
+            shard.unlink()
+    with contextlib.suppress(OSError):
+        _fsync_dir(names.directory)
+    items = {item for item in map(item_of, written) if item is not None}
+    return Joined(output, len(items), tuple(shards))
+
+
+def _checked_units(
+    units: Units, source: Path, whole: bool, output: Path
+) -> Iterator[tuple[bytes, Optional[Hashable]]]:
+    """``units(source, whole)``, with a unit that is not a saver's turned into a SaveError."""
+    try:
+        yield from units(source, whole)
+    except NotAUnit as exc:
+        what = (f"{str(output)!r} exists and is not an archive this crawler wrote"
+                if whole else f"its shard {str(source)!r} holds something no saver wrote")
+        raise SaveError(
+            f"cannot join the shards into {str(output)!r}: {what} ({exc}); "
+            f"nothing was changed"
+        ) from None

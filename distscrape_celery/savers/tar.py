@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import bz2
+import gzip
+import io
 import logging
 import os
 import tarfile
@@ -10,12 +12,14 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import BinaryIO, Optional
 
 from ..fetch import Download
 from ..jobspec import SaverSpec
 from .files import DEFAULT_NAME_SCHEME, FileItemSaver
-from .shards import CompleteUnits, ShardedItemSaver, ShardNames, ShardWriter
+from .shards import (
+    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +94,7 @@ class TarItemSaver(ShardedItemSaver):
         return self._namer.name_for(item).as_posix()
 
     def _compress(self, data: bytes) -> bytes:
-        if self.compression == "gz":
-            level = 6 if self.compresslevel is None else self.compresslevel
-            comp = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS | 16)  # gzip, mtime 0
-            return comp.compress(data) + comp.flush()
-        if self.compression == "bz2":
-            return bz2.compress(data, 9 if self.compresslevel is None else self.compresslevel)
-        return data
+        return _compress_with(self.compression, data, self.compresslevel)
 
     def _encode(self, item: str, download: Download) -> bytes:
         body = download.body
@@ -167,8 +165,12 @@ class TarShard:
             try:
                 tar = tarfile.open(fileobj=stream, mode="r|", errorlevel=2)
             except tarfile.ReadError:
-                # Nothing complete in it: an empty shard is fine, anything else is torn.
-                self.torn = stream.torn or os.fstat(fh.fileno()).st_size > 0
+                # Nothing complete in it: an empty shard, or an empty archive (its end marker
+                # alone) is fine, anything else is torn.
+                self.finished = _starts_with_end_marker(fh, stream)
+                self.torn = not self.finished and (
+                    stream.torn or os.fstat(fh.fileno()).st_size > 0
+                )
                 return
             size = os.fstat(fh.fileno()).st_size
             while True:
@@ -207,6 +209,85 @@ class TarShard:
                 rest = fh.read(len(_END_OF_ARCHIVE))
                 self.finished = rest == _END_OF_ARCHIVE
                 self.torn = bool(rest) and not self.finished
+
+
+    def units(self, max_unit: Optional[int] = None) -> Iterator[tuple[bytes, Optional[str]]]:
+        """Each complete member as (its bytes in the file, its item or None), in order, up to
+        the end-of-archive marker; ``torn`` and ``finished`` are set as :meth:`records` sets
+        them. In a compressed shard a member's bytes are its own gzip member or bz2 stream, so
+        they can be copied into another archive as they are. Raises :class:`NotAUnit` for a
+        unit that is not exactly one member, or one larger than ``max_unit`` bytes."""
+        self.torn = self.finished = False
+        if self.compression:
+            yield from self._compressed_units(max_unit)
+        else:
+            yield from self._plain_units(max_unit)
+
+    def _compressed_units(self, max_unit: Optional[int]) -> Iterator[tuple[bytes, Optional[str]]]:
+        with open(self.path, "rb") as fh:
+            stream = CompleteUnits(fh, self.compression)
+            members = stream.members(max_unit)
+            for raw, data in members:
+                if data == _END_OF_ARCHIVE:
+                    self.finished = True
+                    if next(members, None) is not None:
+                        raise NotAUnit("data after the end-of-archive marker")
+                    break
+                yield raw, _unit_item(data)
+            self.torn = stream.torn
+
+    def _plain_units(self, max_unit: Optional[int]) -> Iterator[tuple[bytes, Optional[str]]]:
+        with open(self.path, "rb") as fh:
+            fd = fh.fileno()
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return
+            if os.pread(fd, len(_END_OF_ARCHIVE), 0) == _END_OF_ARCHIVE:
+                self.finished = True  # an empty archive
+                return
+            try:
+                tar = tarfile.open(fileobj=fh, mode="r|", errorlevel=2)
+            except tarfile.ReadError:
+                self.torn = True
+                return
+            while True:
+                try:
+                    info = tar.next()
+                except (tarfile.ReadError, EOFError):
+                    self.torn = True
+                    return
+                if info is None:
+                    break
+                tar.members.clear()
+                end = info.offset_data + _padded(info.size)
+                if end > size:
+                    self.torn = True  # its data or padding was cut short: never saved
+                    return
+                if max_unit is not None and end - info.offset > max_unit:
+                    raise NotAUnit(f"a member larger than {max_unit} bytes")
+                item = info.pax_headers.get(PAX_ITEM) if info.isfile() else None
+                yield os.pread(fd, end - info.offset, info.offset), item
+            rest = os.pread(fd, len(_END_OF_ARCHIVE), tar.offset)
+            self.finished = rest == _END_OF_ARCHIVE
+            self.torn = bool(rest) and not self.finished
+
+
+def _starts_with_end_marker(fh: BinaryIO, stream: CompleteUnits) -> bool:
+    if stream.compression:
+        return stream.last_unit == _END_OF_ARCHIVE
+    return os.pread(fh.fileno(), len(_END_OF_ARCHIVE), 0) == _END_OF_ARCHIVE
+
+
+def _unit_item(data: bytes) -> Optional[str]:
+    """The item of the one member ``data`` (a decompressed unit) holds; :class:`NotAUnit` if it
+    is not exactly one member."""
+    try:
+        info = tarfile.open(fileobj=io.BytesIO(data), mode="r|", errorlevel=2).next()
+    except (tarfile.TarError, EOFError) as exc:
+        raise NotAUnit(f"not a tar member: {exc}") from None
+    if info is None or info.offset_data + _padded(info.size) != len(data):
+        raise NotAUnit("not exactly one tar member")
+    return info.pax_headers.get(PAX_ITEM) if info.isfile() else None
 
 
 def _padded(size: int) -> int:
@@ -259,14 +340,18 @@ def read_tar_shard(path: str | os.PathLike, *, bodies: bool = True) -> Iterator[
 
 
 def tar_index(output: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
-    """(item, shard path, member name) for every item saved in the shards of ``output``.
+    """(item, file, member name) for every item saved in the shards of ``output`` and in
+    ``output`` itself (where ``distscrape crawl`` joins its shards).
 
-    Reads every shard matching the output's pattern, in name order, tolerating torn tails (a
-    warning is logged for each); an item found in several shards is reported once, from the
-    first. Raises :class:`ConfigError` for an output that is not a tar name.
+    Reads every shard matching the output's pattern, in name order, then the output, tolerating
+    torn tails (a warning is logged for each); an item found in several is reported once, from
+    the first (as :func:`join_tar` keeps it). Raises :class:`ConfigError` for an output that is
+    not a tar name.
     """
+    names = ShardNames(output, tuple(EXTENSIONS), "tar")
+    joined = [names.output] if names.output.is_file() else []
     seen: set[str] = set()
-    for path in tar_shards(output):
+    for path in names.shards() + joined:
         shard = TarShard(path)
         try:
             for record in shard.records(bodies=False):
@@ -278,3 +363,60 @@ def tar_index(output: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
             continue
         if shard.torn:
             log.warning("shard %s has a torn tail; its complete members were read", path)
+
+
+def join_tar(output: str | os.PathLike, *, max_unit: int) -> Joined:
+    """Join the shards of the tar archive ``output`` into ``output`` itself, each item once,
+    and remove them (see :func:`~distscrape_celery.savers.shards.join_shards`).
+
+    A compressed member is copied as the gzip member or bz2 stream it is in its shard, not
+    compressed again; only the shards' end-of-archive markers are left out, and one ends the
+    joined archive, which tarfile (``r:gz``) and ``tar -tzf`` read whole. ``max_unit`` bounds
+    one member (a bigger one means the file is not what a saver wrote)."""
+    names = ShardNames(output, tuple(EXTENSIONS), "tar")
+    compression = EXTENSIONS[names.ext]
+
+    def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[str]]]:
+        shard = TarShard(path)
+        for raw, item in shard.units(max_unit):
+            if item is None and whole:
+                raise NotAUnit("a member that is not a saved item")
+            yield raw, item
+        if shard.torn:
+            if whole:
+                raise NotAUnit("a torn tail")
+            log.warning("shard %s has a torn tail; its complete members were joined", path)
+
+    return join_shards(
+        names, units, item_of=lambda key: key, read_back=lambda p: _standard_read(p, compression),
+        tail=_compress_with(compression, _END_OF_ARCHIVE),
+    )
+
+
+def _compress_with(compression: str, data: bytes, level: Optional[int] = None) -> bytes:
+    """``data`` as one gzip member (mtime 0) or bz2 stream, or as it is."""
+    if compression == "gz":
+        comp = zlib.compressobj(6 if level is None else level, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+        return comp.compress(data) + comp.flush()
+    if compression == "bz2":
+        return bz2.compress(data, 9 if level is None else level)
+    return data
+
+
+def _standard_read(path: Path, compression: str) -> list[str]:
+    """The items of ``path`` as a standard reader sees them: the gzip or bz2 module (every
+    member or stream, CRCs checked) under a tarfile stream that stops at the first end marker."""
+    opener = {"": open, "gz": gzip.open, "bz2": bz2.open}[compression]
+    items: list[str] = []
+    try:
+        with opener(path, "rb") as fh:
+            if fh.read(len(_END_OF_ARCHIVE) + 1) == _END_OF_ARCHIVE:
+                return []  # an empty archive, which tarfile refuses to open
+            fh.seek(0)
+            with tarfile.open(fileobj=fh, mode="r|", errorlevel=2) as tar:
+                for info in tar:
+                    tar.members.clear()
+                    items.append(info.pax_headers.get(PAX_ITEM))
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
+        raise NotAUnit(str(exc)) from exc
+    return items

@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
+import zlib
 from datetime import datetime, timezone
 from http import HTTPStatus
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Optional
 from urllib.parse import urlsplit
 
+from warcio.archiveiterator import ArchiveIterator
+from warcio.exceptions import ArchiveLoadFailed
 from warcio.statusandheaders import StatusAndHeaders, StatusAndHeadersParser
 from warcio.timeutils import datetime_to_iso_date
 from warcio.warcwriter import WARCWriter
 
 from ..fetch import Download
 from ..jobspec import SaverSpec
-from .shards import ShardedItemSaver, ShardNames, ShardWriter
+from .shards import (
+    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
+)
+
+log = logging.getLogger(__name__)
 
 EXTENSIONS = (".warc.gz",)
 WARC_VERSION = "1.1"
@@ -65,17 +74,9 @@ class WarcItemSaver(ShardedItemSaver):
         )
 
     def _warcinfo(self, shard: Path) -> bytes:
-        buf = io.BytesIO()
-        writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
-        writer.write_record(writer.create_warcinfo_record(shard.name, {
-            "software": SOFTWARE,
-            "format": "WARC File Format 1.1",
-            "conformsTo": WARC_1_1_SPEC,
-            "job": self.job,
-            "worker": self.worker_id,
-            "hostname": os.uname().nodename,
-        }))
-        return buf.getvalue()
+        return _warcinfo_record(shard.name, {
+            "job": self.job, "worker": self.worker_id, "hostname": os.uname().nodename,
+        })
 
     def _encode(self, item: str, download: Download) -> bytes:
         buf = io.BytesIO()
@@ -121,6 +122,19 @@ class WarcItemSaver(ShardedItemSaver):
         return f"{shard}#{item}"
 
 
+def _warcinfo_record(filename: str, fields: dict[str, str]) -> bytes:
+    """A gzipped ``warcinfo`` record for the file ``filename``, with ``fields`` after ours."""
+    buf = io.BytesIO()
+    writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
+    writer.write_record(writer.create_warcinfo_record(filename, {
+        "software": SOFTWARE,
+        "format": "WARC File Format 1.1",
+        "conformsTo": WARC_1_1_SPEC,
+        **fields,
+    }))
+    return buf.getvalue()
+
+
 def _warc_fields(record_type: str, date: str, item: str) -> dict[str, str]:
     # The mandatory fields first, in the usual order; warcio fills in the rest after them.
     return {
@@ -137,3 +151,81 @@ def _header_value(text: str) -> str:
 def warc_shards(output: str | os.PathLike) -> list[Path]:
     """Every shard of the WARC archive ``output`` names, in name order."""
     return ShardNames(output, EXTENSIONS, "WARC").shards()
+
+
+# What identifies a record when shards are joined: (WARC-Type, DISTSCRAPE-Item).
+RecordKey = tuple[str, str]
+
+
+def join_warc(output: str | os.PathLike, *, max_unit: int, job: str = "") -> Joined:
+    """Join the shards of the WARC file ``output`` into ``output`` itself and remove them (see
+    :func:`~distscrape_celery.savers.shards.join_shards`): one ``warcinfo`` record naming it,
+    then every request and response record once, each the gzip member it is in its shard (not
+    compressed again). The shards' own ``warcinfo`` records, which name the shards, are left
+    out. ``max_unit`` bounds one record."""
+    names = ShardNames(output, EXTENSIONS, "WARC")
+
+    def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[RecordKey]]]:
+        # An item's records were written together: they are passed on once the next item's
+        # begin, so that a pair cut by a torn tail (never saved) is left out whole.
+        pending: list[tuple[bytes, RecordKey]] = []
+        with open(path, "rb") as fh:
+            stream = CompleteUnits(fh, "gz")
+            for raw, data in stream.members(max_unit):
+                kind, item = _record_type_and_item(data)
+                if kind == "warcinfo":
+                    continue
+                if item is None:
+                    if whole:
+                        raise NotAUnit(f"a {kind} record of no saved item")
+                    continue
+                if pending and pending[0][1][1] != item:
+                    yield from pending
+                    pending = []
+                pending.append((raw, (kind, item)))
+            if stream.torn:
+                if whole:
+                    raise NotAUnit("a torn tail")
+                log.warning("shard %s has a torn tail; its complete records were joined", path)
+                if {key[0] for _, key in pending} != {"request", "response"}:
+                    pending = []  # the item whose write was cut short
+            yield from pending
+
+    return join_shards(
+        names, units, item_of=lambda key: key[1] if key[0] == "response" else None,
+        read_back=_warc_keys,
+        head=lambda path: _warcinfo_record(path.name, {"job": job} if job else {}),
+    )
+
+
+def _record_type_and_item(data: bytes) -> tuple[str, Optional[str]]:
+    """WARC-Type and DISTSCRAPE-Item of the one record ``data`` (a decompressed gzip member)
+    holds; :class:`NotAUnit` if it is not exactly one WARC record."""
+    head, sep, _ = data.partition(b"\r\n\r\n")
+    lines = head.decode("utf-8", "replace").split("\r\n")
+    if not sep or not lines[0].startswith("WARC/"):
+        raise NotAUnit("not a WARC record")
+    fields = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        fields[name.strip().lower()] = value.strip()
+    try:
+        length = int(fields.get("content-length", ""))
+    except ValueError:
+        raise NotAUnit("a WARC record without a Content-Length") from None
+    if len(head) + 4 + length + 4 != len(data):
+        raise NotAUnit("not exactly one WARC record")
+    return fields.get("warc-type", ""), fields.get(ITEM_HEADER.lower())
+
+
+def _warc_keys(path: Path) -> list[RecordKey]:
+    """(type, item) of every record but warcinfo in ``path``, as warcio reads them."""
+    keys: list[RecordKey] = []
+    try:
+        with open(path, "rb") as fh:
+            for record in ArchiveIterator(fh):
+                if record.rec_type != "warcinfo":
+                    keys.append((record.rec_type, record.rec_headers.get_header(ITEM_HEADER)))
+    except (ArchiveLoadFailed, OSError, ValueError, EOFError, zlib.error) as exc:
+        raise NotAUnit(str(exc)) from exc
+    return keys
