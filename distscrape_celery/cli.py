@@ -16,7 +16,7 @@ from typing import Any, Optional
 import click
 
 from .cli_jobs import register as register_job_commands, when as _when
-from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound
+from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound, SaveError
 from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_for
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
@@ -497,8 +497,8 @@ def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_secon
 def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
            fresh, quiet) -> None:
     from .crawl import (
-        check_local_output, default_job_name, default_state_dir, run_in_memory_crawl,
-        run_local_crawl, state_directory,
+        archive_shards, check_local_output, default_job_name, default_state_dir, join_archive,
+        run_in_memory_crawl, run_local_crawl, state_directory,
     )
 
     spec = _spec(seeds, spec_flags)
@@ -538,24 +538,51 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
             if state is not None:
                 say(f"distscrape: the crawl's state is kept in {state}; "
                     "run the same command again to resume it")
+            shards = archive_shards(spec)
+            if shards:
+                then = ("the resumed crawl joins them into it at its end" if state is not None
+                        else "they were not joined, as the crawl did not finish")
+                say(f"distscrape: the pages saved so far are in {_shard_list(shards)}, "
+                    f"not yet in {spec.saver.output}: {then}")
             raise
+        # The workers are stopped: join their archive shards into the file the user named,
+        # still holding the state directory, so that no other crawl adds shards meanwhile.
+        output, join_failed = spec.saver.output, None
+        try:
+            join_archive(spec, job)
+        except SaveError as exc:
+            join_failed = exc
+            output = _shard_list(archive_shards(spec)) or output
     s = result.stats
     if result.already_finished:
         click.echo(
             f"job {job} is already finished: {s.done} saved, {s.dead} dead, {s.seen} seen; "
-            f"output in {spec.saver.output}"
+            f"output in {output}"
         )
         if state is not None:
             say(f"(its state is in {state}; --fresh crawls it again)")
     else:
         click.echo(
             f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
-            f"({result.pages_per_second:.1f} pages/s); output in {spec.saver.output}"
+            f"({result.pages_per_second:.1f} pages/s); output in {output}"
         )
     if s.dead:
         for item, reason in list(result.dead.items())[:10]:
             click.echo(f"  dead: {item}: {reason}", err=True)
+    if join_failed is not None:
+        click.echo(f"distscrape: error: {join_failed}; the shards are kept", err=True)
+        sys.exit(EXIT_ERROR)
+    if s.dead:
         sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _shard_list(shards: list[Path], show: int = 10) -> str:
+    """``shards`` for a message: how many, and the names of the first ``show``."""
+    if not shards:
+        return ""
+    names = ", ".join(str(p) for p in shards[:show])
+    more = f" and {len(shards) - show} more beside them" if len(shards) > show else ""
+    return f"{len(shards)} shard(s): {names}{more}"
 
 
 @cli.command()

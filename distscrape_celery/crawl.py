@@ -21,6 +21,7 @@ from .errors import ConfigError
 from .jobspec import JobSpec
 from .local import WorkerProcess, can_fork_workers
 from .manager import CrawlManager
+from .savers.shards import Joined
 from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings, crawl_worker_processes
 from .tracker import JobStats, RedisTracker
 from .urls import url_host
@@ -176,6 +177,40 @@ def _check_no_other_unfinished_job(tracker: RedisTracker, job: str, state_dir: P
                 f"is not this crawl's ({job!r}): give another --state-dir or --output, "
                 f"or --fresh to drop it"
             )
+
+
+# One saved item's headers (its URL and item, in PAX headers or WARC fields) beside its body.
+_UNIT_HEADROOM = 1 << 20
+
+
+def archive_shards(spec: JobSpec) -> list[Path]:
+    """The shards of a tar or WARC output on this host; [] for any other saver."""
+    from .savers.tar import tar_shards
+    from .savers.warc import warc_shards
+
+    kind, output = spec.saver.kind, spec.saver.output
+    if kind == "tar":
+        return tar_shards(output)
+    if kind == "warc":
+        return warc_shards(output)
+    return []
+
+
+def join_archive(spec: JobSpec, job: str) -> Optional[Joined]:
+    """At the end of a crawl into a tar or WARC output: join its shards on this host into the
+    named file, which then exists, and remove them. None for any other saver. Raises
+    :class:`~distscrape_celery.errors.SaveError` (shards and output left as they were) when
+    that cannot be done."""
+    from .savers.tar import join_tar
+    from .savers.warc import join_warc
+
+    kind, output = spec.saver.kind, spec.saver.output
+    max_unit = spec.fetch.max_bytes + _UNIT_HEADROOM
+    if kind == "tar":
+        return join_tar(output, max_unit=max_unit)
+    if kind == "warc":
+        return join_warc(output, max_unit=max_unit, job=job)
+    return None
 
 
 def _quiet(message: str) -> None:
