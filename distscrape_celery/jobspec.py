@@ -474,19 +474,23 @@ class JobSpec(_Strict):
 
 # IDs and URLs travel through the broker and the tracker; one this long is junk or an attack.
 MAX_ID_CHARS = 256
+# IDs that escaping leaves as they are, and that a URL's path would resolve (climb) as a segment.
+DOT_IDS = frozenset({".", ".."})
 
 
 def seed_item(
     seed: str, scraper_kind: Optional[str], canonicalizer: Optional[Canonicalizer] = None
 ) -> str:
     """The item a seed stands for: a normalised URL, or with the ids scraper an ID (stripped,
-    printable, at most 256 characters) unless it is a URL. Raises ValueError saying why not."""
+    printable, at most 256 characters, not ``.`` or ``..``) unless it is a URL. Raises ValueError saying why not."""
     if scraper_kind == "ids" and "://" not in seed:
         item = seed.strip()
         if not item or not item.isprintable():
             raise ValueError(f"malformed seed ID {_shown(seed)}: empty or not printable")
         if len(item) > MAX_ID_CHARS:
             raise ValueError(f"malformed seed ID {_shown(seed)}: longer than {MAX_ID_CHARS} characters")
+        if item in DOT_IDS:
+            raise ValueError(f"malformed seed ID {_shown(seed)}: cannot be a path segment")
         return item
     if len(seed) > MAX_URL_CHARS:
         raise ValueError(f"malformed seed URL {_shown(seed)}: longer than {MAX_URL_CHARS} characters")

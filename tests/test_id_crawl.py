@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from conftest import crawl_settings
+from conftest import RouteServer, crawl_settings
 
 from distscrape_celery.celery_app import configure_app
 from distscrape_celery.jobspec import build_spec
@@ -97,3 +100,26 @@ def test_every_reachable_id_downloaded_once(redis_url, workers, tmp_path):
     assert saved >= site.reachable  # IDs are saved under their own names
     for i in site.reachable:
         assert json.loads((tmp_path / "out" / i).read_text())["id"] == i
+
+
+def test_ids_shaped_like_urls_or_paths_are_fetched_from_the_download_host(tmp_path):
+    """A page names IDs that look like a URL on another host and like a path: each is fetched
+    from the download URL's host, escaped into its one segment, and nothing else is fetched."""
+    ids = ["http://other.invalid/x", "../../etc", "7"]
+    listing = json.dumps([{"id": i} for i in ids]).encode()
+    with RouteServer(lambda path, n: (200, listing if path == "/list" else b"{}", {}, 0)) as server:
+        job = tmp_path / "job.toml"
+        job.write_text("max_retries = 0\n")
+        res = subprocess.run(
+            [sys.executable, "-m", "distscrape_celery.cli", "crawl", "--in-memory",
+             server.base + "/list", "--scraper", "ids", "--id-regex", r'"id": "([^"]*)"',
+             "--download-url-fmt", server.base + "/item/{}", "--config", str(job),
+             "--output", str(tmp_path / "out")],
+            capture_output=True, text=True, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")},
+        )
+        hits = sorted(server.page_hits)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert "4 saved, 0 dead" in res.stdout
+    assert hits == ["/item/..%2F..%2Fetc", "/item/7", "/item/http%3A%2F%2Fother.invalid%2Fx",
+                    "/list"]

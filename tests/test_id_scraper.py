@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from distscrape_celery.components import build_scraper
-from distscrape_celery.errors import ConfigError
+from distscrape_celery.errors import ConfigError, FetchError
 from distscrape_celery.fetch import Download
 from distscrape_celery.jobspec import build_spec
 from distscrape_celery.scrapers import IDScraper
@@ -90,3 +90,35 @@ def test_bad_dotted_path_is_a_clear_error_at_seed(kind, fragment):
         CrawlManager(tracker, lambda job, items: None).seed("j", s)
     assert fragment in str(exc.value)
     assert tracker.jobs() == []  # nothing was created
+
+
+def test_a_found_id_shaped_like_a_url_is_still_an_id():
+    """Whatever a page names as an ID is one escaped segment of the download URL: an ID that
+    looks like a URL on another host is not fetched from that host."""
+    scraper = IDScraper(r'"id": "([^"]*)"', FMT)
+    body = (b'[{"id": "http://other.invalid/x"}, {"id": "HTTPS://other.invalid/y?z=1"}, '
+            b'{"id": "../../etc"}, {"id": "7"}]')
+    dl = Download("http://127.0.0.1:9/list", 200, "application/json", body)
+    urls = [scraper.url_for(item) for item in scraper.find_items("list", dl)]
+    assert urls == [
+        "http://127.0.0.1:9/item/http%3A%2F%2Fother.invalid%2Fx.json",
+        "http://127.0.0.1:9/item/HTTPS%3A%2F%2Fother.invalid%2Fy%3Fz%3D1.json",
+        "http://127.0.0.1:9/item/..%2F..%2Fetc.json",
+        "http://127.0.0.1:9/item/7.json",
+    ]
+
+
+def test_dot_ids_are_never_a_path_segment():
+    """'.' and '..' stay themselves when escaped, and would climb the download URL's path: a
+    page's are no IDs, a seed's is refused by name, and an item of them ends dead saying why."""
+    scraper = IDScraper(r"id=(\S+)", "http://127.0.0.1:9/item/{}")
+    dl = Download("u", 200, "text/plain", b"id=. id=.. id=... id=.x")
+    assert scraper.find_items("x", dl) == ["...", ".x"]
+    assert scraper.url_for("...") == "http://127.0.0.1:9/item/..."
+    for dots in (".", ".."):
+        with pytest.raises(FetchError, match="cannot be a path segment") as info:
+            scraper.url_for(dots)
+        assert info.value.retryable is False
+        with pytest.raises(ConfigError, match=r"malformed seed ID '\.+'"):
+            build_spec({"seeds": [dots], "scraper": {"kind": "ids", "id_regex": "x",
+                                                     "download_url_fmt": FMT}})
