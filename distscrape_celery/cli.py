@@ -20,6 +20,7 @@ from .errors import ConfigError, DistscrapeError, JobConflict, JobNotFound, Save
 from .jobspec import JobSpec, build_spec, load_config_file, merge, saver_kind_for
 from .keys import check_job_name
 from .lifecycle import Terminated, stop_signals
+from .redaction import redact
 from .seedfile import BadLine, SeedFile
 from .settings import DEFAULT_CRAWL_CONCURRENCY, Settings
 from .tracker.base import JobState
@@ -557,14 +558,14 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     if result.already_finished:
         click.echo(
             f"job {job} is already finished: {s.done} saved, {s.dead} dead, {s.seen} seen; "
-            f"output in {output}"
+            f"output in {redact(output)}"
         )
         if state is not None:
             say(f"(its state is in {state}; --fresh crawls it again)")
     else:
         click.echo(
             f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
-            f"({result.pages_per_second:.1f} pages/s); output in {output}"
+            f"({result.pages_per_second:.1f} pages/s); output in {redact(output)}"
         )
     if s.dead:
         for item, reason in list(result.dead.items())[:10]:

@@ -14,6 +14,7 @@ from pydantic import (
 
 from .errors import ConfigError
 from .keys import NO_DOMAIN, domain_of
+from .redaction import redact
 from .settings import format_validation_error, is_redis_url
 from .tracker.base import CrawlLimits, DomainLimits
 from .urls import DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, normalize_url
@@ -315,7 +316,7 @@ class SaverSpec(_Strict):
             or (kind in ("tar", "warc") and os.path.basename(value).startswith("."))
         ):
             raise ValueError(
-                f"{value!r} is not an output for the {kind} saver "
+                f"{redact(value)!r} is not an output for the {kind} saver "
                 f"({_label(info, 'saver.kind')}), which takes {_OUTPUT_SHAPES[kind]}"
             )
         return value
@@ -501,7 +502,9 @@ def seed_item(
 
 
 def _shown(value: str, limit: int = 100) -> str:
-    """``value`` quoted for an error message, cut short: a bad line may be megabytes long."""
+    """``value`` quoted for an error message, its secrets redacted, cut short: a bad line may be
+    megabytes long."""
+    value = redact(value)
     return repr(value) if len(value) <= limit else repr(value[:limit]) + "..."
 
 

@@ -7,6 +7,7 @@ Nothing else in the package reads the environment: the CLI and the Celery app bu
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit
@@ -16,6 +17,7 @@ from pydantic import (
 )
 
 from .errors import ConfigError
+from .redaction import redact
 
 ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
@@ -293,18 +295,6 @@ class Settings(BaseModel):
         return env
 
 
-def redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``; works on malformed URLs too."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, tail = rest.partition("/")
-    user, at, host = authority.rpartition("@")
-    if not at or ":" not in user:
-        return url
-    return f"{scheme}://{user.split(':', 1)[0]}:***@{host}{slash}{tail}"
-
-
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 
@@ -321,6 +311,14 @@ def check_redis_url(url: str) -> str:
     shown = repr(redact(url))
     if "://" not in url:
         raise ValueError(f"{shown} is not a URL (expected e.g. redis://host:6379/0)")
+    after_scheme = url.partition("://")[2]
+    if "@" in after_scheme[len(re.split(r"[/?#]", after_scheme, maxsplit=1)[0]):]:
+        # A raw '/', '?' or '#' in the password ends the host part early: what follows would be
+        # read as a port or a database, and shown in the message below.
+        raise ValueError(
+            f"invalid Redis URL {shown}: an '@' after the host part; percent-encode '/', '?', "
+            "'#' and '@' in the password (%2F, %3F, %23, %40)"
+        )
     parts = urlsplit(url)
     try:
         parts.port

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from w3lib.url import canonicalize_url
 
+from .redaction import redact
+
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _URL_PREFIXES = ("http://", "https://")
 _CACHED_URLS = 8192  # per job and process: about 3 MB
@@ -74,19 +76,20 @@ class Canonicalizer:
 
     def _canonical_w3lib(self, url: str) -> CanonicalURL:
         """:meth:`_canonical` for any URL."""
+        # Messages show the URL redacted: one with credentials is refused, not printed.
         try:
             url = canonicalize_url(url.strip())
         except (ValueError, UnicodeError) as exc:
-            raise ValueError(f"malformed URL {url!r}: {exc}") from None
+            raise ValueError(f"malformed URL {redact(url)!r}: {exc}") from None
         parts = urlsplit(url)
         scheme = parts.scheme
         if scheme not in _DEFAULT_PORTS:
-            raise ValueError(f"not an http(s) URL: {url!r}")
+            raise ValueError(f"not an http(s) URL: {redact(url)!r}")
         host = parts.hostname or ""
         if not host:
-            raise ValueError(f"URL has no host: {url!r}")
+            raise ValueError(f"URL has no host: {redact(url)!r}")
         if parts.username is not None or parts.password is not None:
-            raise ValueError(f"URL carries credentials, refusing it: {url!r}")
+            raise ValueError(f"URL carries credentials, refusing it: {redact(url)!r}")
         port = parts.port  # raises ValueError on a malformed port
         netloc = f"[{host}]" if ":" in host else host
         if port is not None and port != _DEFAULT_PORTS[scheme]:

@@ -12,7 +12,8 @@ import redis
 from ..errors import ConfigError, SaveError
 from ..fetch import Download
 from ..jobspec import SaverSpec
-from ..settings import is_redis_url, redact
+from ..redaction import redact
+from ..settings import is_redis_url
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")

@@ -48,8 +48,8 @@ from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredErro
 
 from .. import keys
 from ..errors import JobNotFound, JobStateError, TrackerUnavailable
+from ..redaction import redact
 from ..staging import body_ttl_ms
-from ..settings import redact
 from .base import (
     ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,

@@ -1,0 +1,94 @@
+"""No password or token of a configured URL is ever printed: one redaction for every URL shown,
+the forms a password takes in it, and the messages of `distscrape` that show such URLs."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from conftest import RouteServer
+from test_cli import run
+
+from distscrape_celery.redaction import redact
+from distscrape_celery.settings import check_redis_url
+
+SECRET = "s3cret"
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("redis://:s3cret@10.0.0.5:6379/2", "redis://:***@10.0.0.5:6379/2"),
+    ("redis://crawler:s3cret@10.0.0.5/0", "redis://crawler:***@10.0.0.5/0"),
+    ("rediss://crawler:s3cret@10.0.0.5:6380/0", "rediss://crawler:***@10.0.0.5:6380/0"),
+    # Raw '/', '@', ':', '?' and '#' in the password: where a URL parser would end the host part.
+    ("redis://:s3/cret@10.0.0.5/2", "redis://:***@10.0.0.5/2"),
+    ("redis://:s3@cr@et@10.0.0.5/2", "redis://:***@10.0.0.5/2"),
+    ("redis://crawler:s3:cr:et@10.0.0.5/2", "redis://crawler:***@10.0.0.5/2"),
+    ("redis://:s3?cret@10.0.0.5/2", "redis://:***@10.0.0.5/2"),
+    ("redis://:s3#cret@10.0.0.5/2", "redis://:***@10.0.0.5/2"),
+    ("redis://:s3%2Fcret@10.0.0.5/2", "redis://:***@10.0.0.5/2"),
+    # Only a user: that may be the secret itself (a token).
+    ("redis://s3cret@10.0.0.5/0", "redis://***@10.0.0.5/0"),
+    ("amqp://guest:s3cret@rabbit:5672//", "amqp://guest:***@rabbit:5672//"),
+    ("AMQPS://guest:s3cret@rabbit//", "AMQPS://guest:***@rabbit//"),
+    # Secrets in the query, whatever the case of the parameter's name.
+    ("redis://10.0.0.5/2?password=s3cret", "redis://10.0.0.5/2?password=***"),
+    ("redis://10.0.0.5/2?db=1&password=s3cret&ssl=no", "redis://10.0.0.5/2?db=1&password=***&ssl=no"),
+    ("unix:///run/redis.sock?db=2&PassWord=s3cret", "unix:///run/redis.sock?db=2&PassWord=***"),
+    ("redis://10.0.0.5/?passwd=s3cret&pass=s3cret", "redis://10.0.0.5/?passwd=***&pass=***"),
+    ("http://h/x?token=s3cret&secret=s3cret&api_key=s3cret&a=1",
+     "http://h/x?token=***&secret=***&api_key=***&a=1"),
+    ("redis://u:s3cret@10.0.0.5/0?password=s3cret", "redis://u:***@10.0.0.5/0?password=***"),
+])
+def test_every_form_of_a_password_is_hidden(url: str, shown: str) -> None:
+    assert redact(url) == shown
+    assert "s3" not in redact(url)  # nor any piece of it
+
+
+@pytest.mark.parametrize("text", [
+    "redis://127.0.0.1:6379/0", "unix:///run/redis.sock?db=2", "/srv/crawl/out", "out.tar.gz",
+    "amqp://rabbit:5672//", "http://example.org/a?page=2", "", "not a url",
+])
+def test_what_holds_no_secret_is_shown_as_it_is(text: str) -> None:
+    assert redact(text) == text
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:s3/cret@127.0.0.1:6379/2", "redis://:1/s3cret@127.0.0.1/2",
+    "unix://:s3/cret@/run/redis.sock",
+])
+def test_a_raw_slash_in_a_redis_password_is_named_not_shown(url: str) -> None:
+    with pytest.raises(ValueError) as info:
+        check_redis_url(url)
+    message = str(info.value)
+    assert "cret" not in message and "percent-encode" in message, message
+
+
+def test_seed_urls_with_credentials_are_refused_without_showing_them(redis_url) -> None:
+    res = run("seed", "j", "http://user:s3cret@127.0.0.1:9/", "--redis-url", redis_url)
+    assert res.returncode == 2 and "carries credentials" in res.stderr, res.stderr
+    assert SECRET not in res.stderr + res.stdout
+
+
+def test_an_output_url_for_the_wrong_saver_is_shown_redacted(tmp_path) -> None:
+    res = run("crawl", "--in-memory", "http://127.0.0.1:9/", "--saver", "files",
+              "--output", "redis://:s3cret@127.0.0.1:9/2")
+    assert res.returncode == 2 and "redis://:***@127.0.0.1:9/2" in res.stderr, res.stderr
+    assert SECRET not in res.stderr + res.stdout
+
+
+def test_the_crawl_summary_never_shows_the_output_password(redis_server_url, tmp_path) -> None:
+    """A real crawl saving to the test Redis (which has a password) at database 2."""
+    password = redis.connection.parse_url(redis_server_url)["password"]
+    assert password
+    output = redis_server_url.rsplit("/", 1)[0] + "/2"
+    with RouteServer({"/": (200, b"<html>hello</html>")}) as server:
+        res = run("crawl", "--in-memory", server.base + "/", "--output", output)
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert "1 saved, 0 dead" in res.stdout
+    assert f"output in {output.replace(password, '***')}" in res.stdout
+    assert password not in res.stdout + res.stderr
+    client = redis.Redis.from_url(output)
+    try:
+        assert client.dbsize() >= 1  # the page went there
+        client.flushdb()
+    finally:
+        client.close()
