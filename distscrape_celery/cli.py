@@ -238,7 +238,8 @@ class _StderrBar:
 @with_spec_options
 @click.option("--ids-file", metavar="FILE",
               help="More seeds, one a line (- for stdin): IDs for the ids scraper, else URLs. "
-                   "Streamed in batches; malformed lines are reported and skipped.")
+                   "Streamed in batches; malformed lines (and lines over 8192 bytes) are "
+                   "reported and skipped.")
 @redis_url_option
 def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     """Create JOB (or add seeds to it) and queue its SEEDs for the workers.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
@@ -17,7 +19,9 @@ from .keys import NO_DOMAIN, domain_of
 from .redaction import redact
 from .settings import format_validation_error, is_redis_url
 from .tracker.base import CrawlLimits, DomainLimits
-from .urls import DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, normalize_url
+from .urls import (
+    DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, host_name_error, normalize_url,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -80,7 +84,6 @@ DEFAULT_DENY_EXTENSIONS: tuple[str, ...] = (
     "css", "pdf", "exe", "bin", "rss", "dmg", "iso", "apk", "jar", "msi", "deb", "rpm",
     "woff", "woff2", "ttf", "otf", "eot",
 )
-_DOMAIN = re.compile(r"^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_-]{1,63}$|^[0-9a-f:.]+$")
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -168,15 +171,7 @@ class ScraperSpec(_Strict):
     @field_validator("allowed_domains")
     @classmethod
     def _domains(cls, value: Optional[list[str]]) -> Optional[list[str]]:
-        if value is None:
-            return value
-        out = []
-        for domain in value:
-            name = domain.strip().strip(".").lower()
-            if not _DOMAIN.match(name):
-                raise ValueError(f"{domain!r} is not a domain name (no scheme, port or path)")
-            out.append(name)
-        return out
+        return None if value is None else [allowed_domain(domain) for domain in value]
 
     @field_validator("deny_extensions")
     @classmethod
@@ -213,6 +208,32 @@ class ScraperSpec(_Strict):
         if self.allowed_domains is not None and not self.same_host:
             raise ValueError("allowed_domains and same_host = false (--all-hosts) exclude each other")
         return self
+
+
+def allowed_domain(domain: str) -> str:
+    """``domain`` as link hosts are compared with it (lower case, IDNA-encoded, no dot at either
+    end; an IPv6 address compressed), or ValueError saying why no link host could ever match it:
+    a port, a wildcard, a percent-escape, an empty label, a character no host name has."""
+    name = domain.strip().strip(".").lower()
+    shown = f"{domain!r} is not a domain name"
+    if not name:
+        raise ValueError(f"{shown}: empty")
+    if "/" in name:
+        raise ValueError(f"{shown} (no scheme, port or path)")
+    if ":" in name:
+        try:
+            return str(ipaddress.IPv6Address(name.removeprefix("[").removesuffix("]")))
+        except ValueError:
+            raise ValueError(f"{shown}: no port (a domain takes every port)") from None
+    if not name.isascii() and re.search(r"[\s@?#\\%*]", name) is None:
+        try:  # encoded as the canonicalizer encodes the host of a link
+            name = urlsplit(normalize_url(f"http://{name}/")).hostname or ""
+        except ValueError:
+            raise ValueError(f"{shown}: not a host name") from None
+    why = host_name_error(name)
+    if why is not None:
+        raise ValueError(f"{shown}: {why}")
+    return name
 
 
 def _label(info: ValidationInfo, field: str, default: Optional[str] = None) -> str:
@@ -322,7 +343,8 @@ class SaverSpec(_Strict):
         return value
 
 
-_DOMAIN = re.compile(r"^(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?$")
+# A key of domain_overrides: a domain as keys.domain_of gives it, an authority without user info.
+_HOST_PORT = re.compile(r"(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
 
 
 class DomainOverride(_Strict):
@@ -365,7 +387,7 @@ class PolitenessSpec(_Strict):
         out = {}
         for domain, override in value.items():
             key = domain.lower()
-            if not _DOMAIN.match(key):
+            if not _HOST_PORT.fullmatch(key):
                 raise ValueError(f"{domain!r} is not a host or host:port")
             out[key] = override
         return out

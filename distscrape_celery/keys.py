@@ -84,7 +84,8 @@ from dataclasses import dataclass
 from .errors import ConfigError
 
 PREFIX = "ds"
-JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# Matched whole (fullmatch): with match and "$", a name could end in a newline.
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 JOBS = f"{PREFIX}:jobs"
 ACTIVE_JOBS = f"{PREFIX}:active-jobs"
@@ -114,7 +115,7 @@ def robots_fetch(name: str) -> str:
 
 def check_job_name(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise :class:`ConfigError`."""
-    if not isinstance(job, str) or not JOB_NAME_RE.match(job):
+    if not isinstance(job, str) or not JOB_NAME_RE.fullmatch(job):
         raise ConfigError(
             f"invalid job name {job!r}: use 1-100 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

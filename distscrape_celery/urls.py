@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import ipaddress
 import re
 from collections.abc import Iterable
 from typing import NamedTuple, Optional
@@ -40,6 +41,36 @@ PLAIN_PATH = rf"(?:(?:/{PLAIN_SEGMENT})+/?|/)"
 # Its scheme, host and port (groups 1-3; the port may still be over 65535).
 PLAIN_ORIGIN = r"(https?)://((?:[a-z0-9-]{1,63}\.)*[a-z0-9-]{1,63})(?::([1-9][0-9]{0,4}))?"
 _PLAIN_URL = re.compile(rf"{PLAIN_ORIGIN}({PLAIN_PATH}?)(?:#[!-~]*)?\Z")
+
+
+# A host name as a canonical URL has it (lower case, IDNA-encoded): labels of 1-63 letters,
+# digits, '-' or '_' (real names have them), maybe a final dot. It takes every host _PLAIN_URL
+# does. w3lib lets through hosts no resolver knows ("a..b", "exa mple.com", "*.a", "%41").
+_HOST_NAME = re.compile(r"(?:[a-z0-9_-]{1,63}\.)*[a-z0-9_-]{1,63}\.?")
+
+
+def host_name_error(host: str) -> Optional[str]:
+    """Why ``host`` (lower case and IDNA-encoded, as :func:`urllib.parse.urlsplit` gives it; an
+    IPv6 address without brackets) is no host name or address; None if it is one."""
+    if _HOST_NAME.fullmatch(host):
+        return None
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+            return None
+        except ValueError:
+            return "not an IPv6 address"
+    if not host:
+        return "empty"
+    if "" in host.rstrip(".").split("."):
+        return "empty label"
+    if any(len(label) > 63 for label in host.split(".")):
+        return "label longer than 63 characters"
+    if "*" in host:
+        return "no wildcard"
+    if "%" in host:
+        return "no percent-escape"
+    return "not a host name (letters, digits, '-', '_' and dots only)"
 
 
 class CanonicalURL(NamedTuple):
@@ -88,6 +119,9 @@ class Canonicalizer:
         host = parts.hostname or ""
         if not host:
             raise ValueError(f"URL has no host: {redact(url)!r}")
+        why = host_name_error(host)
+        if why is not None:
+            raise ValueError(f"invalid host name {host!r} ({why}) in {redact(url)!r}")
         if parts.username is not None or parts.password is not None:
             raise ValueError(f"URL carries credentials, refusing it: {redact(url)!r}")
         port = parts.port  # raises ValueError on a malformed port
