@@ -505,7 +505,8 @@ def seed_item(
     seed: str, scraper_kind: Optional[str], canonicalizer: Optional[Canonicalizer] = None
 ) -> str:
     """The item a seed stands for: a normalised URL, or with the ids scraper an ID (stripped,
-    printable, at most 256 characters, not ``.`` or ``..``) unless it is a URL. Raises ValueError saying why not."""
+    printable, at most 256 characters, not ``.`` or ``..``) unless it is a URL. Raises
+    ValueError saying why not."""
     if scraper_kind == "ids" and "://" not in seed:
         item = seed.strip()
         if not item or not item.isprintable():

@@ -121,7 +121,7 @@ class Canonicalizer:
             raise ValueError(f"URL has no host: {redact(url)!r}")
         why = host_name_error(host)
         if why is not None:
-            raise ValueError(f"invalid host name {host!r} ({why}) in {redact(url)!r}")
+            raise ValueError(f"invalid host name {host!r} ({why})")
         if parts.username is not None or parts.password is not None:
             raise ValueError(f"URL carries credentials, refusing it: {redact(url)!r}")
         port = parts.port  # raises ValueError on a malformed port

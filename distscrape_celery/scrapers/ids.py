@@ -70,5 +70,7 @@ class IDScraper(Scraper):
             found_id = match.group(group)
             if (found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable()
                     and found_id not in DOT_IDS):
-                found[id_url(self.download_url_fmt, found_id) if is_url(found_id) else found_id] = None
+                if is_url(found_id):
+                    found_id = id_url(self.download_url_fmt, found_id)
+                found[found_id] = None
         return list(found)
