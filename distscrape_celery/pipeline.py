@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Protocol
 
 from .backoff import Backoff
 from .batching import Batcher
-from .errors import FetchError, TrackerUnavailable
+from .errors import ConfigError, FetchError, TrackerUnavailable
 from .fetch import Download, redirect_check
 from .keys import domain_of
 from .runtime import Runtime
@@ -213,7 +213,15 @@ class ItemPipeline:
         tracker = self.rt.tracker
         spec = self.rt.spec(job)
         token = co.token
-        scraper = self.rt.scraper(job)
+        try:
+            scraper = self.rt.scraper(job)
+        except ConfigError as exc:
+            # This worker refuses (or cannot load) what the job's spec names, and would for
+            # every attempt: dead at once, with the reason.
+            return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=False)
+        except Exception as exc:  # a plug-in failing to build costs an attempt, not the worker
+            log.exception("%s %s: building the job's scraper raised", job, item)
+            return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
         try:
             self._check_robots(job, scraper.url_for(item))
             with redirect_check(self._redirect_check(job)):
@@ -366,7 +374,7 @@ class ItemPipeline:
                     else:
                         stores.append(_Store(i, item, token, outcome, begin.status is SaveStart.STALE))
                 if (len(stores) > 1 and not any(begin.lost for begin in begins)
-                        and self.rt.saver(job).commits_groups()):
+                        and self._commits_groups(job)):
                     self._store_together(job, stores, results)
                 else:
                     for store in stores:
@@ -382,6 +390,14 @@ class ItemPipeline:
             # (and a save to look at again later) was not queued: reclaimed within a lease.
             log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
         return results  # type: ignore[return-value]
+
+    def _commits_groups(self, job: str) -> bool:
+        """Whether the job's saver commits groups; False if it cannot be built, so that each
+        item's own save meets (and reports) the error."""
+        try:
+            return self.rt.saver(job).commits_groups()
+        except Exception:
+            return False
 
     def _store_together(self, job: str, stores: list[_Store], results: list[Optional[str]]) -> None:
         """Hand ``stores`` to the saver as one group, then mark the stored ones done in one
@@ -480,6 +496,11 @@ class ItemPipeline:
         full = output_full(exc)
         if full is not None:
             return self._defer(job, item, token, download, full)
+        if isinstance(exc, ConfigError):
+            # The worker refuses the job's saver or its output (or cannot build it): every
+            # attempt would fail the same way.
+            log.error("%s %s: save refused: %s", job, item, exc)
+            return self._fail(job, item, token, str(exc), fault=Fault.ITEM, retryable=False)
         log.error("%s %s: save failed", job, item, exc_info=exc)
         return self._fail(job, item, token, f"save failed: {exc}", fault=Fault.ITEM)
 
