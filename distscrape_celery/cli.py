@@ -85,15 +85,27 @@ def _build_spec(data: dict[str, Any], names: dict[str, str]) -> JobSpec:
     for section in ("scraper", "saver"):
         if f"{section}.kind" in names:
             names[section] = names[f"{section}.kind"]
+    return build_spec(data, names)
+
+
+def _check_components(spec: JobSpec, settings: Settings, names: dict[str, str]) -> None:
+    """Refuse, before anything is stored or fetched, a spec whose classes or output ``settings``
+    (this process's) do not allow, as a worker with the same settings would."""
     from .components import check_components
 
-    spec = build_spec(data, names)
-    check_components(spec, names)
-    return spec
+    check_components(spec, settings, names)
 
 
-def _spec(seeds: tuple[str, ...], flags: dict[str, Any]) -> JobSpec:
-    return _build_spec(*_spec_data(seeds, flags))
+def _with_own_plugins(settings: Settings, spec: JobSpec) -> Settings:
+    """``settings`` that also allow the modules of the classes ``spec`` names: for `distscrape
+    crawl`, whose spec is written by the very user who runs it, on workers of its own."""
+    from .components import spec_plugin_modules
+
+    modules = spec_plugin_modules(spec)
+    if not modules:
+        return settings
+    allowed = tuple(dict.fromkeys((*settings.plugin_modules, *modules)))
+    return Settings.model_validate({**settings.model_dump(), "plugin_modules": allowed})
 
 
 def _redis_runtime(settings: Settings):
@@ -104,7 +116,7 @@ def _redis_runtime(settings: Settings):
 
     tracker = RedisTracker.from_settings(settings)
     configure_app(settings)
-    return tracker, CrawlManager(tracker, publisher.scrape)
+    return tracker, CrawlManager(tracker, publisher.scrape, settings=settings)
 
 
 redis_url_option = click.option(
@@ -121,14 +133,16 @@ spec_options = [
 scraper_saver_options = [
     click.option("--scraper", metavar="simple|ids|MODULE:CLASS",
                  help="What finds new items: links (simple, the default), IDs (ids), or a "
-                      "Scraper class of your own."),
+                      "Scraper class of your own, from a module that DISTSCRAPE_PLUGIN_MODULES "
+                      "allows (in the workers' settings and this command's)."),
     click.option("--id-regex", metavar="REGEX",
                  help="ids scraper: new IDs are this regex's matches (its first group, if any)."),
     click.option("--download-url-fmt", metavar="URL",
                  help="ids scraper: the URL an ID is downloaded from, with {id} for the ID."),
     click.option("--saver", metavar="files|redis|tar|warc|MODULE:CLASS",
                  help="How items are saved (default: the saver --output names: a redis:// URL "
-                      "redis, a .tar* name tar, a .warc.gz name warc, else files)."),
+                      "redis, a .tar* name tar, a .warc.gz name warc, else files), or a class "
+                      "of your own, as for --scraper."),
 ]
 # What a job fetches and how (see the README's Crawl policy).
 policy_options = [
@@ -247,9 +261,10 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     With no option but seeds, a JOB that exists takes them as it is. Exit status: 0 done, 1 done
     but malformed --ids-file lines were skipped, 2 error."""
     data, names = _spec_data(seeds, spec_flags)
+    settings = _settings(redis_url)
     runtime = None
     if not any(spec_flags.values()):
-        runtime = _redis_runtime(_settings(redis_url))
+        runtime = _redis_runtime(settings)
         stored = _stored_spec(runtime[0], job)
         if stored is not None:
             data = {**stored, "seeds": data.get("seeds")}
@@ -264,7 +279,8 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
                 first = next(more, None)
                 data["seeds"] = [first] if first is not None else None
         spec = _build_spec(data, names)
-        tracker, manager = runtime or _redis_runtime(_settings(redis_url))
+        _check_components(spec, settings, names)
+        tracker, manager = runtime or _redis_runtime(settings)
         live = [w for w in tracker.workers() if w.alive]
         if live and all(w.host == socket.gethostname() for w in live):
             # The output is written on this machine: a bad one is refused before anything is
@@ -503,7 +519,8 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         run_in_memory_crawl, run_local_crawl, state_directory,
     )
 
-    spec = _spec(seeds, spec_flags)
+    data, names = _spec_data(seeds, spec_flags)
+    spec = _build_spec(data, names)
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
     if (state_dir or fresh) and (in_memory or redis_url):
@@ -511,7 +528,11 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
             "--state-dir and --fresh are for the embedded Redis: with --redis-url the state is in "
             "that Redis (use another --job to start over), and --in-memory keeps none"
         )
-    settings = _settings(redis_url, lease_seconds)
+    # The user runs their own spec here, on workers this command starts for it: the classes it
+    # names are theirs to load. Its workers get that allow-list; with --redis-url they also take
+    # other jobs of that Redis, which may name these modules and no others.
+    settings = _with_own_plugins(_settings(redis_url, lease_seconds), spec)
+    _check_components(spec, settings, names)
     job = job or default_job_name(spec)
     check_job_name(job)
     check_local_output(spec)

@@ -247,7 +247,7 @@ def run_local_crawl(
     with redis_for_crawl(settings, embedded_redis, state_dir) as settings:
         tracker = RedisTracker.from_settings(settings)
         configure_app(settings)
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = CrawlManager(tracker, publisher.scrape, settings=settings)
         resumed = job in tracker.jobs()
         released = 0
         if resumed:
@@ -346,7 +346,7 @@ def run_in_memory_crawl(
             agent.register()
             agent.start()
             try:
-                manager = CrawlManager(runtime.tracker, publisher.scrape)
+                manager = CrawlManager(runtime.tracker, publisher.scrape, settings=settings)
                 started = time.monotonic()
                 manager.seed(job, spec)
                 stats = manager.wait(job, timeout=timeout, on_progress=on_progress)

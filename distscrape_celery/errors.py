@@ -15,6 +15,16 @@ class ConfigError(DistscrapeError, ValueError):
     """A setting, job spec or command-line value is invalid; the message names the field."""
 
 
+class PluginNotAllowed(ConfigError):
+    """A job spec names a class whose module this process's settings do not allow it to import
+    (``DISTSCRAPE_PLUGIN_MODULES``); the module was not imported."""
+
+
+class OutputNotAllowed(ConfigError):
+    """A job spec's file output lies outside the directories this process's settings allow
+    (``DISTSCRAPE_OUTPUT_ROOTS``); nothing was written."""
+
+
 class JobNotFound(DistscrapeError, LookupError):
     """No job of that name has been seeded on this tracker."""
 

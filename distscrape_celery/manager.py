@@ -11,6 +11,7 @@ from typing import Optional
 from .components import check_components
 from .jobspec import JobSpec
 from .keys import check_job_name
+from .settings import Settings
 from .tracker import JobStats, Tracker
 from .urls import url_host
 
@@ -28,11 +29,17 @@ class SeedResult:
 
 
 class CrawlManager:
-    """Coordinates a job through the tracker; ``publish`` sends scrape tasks for dispatched items."""
+    """Coordinates a job through the tracker; ``publish`` sends scrape tasks for dispatched items.
+    A spec is seeded only if ``settings`` (this process's; default: the built-in kinds only, any
+    output) would let it load the classes the spec names and write where it says."""
 
-    def __init__(self, tracker: Tracker, publish: Callable[[str, Sequence[str]], None]) -> None:
+    def __init__(
+        self, tracker: Tracker, publish: Callable[[str, Sequence[str]], None], *,
+        settings: Optional[Settings] = None,
+    ) -> None:
         self.tracker = tracker
         self.publish = publish
+        self.settings = settings if settings is not None else Settings()
 
     def seed(
         self, job: str, spec: JobSpec, more: Iterable[str] = (),
@@ -43,7 +50,7 @@ class CrawlManager:
         the new seeds if nothing else in its spec differs (it keeps its first seeds in its spec).
         ``on_progress(items taken, new)`` is called after each round trip."""
         check_job_name(job)
-        check_components(spec)
+        check_components(spec, self.settings)
         created = self.tracker.create_job(job, spec.to_json(), spec.crawl_limits())
         stored = spec if created else JobSpec.from_json(self.tracker.load_spec(job))
         counter = _HostCounter(stored)

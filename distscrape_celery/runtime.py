@@ -75,7 +75,11 @@ class Runtime:
         return spec
 
     def scraper(self, job: str) -> Scraper:
-        return self._per_job(self._scrapers, job, build_scraper)
+        """The job's scraper; raises ConfigError when this worker's settings refuse the class its
+        spec names (not kept: each item asking again is refused without importing anything)."""
+        return self._per_job(
+            self._scrapers, job, lambda spec: build_scraper(spec, self.settings)
+        )
 
     def robots(self, job: str) -> Optional[RobotsCache]:
         """The job's robots.txt policy; None when the job ignores robots.txt."""
@@ -86,8 +90,11 @@ class Runtime:
         )
 
     def saver(self, job: str) -> ItemSaver:
+        """The job's saver, opened; raises ConfigError when this worker's settings refuse its
+        class or its output."""
+
         def open_saver(spec: JobSpec) -> ItemSaver:
-            saver = build_saver(spec, job, self.worker_id)
+            saver = build_saver(spec, job, self.worker_id, self.settings)
             saver.open()
             return saver
 

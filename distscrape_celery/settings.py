@@ -135,6 +135,19 @@ class Settings(BaseModel):
         "presumed lost and scraped again; unset, 5 leases plus 30 s.",
     )
 
+    plugin_modules: tuple[str, ...] = Field(
+        (),
+        description="Modules (comma-separated dotted names) from which a job spec's "
+        "scraper.kind or saver.kind may name a class as module:Class: 'mypkg' allows mypkg and "
+        "mypkg.*, not mypkgx. The built-in kinds are always allowed; any other module is refused "
+        "before it is imported. A job spec comes from whoever can write to the tracker's Redis.",
+    )
+    output_roots: Optional[tuple[str, ...]] = Field(
+        None,
+        description="Absolute directories (comma-separated) under which a files, tar or warc "
+        "saver's output must lie, symlinks followed; unset, any path this process can write.",
+    )
+
     metrics_auth: Optional[str] = Field(
         None,
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
@@ -158,6 +171,36 @@ class Settings(BaseModel):
         if lease is not None and value <= lease:
             raise ValueError(f"must be more than lease_seconds ({lease:g})")
         return value
+
+    @field_validator("plugin_modules", "output_roots", mode="before")
+    @classmethod
+    def _split_list(cls, value: object) -> object:
+        # The environment gives a list as one comma-separated string; blanks around names and
+        # an empty last element (a trailing comma) are dropped.
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("plugin_modules")
+    @classmethod
+    def _check_plugin_modules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not is_dotted_name(name):
+                raise ValueError(f"{name!r} is not a dotted module name (such as mypkg.scrapers)")
+        return value
+
+    @field_validator("output_roots")
+    @classmethod
+    def _check_output_roots(cls, value: Optional[tuple[str, ...]]) -> Optional[tuple[str, ...]]:
+        if value is None:
+            return value
+        if not value:
+            # An empty list would refuse every output: more likely a mistake than meant.
+            raise ValueError("names no directory; leave it unset to allow any output")
+        for root in value:
+            if not os.path.isabs(root):
+                raise ValueError(f"{root!r} is not an absolute path")
+        return tuple(os.path.normpath(root) for root in value)
 
     @field_validator("metrics_auth")
     @classmethod
@@ -290,9 +333,16 @@ class Settings(BaseModel):
         env = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if value is not None:
+            if isinstance(value, tuple):
+                env[ENV_PREFIX + name.upper()] = ",".join(value)
+            elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)
         return env
+
+
+def is_dotted_name(name: str) -> bool:
+    """Whether ``name`` is a module name: identifiers joined by dots (``mypkg.scrapers``)."""
+    return bool(name) and all(part.isidentifier() for part in name.split("."))
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")

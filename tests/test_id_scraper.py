@@ -9,6 +9,7 @@ from distscrape_celery.errors import ConfigError, FetchError
 from distscrape_celery.fetch import Download
 from distscrape_celery.jobspec import build_spec
 from distscrape_celery.scrapers import IDScraper
+from distscrape_celery.settings import Settings
 
 FMT = "http://127.0.0.1:9/item/{}.json"
 
@@ -21,7 +22,7 @@ def spec(**scraper):
 def test_built_from_the_spec_and_seeds_may_be_ids_or_urls():
     s = spec(id_regex=r'"id": (\d+)', download_url_fmt=FMT)
     assert s.seeds == ["42", "http://127.0.0.1:9/list?page=1"]
-    scraper = build_scraper(s)
+    scraper = build_scraper(s, Settings())
     assert isinstance(scraper, IDScraper)
     assert scraper.url_for("42") == "http://127.0.0.1:9/item/42.json"
     assert scraper.url_for("http://127.0.0.1:9/list?page=1") == "http://127.0.0.1:9/list?page=1"
@@ -86,8 +87,10 @@ def test_bad_dotted_path_is_a_clear_error_at_seed(kind, fragment):
 
     tracker = InMemoryTracker()
     s = build_spec({"seeds": ["http://127.0.0.1:9/"], "saver": {"kind": kind}})
+    # Allowed by the seeding process's settings: what is wrong is the path itself.
+    settings = Settings(plugin_modules=[kind.partition(":")[0]])
     with pytest.raises(ConfigError, match="cannot load|is not a") as exc:
-        CrawlManager(tracker, lambda job, items: None).seed("j", s)
+        CrawlManager(tracker, lambda job, items: None, settings=settings).seed("j", s)
     assert fragment in str(exc.value)
     assert tracker.jobs() == []  # nothing was created
 

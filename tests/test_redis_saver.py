@@ -19,6 +19,7 @@ from distscrape_celery.jobspec import build_spec
 from distscrape_celery.local import wait_for_workers
 from distscrape_celery.manager import CrawlManager
 from distscrape_celery.savers import RedisItemSaver
+from distscrape_celery.settings import Settings
 from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
@@ -67,7 +68,7 @@ def test_bad_configuration_is_named(output_redis):
 def test_chosen_by_configuration_alone(output_redis):
     spec = build_spec({"seeds": ["http://127.0.0.1:9/"],
                        "saver": {"kind": "redis", "output": output_redis}})
-    assert isinstance(build_saver(spec, "j", "w1"), RedisItemSaver)
+    assert isinstance(build_saver(spec, "j", "w1", Settings()), RedisItemSaver)
 
 
 def test_crawl_into_a_separate_redis_through_real_workers(redis_url, output_redis, workers):

@@ -40,6 +40,8 @@ from distscrape_celery.urls import normalize_url
 LEASE = 2.0
 DEFAULT_SAVE_BATCH = Settings.model_fields["save_batch_size"].default
 SAVER = "plugins.savers:CrashingSaver"
+# The tests' own savers and scrapers: workers, and the checks of seeding, must allow them.
+PLUGIN_MODULES = "plugins"
 
 
 class PluginWorker(WorkerProcess):
@@ -84,12 +86,18 @@ def start_worker(tmp_path):
 
 
 def _setup(redis_url, start_worker, names, *, lease=LEASE, settings_kw=None, **worker_kw):
-    settings = crawl_settings(redis_url, lease_seconds=lease, **(settings_kw or {}))
+    settings = crawl_settings(redis_url, lease_seconds=lease, plugin_modules=PLUGIN_MODULES,
+                              **(settings_kw or {}))
     tracker = RedisTracker.from_url(redis_url)
     procs = [start_worker(settings, name, **worker_kw) for name in names]
     wait_for_workers(tracker, len(procs), procs=procs)
     configure_app(settings)
     return settings, tracker, procs
+
+
+def _manager(tracker) -> CrawlManager:
+    """A manager whose seeding checks allow the tests' plugins."""
+    return CrawlManager(tracker, publisher.scrape, settings=Settings(plugin_modules=PLUGIN_MODULES))
 
 
 def _spec(server, out, saver=SAVER, **extra):
@@ -104,7 +112,7 @@ def _crawl_with_victims(server, tracker, procs, job, spec, victims, timeout=60):
     (stats, seconds, fetches per path, the victims' request times per path)."""
     instruct(spec.saver.output, "crash_once", victims)
     started = time.monotonic()
-    manager = CrawlManager(tracker, publisher.scrape)
+    manager = _manager(tracker)
     manager.seed(job, spec)
     stats = manager.wait(job, timeout=timeout, check=_check_all(procs))
     return (stats, time.monotonic() - started, server.counts(),
@@ -329,7 +337,7 @@ def test_save_that_always_kills_its_process_ends_dead(
         doomed = _item(server, doomed_path)
         instruct(out, "crash_always", [doomed])
         started = time.monotonic()
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out, max_lost=max_lost))
         stats = manager.wait(job, timeout=45, check=_check_all(procs))
         elapsed = time.monotonic() - started
@@ -390,7 +398,7 @@ def test_save_waiting_in_broker_longer_than_a_lease_keeps_its_item(
     out, job = tmp_path / "out", "save-wait"
     n = len(site.reachable)
     with SiteServer(site, delay=0.02) as server:
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out))
         # Scrapes go on until the save messages fill the broker's bound; then nothing moves.
         deadline = time.monotonic() + 30
@@ -443,7 +451,8 @@ def test_hung_save_in_a_threads_pool_gives_its_item_up_after_the_time_limit(
     to another run a lease later and is saved, long before the hung run would have ended."""
     lease, limit, hang = 1.0, 5.0, 60.0
     site = generate_site(n_pages=5, seed=17, unreachable=0)
-    settings = crawl_settings(redis_url, lease_seconds=lease, task_time_limit=limit)
+    settings = crawl_settings(redis_url, lease_seconds=lease, task_time_limit=limit,
+                              plugin_modules=PLUGIN_MODULES)
     tracker = RedisTracker.from_url(redis_url)
     proc = start_worker(settings, "threads", pool="threads", concurrency=4)
     wait_for_workers(tracker, 1, procs=[proc])
@@ -453,7 +462,7 @@ def test_hung_save_in_a_threads_pool_gives_its_item_up_after_the_time_limit(
     with SiteServer(site) as server:
         hung = _item(server, "/")
         instruct(out, "pause", [f"{hang} {hung}"])
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         started = time.monotonic()
         manager.seed(job, _spec(server, out))
         stats = manager.wait(job, timeout=hang - 10, check=_check_all([proc]))
@@ -488,7 +497,7 @@ def test_every_scrape_message_delivered_twice(redis_url, redis_client, start_wor
             time.sleep(0.01)
 
     with SiteServer(site, delay=0.02) as server:
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         dup = threading.Thread(target=duplicate, daemon=True)
         manager.seed(job, _spec(server, out))
         dup.start()
@@ -582,7 +591,7 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
         [paused_path] = _pages(site, 1, seed=5)
         paused = _item(server, paused_path)
         instruct(out, "pause", [f"1.5 {paused}"])
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out))
         deadline = time.monotonic() + 30
         while (pid := paused_pid(out, paused)) is None:
@@ -703,7 +712,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         [doomed_path] = _pages(site, 1, seed=8)
         doomed = _item(server, doomed_path)
         instruct(out, "die_before_save_publish", [doomed])
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, build_spec({
             "seeds": [server.url("/")], "scraper": {"kind": "plugins.scrapers:DyingScraper"},
             "saver": {"kind": SAVER, "output": str(out)}, "max_retries": 0,
@@ -738,7 +747,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         # a lease or so after their hand-over, not after the save timeout (README, "Ack emulation
         # is off by default"). Before, the rest of the job waited that long.
         assert settings.save_timeout > 30
-        stats = CrawlManager(tracker, publisher.scrape).wait(
+        stats = _manager(tracker).wait(
             job, timeout=15, check=_check_all([survivor]))
     assert (stats.done, stats.dead) == (n, 0), (stats, _diagnose(redis_client, job, dead_id))
 
@@ -766,7 +775,7 @@ def test_save_message_delivered_twice_while_its_save_runs(
         [slow_path] = _pages(site, 1, seed=6)
         slow = _item(server, slow_path)
         instruct(out, "pause", [f"2.0 {slow}"])
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out, max_lost=max_lost))
         deadline = time.monotonic() + 30
         while paused_pid(out, slow) is None:
@@ -814,7 +823,7 @@ def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start
         [slow_path] = _pages(site, 1, seed=7)
         slow = _item(server, slow_path)
         instruct(out, "pause", [f"3.0 {slow}"])
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out))
         deadline = time.monotonic() + 30
         while (pid := paused_pid(out, slow)) is None:
@@ -874,8 +883,8 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
     with SiteServer(site, delay=0.02) as server:
         victims = {_item(server, p): p for p in _pages(site, 3, seed=9)}
         instruct(out, "crash_once", victims)
-        CrawlManager(tracker, publisher.scrape).seed(job, _spec(server, out))
-        stats = CrawlManager(tracker, publisher.scrape).wait(job, timeout=60, check=_check_all(procs))
+        _manager(tracker).seed(job, _spec(server, out))
+        stats = _manager(tracker).wait(job, timeout=60, check=_check_all(procs))
         fetched = server.counts()
 
     kills, wrote = event_counts(out, "kill"), event_counts(out, "wrote")
@@ -913,7 +922,7 @@ def test_a_stopping_worker_queues_the_saves_it_gathered(
     n = len(site.reachable)
     k = JobKeys(job)
     with SiteServer(site, delay=0.02) as server:
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = _manager(tracker)
         manager.seed(job, _spec(server, out))
         deadline = time.monotonic() + 30
 

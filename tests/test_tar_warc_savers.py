@@ -22,6 +22,7 @@ from distscrape_celery.savers import FileItemSaver, TarItemSaver, WarcItemSaver,
 from distscrape_celery.savers import shards as shards_module
 from distscrape_celery.savers.tar import TarShard, read_tar_shard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
+from distscrape_celery.settings import Settings
 
 TAR_EXTS = [".tar", ".tar.gz", ".tar.bz2"]
 GNU_TAR_FLAG = {".tar": "", ".tar.gz": "z", ".tar.bz2": "j"}
@@ -123,11 +124,11 @@ def test_spec_kinds_build_the_archive_savers(tmp_path):
     tar_spec = build_spec({"seeds": ["http://h/"], "saver": {
         "kind": "tar", "output": str(tmp_path / "a.tar.gz"), "shard_max_items": 5, "fsync": False,
     }})
-    saver = build_saver(tar_spec, "job", "w9")
+    saver = build_saver(tar_spec, "job", "w9", Settings())
     assert isinstance(saver, TarItemSaver) and saver.compression == "gz"
     assert saver._writer.max_items == 5 and not saver._writer.fsync
     warc_spec = build_spec({"seeds": ["http://h/"], "saver": {"kind": "warc", "output": str(tmp_path / "a.warc.gz")}})
-    assert isinstance(build_saver(warc_spec, "job", "w9"), WarcItemSaver)
+    assert isinstance(build_saver(warc_spec, "job", "w9", Settings()), WarcItemSaver)
 
 
 def test_an_existing_shard_is_never_appended_to(tmp_path):

@@ -25,6 +25,7 @@ from distscrape_celery.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 FULL_DISK_SAVER = "plugins.full_disk:FullDiskSaver"
+PLUGIN_MODULES = "plugins.full_disk"  # what the workers (and the seeding checks) must allow
 
 
 @pytest.fixture
@@ -429,7 +430,7 @@ def test_workers_with_skewed_clocks_steal_and_strand_nothing(
         }}
 
     settings, tracker, (behind,) = _setup(
-        redis_url, start_worker, ["behind"], lease=SHORT_LEASE,
+        redis_url, start_worker, ["behind"], lease=SHORT_LEASE, plugin_modules=PLUGIN_MODULES,
         worker_env={"behind": clock_env("behind", -SKEW)},
     )
     site = generate_site(n_pages=60, seed=23, unreachable=0)
@@ -440,7 +441,7 @@ def test_workers_with_skewed_clocks_steal_and_strand_nothing(
     with SiteServer(site, delay=0.25) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {"kind": FULL_DISK_SAVER,
                                                                 "output": str(out)}})
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = CrawlManager(tracker, publisher.scrape, settings=settings)
         manager.seed(job, spec)
         while tracker.stats(job).done < 5:
             behind.check()
@@ -530,7 +531,8 @@ def test_full_output_disk_defers_saves_without_redownloading(
     # A broker bound above the site's size, so that every page left is scraped and its save
     # deferred during the outage: many deferred saves, each retried every second.
     settings, tracker, procs = _setup(redis_url, start_worker, ["full-a", "full-b"], lease=1.0,
-                                      dispatch_factor=10, worker_env={"full-a": kw, "full-b": kw})
+                                      dispatch_factor=10, plugin_modules=PLUGIN_MODULES,
+                                      worker_env={"full-a": kw, "full-b": kw})
     if variant == "descheduled":  # the pause really is in both workers' heartbeats
         assert {p.proc.pid for p in procs} <= {int(x) for x in probe.read_text().split()}
     assert settings.save_retry_delay == 1.0
@@ -548,7 +550,7 @@ def test_full_output_disk_defers_saves_without_redownloading(
     with SiteServer(site, delay=0.1) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {"kind": FULL_DISK_SAVER,
                                                                 "output": str(out)}})
-        manager = CrawlManager(tracker, publisher.scrape)
+        manager = CrawlManager(tracker, publisher.scrape, settings=settings)
         manager.seed(job, spec)
         while tracker.stats(job).done < n // 3:
             check()
