@@ -25,6 +25,7 @@ import urllib3
 import urllib3.exceptions
 from urllib3.util import make_headers, parse_url
 
+from .deadline import Deadline, total_deadline, watched_pool_classes
 from .errors import FetchError
 from .jobspec import FetchSpec, JobSpec
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
@@ -135,6 +136,8 @@ class Fetcher:
             )
             if self.guard is not None:
                 pool.pool_classes_by_scheme = guarded_pool_classes(self.guard)
+            # Connections the total deadline can cut off in any phase (see total_deadline).
+            pool.pool_classes_by_scheme = watched_pool_classes(pool.pool_classes_by_scheme)
             self._local.pool = pool
         return pool
 
@@ -162,10 +165,14 @@ class Fetcher:
 
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
-        raises :class:`FetchError` for anything else, never an exception of urllib3."""
+        raises :class:`FetchError` for anything else, never an exception of urllib3.
+        ``total_timeout`` bounds the whole: every hop's connect, status line, headers and body."""
         _check_scheme(url)
+        with total_deadline(self.spec.total_timeout) as deadline:
+            return self._get(url, deadline)
+
+    def _get(self, url: str, deadline: Deadline) -> Download:
         spec = self.spec
-        deadline = time.monotonic() + spec.total_timeout
         visited = {urldefrag(url)[0]}
         current = url
         for _hop in range(spec.max_redirects + 1):
@@ -182,26 +189,32 @@ class Fetcher:
             if check is not None:
                 check(target)
             current = target
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise FetchError(
                     f"timed out after {spec.total_timeout:g}s (total_timeout) following "
                     f"redirects from {url}", retryable=True,
                 )
         raise FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
 
-    def _get_one(self, url: str, deadline: float) -> "Download | str":
+    def _get_one(self, url: str, deadline: Deadline) -> "Download | str":
         """One request: the download, or the URL its redirect points to."""
         spec = self.spec
         _check_host(url)
         response = None
         try:
             response = self._open(url)
+            # A connection the watchdog shut down ends the headers or the body early, as if the
+            # server had closed it: what arrived is incomplete and must not be used.
+            if deadline.passed():
+                raise _total_timeout(url, spec)
             location = _redirect_target(url, response)
             if location is not None:
                 return location
             _check_status(url, response)
             self._check_type(url, response)
             body = self._read_body(url, response, deadline)
+            if deadline.passed():
+                raise _total_timeout(url, spec)
             return Download(
                 url=url,
                 status=response.status,
@@ -212,6 +225,8 @@ class Fetcher:
             # Chained, so a caller can tell the guard's refusal from the host's answer.
             raise FetchError(f"{exc}: {url}", retryable=False) from exc
         except urllib3.exceptions.HTTPError as exc:
+            if deadline.passed():  # the watchdog cut the connection, or its clamped timeout ran out
+                raise _total_timeout(url, spec) from exc
             raise _urllib3_error(exc, url, spec) from exc
         except UnicodeError as exc:  # a host name the IDNA codec refuses, met when resolving
             raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
@@ -232,7 +247,9 @@ class Fetcher:
                 f"allowed_content_types", retryable=False,
             )
 
-    def _read_body(self, url: str, response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
+    def _read_body(
+        self, url: str, response: urllib3.BaseHTTPResponse, deadline: Deadline
+    ) -> bytes:
         """The decoded body, read as it arrives so the deadline holds even against a slow drip
         (``iter_content`` would block until a whole chunk had come in)."""
         limit = self.spec.max_bytes
@@ -246,13 +263,15 @@ class Fetcher:
                 raise FetchError(
                     f"body of {url} exceeds max_bytes={limit}", retryable=False
                 )
-            if time.monotonic() > deadline:
-                raise FetchError(
-                    f"timed out after {self.spec.total_timeout:g}s (total_timeout) "
-                    f"reading {url}",
-                    retryable=True,
-                )
+            if deadline.passed():
+                raise _total_timeout(url, self.spec)
         return bytes(body)
+
+
+def _total_timeout(url: str, spec: FetchSpec) -> FetchError:
+    return FetchError(
+        f"timed out after {spec.total_timeout:g}s (total_timeout) fetching {url}", retryable=True
+    )
 
 
 def _read_timeout(spec: FetchSpec) -> float:

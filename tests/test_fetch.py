@@ -361,3 +361,139 @@ def test_a_plain_url_goes_to_its_pool_directly_and_sends_what_the_manager_would(
             for e in log]
     assert len(set(wire)) == 1 and wire[0][:2] == (base.split("//")[1], "test-agent/1.0")
     assert len({e["port"] for e in log}) == 1  # one kept-alive connection, whichever way
+
+
+def _drip(first: bytes, dripped: bytes, pause: float = 0.3) -> Route:
+    """A route that sends ``first`` at once, then ``dripped`` one byte every ``pause`` seconds:
+    each byte well within read_timeout, the whole far beyond total_timeout."""
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        handler.close_connection = True
+        handler.wfile.write(first)
+        handler.wfile.flush()
+        for byte in dripped:
+            if release.wait(pause):
+                return
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+
+    release = threading.Event()
+    route.release = release  # type: ignore[attr-defined]
+    return route
+
+
+# About 16 s of dripping at 0.3 s a byte: a fetch still going after 5 s is past its deadline.
+_SLOW_HEADERS = b"X-Slow: " + b"a" * 20 + b"\r\nContent-Length: 2\r\n\r\nok"
+
+
+@pytest.mark.parametrize(
+    ("first", "dripped"),
+    [(b"HTTP/1.1 200 OK\r\n", _SLOW_HEADERS),  # the headers drip
+     (b"", b"HTTP/1.1 200 OK\r\n" + _SLOW_HEADERS),  # the status line itself drips
+     # A body read up to the connection's end: cut at the deadline, it must not pass as whole.
+     (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", _SLOW_HEADERS)],
+    ids=["headers", "status-line", "body-to-close"],
+)
+def test_total_timeout_covers_a_dripping_status_line_headers_or_body(
+    first: bytes, dripped: bytes
+) -> None:
+    slow = _drip(first, dripped)
+    routes = {"/slow": slow, "/ok": lambda h: reply(h, 200, b"fine")}
+    fetch = fetcher(read_timeout=2, total_timeout=1)
+    with serve(routes) as (base, _, log):
+        try:
+            started = time.monotonic()
+            error = fetch_error(fetch, base + "/slow")
+            elapsed = time.monotonic() - started
+            # The shut-down connection is not reused: the same thread's next fetch gets a new one.
+            assert fetch.get(base + "/ok").body == b"fine"
+        finally:
+            slow.release.set()
+    assert elapsed < 5  # the deadline, not the end of the drip (about 16 s), ended it
+    assert error.retryable is True
+    assert str(error) == f"timed out after 1s (total_timeout) fetching {base}/slow"
+    assert [e["path"] for e in log] == ["/slow", "/ok"] and log[0]["port"] != log[1]["port"]
+
+
+def test_total_timeout_covers_a_server_that_never_answers() -> None:
+    # The port accepts (the kernel completes the handshake) but nothing ever reads or answers.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/"
+        started = time.monotonic()
+        error = fetch_error(fetcher(read_timeout=30, total_timeout=1), url)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5
+    assert error.retryable is True
+    assert str(error) == f"timed out after 1s (total_timeout) fetching {url}"
+
+
+@contextmanager
+def dripping_tcp_server(dripped: bytes, pause: float = 0.3) -> Iterator[int]:
+    """A bare TCP server on 127.0.0.1 (yields its port) that sends each client ``dripped`` one
+    byte every ``pause`` seconds, whatever the client says; for phases below HTTP (TLS)."""
+    release = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_one(conn: socket.socket) -> None:
+        with conn:
+            for byte in dripped:
+                if release.wait(pause):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return  # the client gave up, as it should
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _addr = listener.accept()
+            except OSError:
+                return  # closed at teardown
+            threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        release.set()
+        listener.close()
+
+
+def test_total_timeout_covers_a_dripping_tls_handshake() -> None:
+    # The start of a TLS handshake record announcing 16 kB, then its bytes one at a time. The
+    # handshake as a whole has the socket's timeout: connect_timeout, here far above the total.
+    with dripping_tcp_server(b"\x16\x03\x03\x40\x00" + b"\x02" * 50) as port:
+        url = f"https://127.0.0.1:{port}/"
+        started = time.monotonic()
+        error = fetch_error(fetcher(connect_timeout=10, read_timeout=10, total_timeout=1), url)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5  # the deadline, not the end of the drip (about 16 s), ended it
+    assert error.retryable is True
+    assert str(error) == f"timed out after 1s (total_timeout) fetching {url}"
+
+
+def test_one_watchdog_thread_bounds_every_thread_of_a_pool() -> None:
+    """Threads of one process sharing a fetcher (a threads pool), all stuck in dripping headers,
+    all get their thread back at their deadline; one watchdog thread serves them all."""
+    slow = _drip(b"HTTP/1.1 200 OK\r\n", _SLOW_HEADERS)
+    fetch = fetcher(read_timeout=2, total_timeout=1)
+    errors: list[str] = []
+    with serve({"/slow": slow}) as (base, _, _log):
+        try:
+            def stuck_fetch() -> None:
+                errors.append(str(fetch_error(fetch, base + "/slow")))
+
+            threads = [threading.Thread(target=stuck_fetch) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(5)
+            stuck = [thread for thread in threads if thread.is_alive()]
+        finally:
+            slow.release.set()
+    assert not stuck
+    assert errors == [f"timed out after 1s (total_timeout) fetching {base}/slow"] * 4
+    assert [t.name for t in threading.enumerate()].count("distscrape-deadlines") == 1
