@@ -497,3 +497,53 @@ def test_one_watchdog_thread_bounds_every_thread_of_a_pool() -> None:
     assert not stuck
     assert errors == [f"timed out after 1s (total_timeout) fetching {base}/slow"] * 4
     assert [t.name for t in threading.enumerate()].count("distscrape-deadlines") == 1
+
+
+def _nested_gzip_bomb() -> bytes:
+    """About 1 kB that decode, through ``Content-Encoding: gzip, gzip``, to 256 MiB of zeros.
+    The inner layer is 256 gzip members of 1 MiB each (cheap to build; one valid gzip body)."""
+    return gzip.compress(gzip.compress(bytes(1 << 20), 9) * 256, 9)
+
+
+def test_nested_gzip_bomb_stops_at_max_bytes_in_bounded_memory() -> None:
+    import tracemalloc
+
+    bomb = _nested_gzip_bomb()
+    assert len(bomb) < 2048
+    routes = {"/bomb": lambda h: reply(h, 200, bomb, {"Content-Encoding": "gzip, gzip"})}
+    with serve(routes) as (base, _, _log):
+        fetch = fetcher(max_bytes=1_000_000, total_timeout=30)
+        tracemalloc.start()
+        try:
+            started = time.monotonic()
+            error = fetch_error(fetch, base + "/bomb")
+            elapsed = time.monotonic() - started
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    # Decoding stops near max_bytes: urllib3 before 2.6 expanded all 256 MiB first.
+    assert peak < 100 * 1024 * 1024, f"peak {peak / 2**20:.0f} MiB while decoding"
+    assert elapsed < 10
+    assert str(error) == f"body of {base}/bomb exceeds max_bytes=1000000"
+
+
+def test_installed_urllib3_is_one_that_bounds_decompression() -> None:
+    """pyproject.toml's floor for urllib3 bounds streamed decompression (urllib3 2.6.0: chained
+    encodings, max_length; 2.7.0: Brotli and drain_conn; 2.8.0: a chunked deflate loop), and
+    the urllib3 in use meets it."""
+    import pathlib
+
+    import urllib3
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    (requirement,) = [r for r in map(Requirement, declared) if r.name == "urllib3"]
+    floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
+    assert floors and min(floors) >= Version("2.8.0"), requirement
+    assert requirement.specifier.contains(urllib3.__version__), urllib3.__version__
