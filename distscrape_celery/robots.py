@@ -19,7 +19,6 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional, Protocol
 from urllib.parse import urlsplit
@@ -28,6 +27,7 @@ import redis
 from protego import Protego
 
 from . import keys
+from .caches import ByteBoundedCache, text_bytes
 from .errors import FetchError
 from .fetch import Fetcher
 from .jobspec import FetchSpec, JobSpec
@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 DISALLOWED = "disallowed by robots.txt"
 # Google reads the first 500 KiB and ignores the rest; a larger file is cut there, not refused.
 MAX_ROBOTS_BYTES = 500 * 1024
-# Parsed files kept per process, counted by their text (each at least _ENTRY_BYTES): a full-size
-# file per origin times many origins would otherwise add up.
-PARSED_ROBOTS_BYTES = 32 * 1024 * 1024
-_ENTRY_BYTES = 1024
+# Parsed files kept per process, by their size: protego's rules take some 40 to 60 times the
+# file's text (a 512 KiB file, 30 MB), so a count of files bounds nothing.
+PARSED_ROBOTS_BYTES = 64 * 1024 * 1024
+_PARSED_PER_CHAR = 64
 
 
 class RobotsStore(Protocol):
@@ -139,45 +139,13 @@ class _Rules:
     parser: Optional[Protego]  # None: everything allowed
     unavailable: Optional[str] = None  # why nothing may be fetched for now
     expires: float = 0.0
-
-
-class _ParsedCache:
-    """A thread-safe LRU map bounded by the bytes its values stand for (``size`` at
-    :meth:`put`), not by their number."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._entries: OrderedDict[object, tuple[object, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: object) -> Optional[object]:
-        """The value kept for ``key`` (now the most recently used), or None."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            return entry[0]
-
-    def put(self, key: object, value: object, size: int) -> None:
-        """Keep ``value`` for ``key``, dropping the least recently used values until all fit;
-        a value larger than the whole bound is not kept."""
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.bytes -= old[1]
-            if size > self.max_bytes:
-                return
-            self._entries[key] = (value, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self.bytes -= dropped
+    size: int = 0  # about the memory the parsed rules take
 
 
 # Shared by the jobs of a process; each job's entries are its own (keyed by its cache's id).
-_PARSED = _ParsedCache(PARSED_ROBOTS_BYTES)
+_PARSED: ByteBoundedCache[tuple[int, str], _Rules] = ByteBoundedCache(
+    PARSED_ROBOTS_BYTES, lambda key, rules: text_bytes(key[1]) + rules.size
+)
 _CACHE_IDS = itertools.count()
 
 
@@ -273,7 +241,7 @@ class RobotsCache:
         name = self.name(origin)
         data = self._usable(self.store.get(name)) or self._fetch_shared(name, origin)
         rules = self._parse(data)
-        _PARSED.put((self._id, origin), rules, len(data.get("rules", "")) + _ENTRY_BYTES)
+        _PARSED.put((self._id, origin), rules)
         return rules
 
     def _keep(self, data: dict) -> float:
@@ -343,10 +311,12 @@ class RobotsCache:
         left = self._keep(data) - (time.time() - data["at"])
         expires = time.monotonic() + max(0.0, min(self.retry_seconds, left))
         if "unavailable" in data:
-            return _Rules(None, unavailable=data["unavailable"], expires=expires)
+            return _Rules(None, unavailable=data["unavailable"], expires=expires,
+                          size=text_bytes(data["unavailable"]))
         if "rules" in data:
             try:
-                return _Rules(Protego.parse(data["rules"]), expires=expires)
+                return _Rules(Protego.parse(data["rules"]), expires=expires,
+                              size=len(data["rules"]) * _PARSED_PER_CHAR)
             except Exception:  # a file protego cannot read is no file: allow all
                 log.warning("unreadable robots.txt; allowing everything", exc_info=True)
         return _Rules(None, expires=expires)

@@ -7,7 +7,6 @@ fragment); on top of that default ports and tracking parameters go, so one page 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import ipaddress
 import re
 from collections.abc import Iterable
@@ -17,12 +16,17 @@ from urllib.parse import urlsplit, urlunsplit
 from w3lib.url import canonicalize_url
 
 from .redaction import redact
+from .caches import ByteBoundedCache, text_bytes
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _URL_PREFIXES = ("http://", "https://")
-_CACHED_URLS = 8192  # per job and process: about 3 MB
+# Canonical forms kept, per job and process: some 6,000 URLs of a usual length.
+_CACHED_URL_BYTES = 4 * 1024 * 1024
 # Longer URLs are junk or an attack (browsers and servers stop well before this).
 MAX_URL_CHARS = 8192
+# The default of scraper.max_url_length: Scrapy's URLLENGTH_LIMIT, the longest URL Internet
+# Explorer took; the sitemap protocol asks for less than 2,048.
+DEFAULT_MAX_URL_LENGTH = 2083
 
 # Query parameters that only say where a visitor came from (analytics and ad click IDs).
 DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
@@ -89,7 +93,17 @@ class Canonicalizer:
         patterns = [fnmatch.translate(p) for p in strip_params]
         self._strip = re.compile("|".join(patterns)).match if patterns else None
         # Most links of a site are on every page (menus, footers): each is worked out once.
-        self.canonical = functools.lru_cache(maxsize=_CACHED_URLS)(self._canonical)
+        self._cache: ByteBoundedCache[str, CanonicalURL] = ByteBoundedCache(
+            _CACHED_URL_BYTES, lambda url, c: text_bytes(url, c.url, c.host, c.path)
+        )
+
+    def canonical(self, url: str) -> CanonicalURL:
+        """``url`` canonicalized (see :meth:`_canonical`), from the cache when it was before."""
+        found = self._cache.get(url)
+        if found is None:
+            found = self._canonical(url)
+            self._cache.put(url, found)
+        return found
 
     def _canonical(self, url: str) -> CanonicalURL:
         """``url`` canonicalized. Raises ``ValueError`` unless it is an absolute http(s) URL
