@@ -16,11 +16,13 @@ from pydantic import (
 
 from .errors import ConfigError
 from .keys import NO_DOMAIN, domain_of
+from .patterns import DEFAULT_REGEX_SECONDS, compile_pattern
 from .redaction import redact
 from .settings import format_validation_error, is_redis_url
 from .tracker.base import CrawlLimits, DomainLimits
 from .urls import (
-    DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, host_name_error, normalize_url,
+    DEFAULT_MAX_URL_LENGTH, DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, host_name_error,
+    normalize_url,
 )
 
 if sys.version_info >= (3, 11):
@@ -104,7 +106,7 @@ class ScraperSpec(_Strict):
     )
     link_regex: Optional[str] = Field(
         None, description="Follow only links whose canonical URL matches this or one of "
-        "allow_regex (re.search); None: all."
+        "allow_regex (a search, by the regex package); None: all."
     )
     same_host: bool = Field(
         True,
@@ -117,10 +119,10 @@ class ScraperSpec(_Strict):
         "hosts exactly.",
     )
     allow_regex: list[str] = Field(
-        [], description="Follow only links whose canonical URL matches one of these (re.search)."
+        [], description="Follow only links whose canonical URL matches one of these (a search)."
     )
     deny_regex: list[str] = Field(
-        [], description="Never follow links whose canonical URL matches one of these (re.search)."
+        [], description="Never follow links whose canonical URL matches one of these (a search)."
     )
     deny_extensions: list[str] = Field(
         list(DEFAULT_DENY_EXTENSIONS),
@@ -151,6 +153,22 @@ class ScraperSpec(_Strict):
         description="ids scraper: the URL an ID is downloaded from, with {} or {id} for the ID "
         "(percent-escaped).",
     )
+    max_url_length: int = Field(
+        DEFAULT_MAX_URL_LENGTH, ge=1, le=MAX_URL_CHARS,
+        description="Never follow a link longer than this many characters, as written in the "
+        "page or in canonical form: a longer href is dropped before it is resolved or cached.",
+    )
+    max_links_per_page: int = Field(
+        10_000, ge=1, le=1_000_000,
+        description="Most distinct items (links, or IDs) one page adds to the job; the rest are "
+        "cut, which the worker logs and the job's status counts (links_cut).",
+    )
+    regex_seconds: float = Field(
+        DEFAULT_REGEX_SECONDS, gt=0, le=60,
+        description="Most time one page's link_regex, allow_regex, deny_regex or id_regex "
+        "matching may take; past it the page's link or ID extraction ends, keeping what it found "
+        "(the page is still saved), and the worker logs why.",
+    )
 
     @field_validator("kind")
     @classmethod
@@ -162,10 +180,7 @@ class ScraperSpec(_Strict):
     def _compiles(cls, value: Any) -> Any:
         for pattern in value if isinstance(value, list) else [value]:
             if pattern is not None:
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+                compile_pattern(pattern)  # its ValueError names the pattern and the problem
         return value
 
     @field_validator("allowed_domains")
@@ -418,6 +433,10 @@ class TrackerSpec(_Strict):
     )
 
 
+# Scraper fields that jobs stored by earlier versions lack (see JobSpec.to_json).
+_LATER_SCRAPER_FIELDS = ("max_url_length", "max_links_per_page", "regex_seconds")
+
+
 class JobSpec(_Strict):
     """Everything a worker needs to process a job's items, shared through the tracker."""
 
@@ -474,9 +493,17 @@ class JobSpec(_Strict):
         return urls
 
     def to_json(self) -> str:
-        # An unsharded job's spec stays as it was before shards existed, so jobs stored then
-        # still take new seeds (a spec that differs is a conflict).
-        return self.model_dump_json(exclude={"tracker"} if self.tracker.shards == 1 else None)
+        # An unsharded job's spec stays as it was before shards existed, and fields added later
+        # are left out while at their default, so jobs stored before still take new seeds (a
+        # spec that differs is a conflict).
+        exclude: dict[str, Any] = {"tracker": True} if self.tracker.shards == 1 else {}
+        later = {
+            name for name in _LATER_SCRAPER_FIELDS
+            if getattr(self.scraper, name) == ScraperSpec.model_fields[name].default
+        }
+        if later:
+            exclude["scraper"] = later
+        return self.model_dump_json(exclude=exclude or None)
 
     def crawl_limits(self) -> CrawlLimits:
         """The limits the tracker enforces for this job."""

@@ -1,21 +1,24 @@
-"""Which found links a job follows: canonical form, hosts or domains, regexes, file extensions."""
+"""Which found links a job follows: length, canonical form, hosts or domains, regexes, file
+extensions."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Optional
 
 from .jobspec import DEFAULT_DENY_EXTENSIONS, JobSpec
-from .urls import MAX_URL_CHARS, Canonicalizer, url_host
+from .patterns import DEFAULT_REGEX_SECONDS, Budget, compile_pattern
+from .urls import DEFAULT_MAX_URL_LENGTH, Canonicalizer, url_host
 
 
 class LinkScope:
     """Decides, once per link, whether a job follows it, and in which canonical form.
 
+    A URL longer than ``max_url_length`` characters, as given or canonical, is not followed.
     ``hosts`` are matched exactly, ``domains`` with their subdomains (both None: any host);
-    ``allow`` patterns must match if there are any, ``deny`` patterns must not (``re.search`` on
-    the canonical URL); a path ending in one of ``deny_extensions`` is not followed.
+    ``allow`` patterns must match if there are any, ``deny`` patterns must not (a search of the
+    canonical URL, see :mod:`.patterns`); a path ending in one of ``deny_extensions`` is not
+    followed. A page's pattern matching may take ``regex_seconds`` (see :meth:`page_budget`).
     """
 
     def __init__(
@@ -27,12 +30,16 @@ class LinkScope:
         allow: Iterable[str] = (),
         deny: Iterable[str] = (),
         deny_extensions: Iterable[str] = DEFAULT_DENY_EXTENSIONS,
+        max_url_length: int = DEFAULT_MAX_URL_LENGTH,
+        regex_seconds: float = DEFAULT_REGEX_SECONDS,
     ) -> None:
         self.canonicalizer = canonicalizer or Canonicalizer()
+        self.max_url_length = max_url_length
+        self.regex_seconds = regex_seconds
         self.hosts = frozenset(h.lower() for h in hosts) if hosts is not None else None
         self.domains = tuple(d.lower() for d in domains) if domains is not None else None
-        self.allow = [re.compile(p) for p in allow]
-        self.deny = [re.compile(p) for p in deny]
+        self.allow = [compile_pattern(p) for p in allow]
+        self.deny = [compile_pattern(p) for p in deny]
         self.deny_extensions = frozenset(e.lower() for e in deny_extensions)
 
     @classmethod
@@ -49,16 +56,26 @@ class LinkScope:
         return cls(
             Canonicalizer(s.strip_params), hosts=hosts, domains=domains, allow=allow,
             deny=s.deny_regex, deny_extensions=s.deny_extensions,
+            max_url_length=s.max_url_length, regex_seconds=s.regex_seconds,
         )
 
-    def accept(self, url: str) -> Optional[str]:
-        """``url`` in canonical form if the job follows it, else None. Never raises."""
+    def page_budget(self) -> Budget:
+        """The time the pattern matching of one page may take from now."""
+        return Budget(self.regex_seconds)
+
+    def accept(self, url: str, budget: Optional[Budget] = None) -> Optional[str]:
+        """``url`` in canonical form if the job follows it, else None. Raises only
+        :class:`~distscrape_celery.patterns.PatternTimeout`, when the allow and deny patterns
+        used up ``budget`` (default: a budget of its own)."""
+        # Before the canonicalizer and its cache: an over-long URL costs nothing but this.
+        if len(url) > self.max_url_length:
+            return None
         try:
             canonical = self.canonicalizer.canonical(url)
         except ValueError:  # mailto:, javascript:, data:, ftp:, malformed
             return None
         found = canonical.url
-        if len(found) > MAX_URL_CHARS:
+        if len(found) > self.max_url_length:  # percent-escapes made it longer
             return None
         if self.hosts is not None and canonical.host not in self.hosts:
             return None
@@ -66,9 +83,12 @@ class LinkScope:
             return None
         if self.deny_extensions and self._denied_extension(canonical.path):
             return None
-        if self.allow and not any(p.search(found) for p in self.allow):
+        if not (self.allow or self.deny):
+            return found
+        budget = budget or self.page_budget()
+        if self.allow and not any(budget.search(p, found) for p in self.allow):
             return None
-        if any(p.search(found) for p in self.deny):
+        if any(budget.search(p, found) for p in self.deny):
             return None
         return found
 

@@ -111,7 +111,10 @@ def test_join_fast_paths_agree_with_urljoin(base: str, href: str) -> None:
     seen = []
     # What find_items and _follow do with this pair, with the scope replaced by a recorder of
     # the joined URL it is given (without its fragment, which canonicalization drops).
-    scraper.scope = type("Record", (), {"accept": lambda self, u: seen.append(urldefrag(u)[0])})()
+    scraper.scope = type("Record", (), {
+        "max_url_length": LinkScope().max_url_length, "page_budget": lambda self: None,
+        "accept": lambda self, u, budget=None: seen.append(urldefrag(u)[0]),
+    })()
     body = f'<html><a href="{href}">x</a></html>'
     if any(ch in href for ch in '"<>&\x00') or href != href.strip(simple._HTML_WHITESPACE):
         return  # not a plain attribute value; the parser's reading of it is another matter

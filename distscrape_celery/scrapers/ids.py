@@ -3,7 +3,7 @@ what came back."""
 
 from __future__ import annotations
 
-import re
+import logging
 from typing import Optional
 from urllib.parse import quote
 
@@ -11,8 +11,11 @@ from ..encoding import decode_html
 from ..errors import FetchError
 from ..fetch import Download, Fetcher
 from ..jobspec import DOT_IDS, MAX_ID_CHARS, FetchSpec, JobSpec
+from ..patterns import DEFAULT_REGEX_SECONDS, Budget, PatternTimeout, compile_pattern
 from ..urls import is_url
 from .base import Scraper
+
+log = logging.getLogger(__name__)
 
 
 def id_url(download_url_fmt: str, item_id: str) -> str:
@@ -28,15 +31,18 @@ def id_url(download_url_fmt: str, item_id: str) -> str:
 class IDScraper(Scraper):
     """Items are IDs (or listing URLs, e.g. seeds). An ID is downloaded from
     ``download_url_fmt.format(id)``; new IDs are the matches of ``id_regex`` (its first capture
-    group when it has one) in what was downloaded, decoded as text.
+    group when it has one) in what was downloaded, decoded as text, found within
+    ``regex_seconds`` a page.
 
     Items are plain strings, so a found ID that looks like an http(s) URL could not be told from
     a listing URL later: it is handed on as its download URL instead, which keeps it an ID."""
 
     def __init__(
-        self, id_regex: str, download_url_fmt: str, fetcher: Optional[Fetcher] = None
+        self, id_regex: str, download_url_fmt: str, fetcher: Optional[Fetcher] = None,
+        regex_seconds: float = DEFAULT_REGEX_SECONDS,
     ) -> None:
-        self.id_pattern = re.compile(id_regex)
+        self.id_pattern = compile_pattern(id_regex)
+        self.regex_seconds = regex_seconds
         self.download_url_fmt = download_url_fmt
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
 
@@ -45,7 +51,8 @@ class IDScraper(Scraper):
         s = spec.scraper
         if s.id_regex is None or s.download_url_fmt is None:  # the spec validator requires both
             raise ValueError("IDScraper needs scraper.id_regex and scraper.download_url_fmt")
-        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher.for_job(spec))
+        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher.for_job(spec),
+                   regex_seconds=s.regex_seconds)
 
     def url_for(self, item: str) -> str:
         """The URL ``item`` is downloaded from: itself if a URL, else made from the ID. Raises
@@ -62,15 +69,20 @@ class IDScraper(Scraper):
 
     def find_items(self, item: str, download: Download) -> list[str]:
         """IDs matched in ``download``, each once, in order of appearance; one shaped like an
-        http(s) URL as its download URL. Never raises because of what the body contains."""
+        http(s) URL as its download URL. Never raises because of what the body contains: when
+        the regex uses up the page's time budget, the IDs found until then are returned."""
         text = decode_html(download.content_type, download.body)
         found: dict[str, None] = {}
         group = 1 if self.id_pattern.groups else 0
-        for match in self.id_pattern.finditer(text):
-            found_id = match.group(group)
-            if (found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable()
-                    and found_id not in DOT_IDS):
-                if is_url(found_id):
-                    found_id = id_url(self.download_url_fmt, found_id)
-                found[found_id] = None
+        try:
+            for match in Budget(self.regex_seconds).finditer(self.id_pattern, text):
+                found_id = match.group(group)
+                if (found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable()
+                        and found_id not in DOT_IDS):
+                    if is_url(found_id):
+                        found_id = id_url(self.download_url_fmt, found_id)
+                    found[found_id] = None
+        except PatternTimeout as exc:
+            log.warning("%s: ID extraction stopped, %s (scraper.regex_seconds); the %d IDs found "
+                        "before are kept", item, exc, len(found))
         return list(found)

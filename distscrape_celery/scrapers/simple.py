@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from typing import Optional
@@ -10,9 +11,11 @@ from urllib.parse import urljoin, urlsplit
 import lxml.etree
 import lxml.html
 
+from ..caches import ByteBoundedCache, text_bytes
 from ..encoding import decode_html
 from ..fetch import Download, Fetcher, media_type_of
 from ..jobspec import FetchSpec, JobSpec
+from ..patterns import Budget, PatternTimeout
 from ..scope import LinkScope
 from ..urls import PLAIN_PATH, PLAIN_SEGMENT, is_plain_url
 from .base import Scraper
@@ -21,8 +24,8 @@ _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _HTML_STARTS = (b"<!doctype html", b"<html")
 _HTML_WHITESPACE = " \t\n\f\r"
 # Links resolved and scoped, per scraper (job) and process: a site's menus and footers repeat on
-# every page. About 2 MB when full; then it starts over.
-_CACHED_LINKS = 8192
+# every page. Some 15,000 links of a usual length.
+_CACHED_LINK_BYTES = 8 * 1024 * 1024
 _MISSING = object()
 # An href that urljoin resolves without its parsing: a path from the root ("/a/b.html") or one
 # relative to the page's directory, maybe behind "./" and "../" ("../a/b.html"), of unreserved
@@ -32,17 +35,30 @@ _PLAIN_HREF = re.compile(
     rf"(/|(?:\.\.?/)*)((?:{PLAIN_SEGMENT}(?:/{PLAIN_SEGMENT})*/?)?)(?:#[!-~]*)?\Z"
 )
 _PLAIN_DIR = re.compile(rf"/(?:{PLAIN_SEGMENT}/)*\Z")
+# (the page's scheme, host and directory; an href on it): a key of the links cache.
+_LinkKey = tuple[tuple[str, str, str], str]
+
+log = logging.getLogger(__name__)
+
+
+def _link_bytes(key: _LinkKey, url: Optional[str]) -> int:
+    """What an entry of the links cache holds: its key's strings and the URL."""
+    (scheme, netloc, directory), href = key
+    return text_bytes(scheme, netloc, directory, href, url or "")
 
 
 class SimpleScraper(Scraper):
     """Items are http(s) URLs; new items are the links (``<a>``, ``<area>``) of HTML pages that
     ``scope`` accepts, in its canonical form. Other content types are downloaded (and saved) but
-    have no links."""
+    have no links. An href longer than the scope's ``max_url_length`` is dropped before anything
+    else is done with it."""
 
     def __init__(self, scope: Optional[LinkScope] = None, fetcher: Optional[Fetcher] = None) -> None:
         self.scope = scope if scope is not None else LinkScope()
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
-        self._links: dict[tuple[tuple[str, str, str], str], Optional[str]] = {}
+        self._links: ByteBoundedCache[_LinkKey, Optional[str]] = ByteBoundedCache(
+            _CACHED_LINK_BYTES, _link_bytes
+        )
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "SimpleScraper":
@@ -54,7 +70,8 @@ class SimpleScraper(Scraper):
 
     def find_items(self, item: str, download: Download) -> list[str]:
         """Canonical absolute URLs linked from ``download`` that the scope accepts, each once,
-        in document order. Never raises because of what the page contains."""
+        in document order. Never raises because of what the page contains: when the scope's
+        patterns use up the page's time budget, the links found until then are returned."""
         if not _looks_like_html(download):
             return []
         text = decode_html(download.content_type, download.body)
@@ -76,28 +93,35 @@ class SimpleScraper(Scraper):
         except ValueError:
             where = None
         links = self._links
-        for href in hrefs:
-            # An empty href, or one that starts with "?", "#" or ";", takes more of the base.
-            if where is None or not href or href[0] in "?#;":
-                url = self._follow(base, href)
-            else:
-                key = (where, href)
-                url = links.get(key, _MISSING)
-                if url is _MISSING:
-                    url = self._follow(base, href, prefixes)
-                    if len(links) >= _CACHED_LINKS:
-                        links.clear()
-                    links[key] = url
-            if url is not None:
-                found[url] = None
+        max_length = self.scope.max_url_length
+        budget = self.scope.page_budget()
+        try:
+            for href in hrefs:
+                if len(href) > max_length:  # junk or an attack: never resolved, never cached
+                    continue
+                # An empty href, or one that starts with "?", "#" or ";", takes more of the base.
+                if where is None or not href or href[0] in "?#;":
+                    url = self._follow(base, href, budget)
+                else:
+                    key = (where, href)
+                    url = links.get(key, _MISSING)
+                    if url is _MISSING:
+                        url = self._follow(base, href, budget, prefixes)
+                        links.put(key, url)
+                if url is not None:
+                    found[url] = None
+        except PatternTimeout as exc:
+            log.warning("%s: link extraction stopped, %s (scraper.regex_seconds); the %d links "
+                        "found before are kept", item, exc, len(found))
         return list(found)
 
     def _follow(
-        self, base: str, href: str, prefixes: Optional[tuple[str, tuple[str, ...]]] = None
+        self, base: str, href: str, budget: Budget,
+        prefixes: Optional[tuple[str, tuple[str, ...]]] = None,
     ) -> Optional[str]:
-        """The canonical URL ``href`` on a page at ``base`` points to, if the scope takes it.
-        ``prefixes``: the base's origin and directory segments, when they are plain enough to
-        join a plain href to (see _PLAIN_HREF)."""
+        """The canonical URL ``href`` on a page at ``base`` points to, if the scope takes it
+        (its patterns matched within ``budget``). ``prefixes``: the base's origin and directory
+        segments, when they are plain enough to join a plain href to (see _PLAIN_HREF)."""
         try:
             plain = _PLAIN_HREF.match(href) if prefixes is not None else None
             if plain is not None:
@@ -106,7 +130,7 @@ class SimpleScraper(Scraper):
                 joined = href  # absolute already; urljoin would take it apart and put it back
             else:
                 joined = urljoin(base, href)
-            return self.scope.accept(joined)
+            return self.scope.accept(joined, budget)
         except ValueError:  # urljoin on a malformed href (a bad IPv6 literal)
             return None
 
