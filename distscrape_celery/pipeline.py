@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional, Protocol
 
 from .backoff import Backoff
 from .batching import Batcher
+from .caches import ByteBoundedCache, text_bytes
 from .errors import ConfigError, FetchError, TrackerUnavailable
 from .fetch import Download, redirect_check
 from .keys import domain_of
@@ -31,6 +32,7 @@ _OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The longest robots.txt Crawl-delay obeyed: a larger one (or a hostile one) would all but stop
 # the domain; this still keeps to one request a minute.
 MAX_CRAWL_DELAY = 60.0
+_CRAWL_DELAYS_BYTES = 4 * 1024 * 1024  # some 10,000 domains
 
 
 class Publisher(Protocol):
@@ -60,6 +62,17 @@ def output_full(exc: BaseException) -> Optional[OSError]:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def cap_links(job: str, item: str, found: Sequence[str], cap: int) -> tuple[list[str], int]:
+    """``found`` without repeats and cut to its first ``cap`` items (the job's
+    max_links_per_page), with how many were cut; a cut page is logged."""
+    distinct = list(dict.fromkeys(found))
+    cut = len(distinct) - cap
+    if cut <= 0:
+        return distinct, 0
+    log.warning("%s %s: %d links cut, past the page's max_links_per_page=%d", job, item, cut, cap)
+    return distinct[:cap], cut
 
 
 def left_for_recovery(job: str, item: str, exc: TrackerUnavailable) -> str:
@@ -94,7 +107,11 @@ class ItemPipeline:
     def __init__(self, runtime: Runtime, publisher: Publisher) -> None:
         self.rt = runtime
         self.publisher = publisher
-        self._crawl_delays: dict[tuple[str, str], float] = {}
+        # The Crawl-delay last passed on per (job, domain): one entry per domain crawled, so
+        # bounded by bytes; one dropped costs only another pass of the same delay.
+        self._crawl_delays: ByteBoundedCache[tuple[str, str], float] = ByteBoundedCache(
+            _CRAWL_DELAYS_BYTES, lambda key, delay: text_bytes(*key) + 24
+        )
         settings = runtime.settings
         self._saves: Optional[Batcher[ScrapedSave]] = None
         if settings.save_batch_size > 1 and not settings.save_inline:
@@ -166,7 +183,7 @@ class ItemPipeline:
         if self._crawl_delays.get((job, domain)) != delay:
             # Once per domain and process (again if robots.txt changes): it is the same for all.
             self.rt.tracker.set_domain_delay(job, domain, delay)
-            self._crawl_delays[(job, domain)] = delay
+            self._crawl_delays.put((job, domain), delay)
 
     def _redirect_check(self, job: str) -> Optional[Callable[[str], None]]:
         """What a redirect target must pass: the job's robots.txt (None when it ignores it)."""
@@ -238,6 +255,7 @@ class ItemPipeline:
             log.exception("%s %s: scraper download raised", job, item)
             return self._fail(job, item, token, f"download error: {exc!r}", fault=Fault.ITEM)
         max_depth = spec.scraper.max_depth
+        cut = 0
         if max_depth is not None and co.depth >= max_depth:
             found: list[str] = []  # its links would be deeper than the job goes
         else:
@@ -246,22 +264,24 @@ class ItemPipeline:
             except Exception as exc:
                 log.exception("%s %s: scraper find_items raised", job, item)
                 return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
+            found, cut = cap_links(job, item, found, spec.scraper.max_links_per_page)
         inline = self.rt.settings.save_inline
         if self._saves is not None:
             # Kept under our lease until its save task is queued with those of other pages.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
-                                  keep_as=self.rt.worker_id)
+                                  keep_as=self.rt.worker_id, cut=cut)
         elif inline:
             # Saved here and now: the item turns saving under our lease in the same step, and
             # its body, which only a save task on another run would need, is not staged.
-            res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id)
+            res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id,
+                                  cut=cut)
         else:
             # Staged in the same step as the item turns save-pending, so a pending save always
             # has a body to take, and a stale lease stages nothing. Kept under our lease until
             # its save message is out (handed over below): if this process dies in between, the
             # item is reclaimed a lease later, not a save timeout later.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
-                                  keep_as=self.rt.worker_id)
+                                  keep_as=self.rt.worker_id, cut=cut)
         if not res.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)

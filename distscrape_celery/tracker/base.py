@@ -319,7 +319,8 @@ class CrawlLimits:
 class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
     ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
-    ``delayed`` items wait out a backoff before they are queued again."""
+    ``delayed`` items wait out a backoff before they are queued again. ``links_cut`` counts the
+    links pages had past the job's max_links_per_page, which were not added."""
 
     seen: int
     frontier: int
@@ -329,6 +330,7 @@ class JobStats:
     dead: int
     saving: int = 0
     delayed: int = 0
+    links_cut: int = 0
 
     @property
     def queued(self) -> int:
@@ -356,6 +358,7 @@ class JobStats:
             "delayed": self.delayed,
             "done": self.done,
             "dead": self.dead,
+            "links_cut": self.links_cut,
             "finished": self.finished,
         }
 
@@ -489,9 +492,11 @@ class Tracker(ABC):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
+        cut: int = 0,
     ) -> ScrapedResult:
         """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
-        pending for up to ``save_timeout``. With ``body``, and only if ``token`` holds the item,
+        pending for up to ``save_timeout``. ``cut``: links of the page left out past the job's
+        max_links_per_page, added to its ``links_cut`` count in the same step. With ``body``, and only if ``token`` holds the item,
         the body is staged for the save of lease ``token`` in the same step (for ``body_ttl``
         seconds), where :meth:`begin_save` reads it; a stale holder's body is not staged.
 

@@ -77,6 +77,7 @@ class _Job:
     dead: dict[str, str] = field(default_factory=dict)
     queued: int = 0  # items in state q
     done: int = 0
+    links_cut: int = 0  # links past max_links_per_page, never added
     info: JobInfo = JobInfo(job="", state=JobState.RUNNING)  # state, times, final figures
 
 
@@ -475,12 +476,14 @@ class InMemoryTracker(Tracker):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
+        cut: int = 0,
     ) -> ScrapedResult:
         check_save_as(body, save_as, keep_as)
         with self._lock:
             j = self._job(job)
             now = self._clock()
             added = self._add_locked(j, found, depth, now)
+            j.links_cut += cut
             held = j.state.get(item) == LEASED and self._holds(j, item, token)
             if held:
                 self._vacate(j, self._domain(j, item), now)
@@ -732,7 +735,7 @@ class InMemoryTracker(Tracker):
         return JobStats(
             seen=len(j.seen), frontier=j.queued, dispatched=len(j.dispatched),
             leased=len(j.leased), done=j.done, dead=len(j.dead), saving=len(j.pending),
-            delayed=len(j.delayed),
+            delayed=len(j.delayed), links_cut=j.links_cut,
         )
 
     def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:

@@ -746,6 +746,7 @@ class RedisTracker(Tracker):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
+        cut: int = 0,
     ) -> ScrapedResult:
         check_save_as(body, save_as, keep_as)
         home = self._shard_of(job, item)
@@ -767,7 +768,8 @@ class RedisTracker(Tracker):
         res = self._eval(
             "scraped", [*self._item_keys(job, home), *body_keys],
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
-             self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "", *found],
+             self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "", int(cut),
+             *found],
         )
         if int(res[1]):
             self._mirror_active(job, [home])
@@ -990,13 +992,13 @@ class RedisTracker(Tracker):
         total = Counter()
         for s in range(shards):
             counters, dispatched, leased, pending, delayed = res[5 * s : 5 * s + 5]
-            for name in ("seen", "queued", "done", "dead"):
+            for name in ("seen", "queued", "done", "dead", "links_cut"):
                 total[name] += int(counters.get(name, 0))
             total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
         return JobStats(
             seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
             leased=total["leased"], done=total["done"], dead=total["dead"],
-            saving=total["pending"], delayed=total["delayed"],
+            saving=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
         )
 
     def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:

@@ -21,14 +21,17 @@
 --                       (with those of other pages): until it hands the item over (handoff.lua)
 --                       the item waits under the keeper's lease, so if the keeper dies first the
 --                       item is reclaimed a lease later, not a save timeout later
--- ARGV[12..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[12] cut          links of the page left out past max_links_per_page: added to the
+--                       job's links_cut count (a figure of its status)
+-- ARGV[13..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local body_key, body_ttl = KEYS[21], ARGV[8]
 local saver, keeper = ARGV[10], ARGV[11]
-local added = add_items(12, depth)
+local added = add_items(13, depth)
+if tonumber(ARGV[12]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[12]) end
 local now = redis_now()
 local status = 'stale'
 local v = redis.call('HGET', K_ITEMS, item)

@@ -1,0 +1,221 @@
+"""Limits on what one page's links may cost a worker: over-long links are dropped before any
+cache, the caches they pass through are bounded by bytes, a page gives at most
+``max_links_per_page`` new items (the rest counted in the job's status, on both trackers), and
+user regexes run under a time budget that ends a page's extraction instead of hanging it."""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import pytest
+
+from conftest import RouteServer, crawl_settings
+
+from distscrape_celery.cli_jobs import job_row
+from distscrape_celery.errors import ConfigError
+from distscrape_celery.fetch import Download
+from distscrape_celery.jobspec import build_spec
+from distscrape_celery.pipeline import ItemPipeline
+from distscrape_celery.runtime import Runtime
+from distscrape_celery.scrapers import SimpleScraper
+from test_cli import run
+from test_pipeline import Recorder
+
+MB = 1024 * 1024
+
+
+def html_page(url: str, hrefs: list[str]) -> Download:
+    body = "<html>" + "".join(f'<a href="{h}">x</a>' for h in hrefs) + "</html>"
+    return Download(url=url, status=200, content_type="text/html", body=body.encode())
+
+
+def retained_after(work) -> int:
+    """Bytes of Python memory still held once ``work()`` has returned (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_overlong_links_are_dropped_before_they_are_cached() -> None:
+    """1,200 distinct links of 100 KB each, ten a page: none followed, and the scraper keeps
+    next to nothing of them (they used to sit in its link and URL caches, ~400 MB)."""
+    scraper = SimpleScraper()
+    scraper.find_items("http://site.invalid/", html_page("http://site.invalid/", ["/warm"]))
+
+    def crawl() -> None:
+        for p in range(120):
+            hrefs = [f"/{p}/{n}/" + "y" * 100_000 for n in range(10)]
+            url = f"http://site.invalid/dir/{p}.html"
+            assert scraper.find_items(url, html_page(url, hrefs)) == []
+
+    held = retained_after(crawl)
+    assert held < 2 * MB, f"{held / MB:.1f} MB held after 1,200 dropped links"
+
+
+def test_link_caches_are_bounded_by_bytes_not_entries() -> None:
+    """5,000 distinct links just under the length limit, a few a page: what the caches keep is
+    bounded by bytes (it used to be 8,192 entries each, whatever their size)."""
+    scraper = SimpleScraper()
+    scraper.find_items("http://site.invalid/", html_page("http://site.invalid/", ["/warm"]))
+    tail = "z" * 1_900
+
+    def crawl() -> None:
+        for p in range(1_000):
+            url = f"http://site.invalid/d{p}/page.html"
+            hrefs = [f"/{p}/{n}/{tail}" for n in range(5)]
+            assert len(scraper.find_items(url, html_page(url, hrefs))) == 5
+
+    held = retained_after(crawl)
+    assert held < 16 * MB, f"{held / MB:.1f} MB held by the link caches"
+
+
+# -- the cap on links per page, through the pipeline and both trackers ------------------------
+
+LINKS_ON_PAGE = 20_000
+DEFAULT_CAP = 10_000
+
+
+def runtime_of(kind: str, request) -> Runtime:
+    if kind == "memory":
+        return Runtime.in_memory_runtime(crawl_settings("redis://127.0.0.1:9/0", save_batch_size=1))
+    redis_url = request.getfixturevalue("redis_url")
+    return Runtime.for_redis(crawl_settings(redis_url, save_batch_size=1))
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_page_gives_at_most_the_cap_and_status_counts_the_rest(kind, request, tmp_path, caplog):
+    links = "".join(f'<a href="/p/{n}">{n}</a>' for n in range(LINKS_ON_PAGE))
+    page = f"<html><body>{links}</body></html>".encode()
+    with RouteServer({"/": (200, page)}) as server:
+        rt = runtime_of(kind, request)
+        rt.tracker.register_worker("test", 1, 4)
+        spec = build_spec({"seeds": [server.base + "/"], "saver": {"output": str(tmp_path / "out")}})
+        rt.tracker.create_job("cap", spec.to_json(), spec.crawl_limits())
+        rt.tracker.add("cap", spec.seeds)
+        pipe = ItemPipeline(rt, Recorder())
+        with caplog.at_level(logging.WARNING, logger="distscrape_celery.pipeline"):
+            assert pipe.scrape("cap", server.base + "/") == "scraped"
+    stats = rt.tracker.stats("cap")
+    assert stats.seen == 1 + DEFAULT_CAP  # the seed and the first 10,000 links, in page order
+    assert stats.links_cut == LINKS_ON_PAGE - DEFAULT_CAP
+    assert job_row(rt.tracker, "cap")["links_cut"] == LINKS_ON_PAGE - DEFAULT_CAP
+    cut_lines = [r.getMessage() for r in caplog.records if "max_links_per_page" in r.getMessage()]
+    assert len(cut_lines) == 1 and "10000 links cut" in cut_lines[0], cut_lines
+    if kind == "redis":  # what `distscrape status` shows
+        res = run("status", "cap", "--json", "--redis-url", request.getfixturevalue("redis_url"))
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["links_cut"] == LINKS_ON_PAGE - DEFAULT_CAP
+
+
+def test_link_limits_are_spec_fields_left_out_of_the_stored_spec_at_their_default() -> None:
+    plain = build_spec({"seeds": ["http://a.invalid/"]})
+    assert (plain.scraper.max_links_per_page, plain.scraper.max_url_length) == (10_000, 2_083)
+    # A job stored before these fields existed still takes new seeds: its stored spec is the same.
+    for name in ("max_links_per_page", "max_url_length", "regex_seconds"):
+        assert name not in plain.to_json()
+    custom = build_spec({"seeds": ["http://a.invalid/"], "scraper": {"max_links_per_page": 50}})
+    assert '"max_links_per_page":50' in custom.to_json()
+    with pytest.raises(ConfigError, match="scraper.max_links_per_page"):
+        build_spec({"seeds": ["http://a.invalid/"], "scraper": {"max_links_per_page": 0}})
+
+
+# -- user regexes under a time budget -----------------------------------------------------------
+
+# Run in a child process: a regex stuck in re's backtracking holds the GIL, so only a process can
+# be given up on. The child prints what find_items returned, its log goes to stderr.
+CHILD = textwrap.dedent("""
+    import json, logging, sys
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    from distscrape_celery.components import build_scraper
+    from distscrape_celery.fetch import Download
+    from distscrape_celery.jobspec import build_spec
+    spec = build_spec(json.loads(sys.argv[1]))
+    body = sys.argv[2].encode()
+    download = Download(url=spec.seeds[0], status=200, content_type="text/html", body=body)
+    print(json.dumps(build_scraper(spec).find_items(spec.seeds[0], download)))
+""")
+
+
+def find_in_child(spec: dict, body: str) -> tuple[list[str], str]:
+    """(items found, log) of ``body`` scraped under ``spec`` in a child process; fails the test if
+    the child has not returned within a generous bound."""
+    try:
+        res = subprocess.run([sys.executable, "-c", CHILD, json.dumps(spec), body],
+                             capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("find_items did not return within 60 s: the regex ran unbounded")
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout), res.stderr
+
+
+CRAFTED = "a" * 38 + "!"  # with the host's "/", a 40-byte run that makes nested quantifiers backtrack
+
+
+def test_the_nested_quantifier_link_regex_of_the_report_no_longer_hangs() -> None:
+    """``((\\w+-?)+)$`` took seconds on 32 bytes under re, four times longer per two more."""
+    base = "http://site.invalid/"
+    found, _ = find_in_child(
+        {"seeds": [base], "scraper": {"link_regex": r"((\w+-?)+)$"}},
+        f'<a href="/{CRAFTED}">x</a><a href="/fine-page">y</a>',
+    )
+    assert found == [base + "fine-page"]
+
+
+def test_a_regex_that_runs_out_of_time_ends_the_page_keeping_what_was_found() -> None:
+    base = "http://site.invalid/"
+    found, log = find_in_child(
+        {"seeds": [base], "scraper": {"deny_regex": [r"(\w|\w\w)+$"]}},
+        f'<a href="/first/">a</a><a href="/{CRAFTED}">x</a><a href="/later/">y</a>',
+    )
+    assert found == [base + "first/"]
+    assert "link extraction stopped" in log and "scraper.regex_seconds" in log, log
+
+
+def test_an_id_regex_that_runs_out_of_time_keeps_the_ids_found_before() -> None:
+    found, log = find_in_child(
+        {"seeds": ["http://127.0.0.1:9/list"],
+         "scraper": {"kind": "ids", "id_regex": r"id=(\d+)|(\w|\w\w)+$",
+                     "download_url_fmt": "http://127.0.0.1:9/item/{}"}},
+        "id=1 id=2 " + CRAFTED,
+    )
+    assert found == ["1", "2"]
+    assert "ID extraction stopped" in log and "scraper.regex_seconds" in log, log
+
+
+def test_a_regex_the_matcher_cannot_compile_is_named_at_validation() -> None:
+    with pytest.raises(ConfigError, match=r"scraper.deny_regex.*invalid regular expression"):
+        build_spec({"seeds": ["http://a.invalid/"], "scraper": {"deny_regex": ["ok", "(["]}})
+
+
+def test_parsed_robots_files_are_kept_by_their_size_not_their_number() -> None:
+    """Five hosts of a job with a 512 KiB robots.txt each: protego's rules of one take some 30 MB,
+    so the process keeps two or three of them, not 1,024 (over 30 GB, were there that many)."""
+    from distscrape_celery.fetch import FetchSpec, Fetcher
+    from distscrape_celery.robots import MemoryRobotsStore, RobotsCache
+
+    rules = "User-agent: *\n" + "".join(f"Disallow: /p{i}/x*y$\n" for i in range(30_000))
+    rules = rules[:512 * 1024]
+    store = MemoryRobotsStore()
+    origins = [f"http://h{n}.invalid" for n in range(5)]
+    for origin in origins:
+        store.put(origin, json.dumps({"rules": rules}), ttl=600)
+    robots = RobotsCache(Fetcher(FetchSpec()), store, user_agent="t", ttl=600)
+
+    def read_all() -> None:
+        for origin in origins:
+            assert not robots.allowed(origin + "/p7/x-y")
+
+    held = retained_after(read_all)
+    assert held < 100 * MB, f"{held / MB:.0f} MB of parsed robots.txt held"
