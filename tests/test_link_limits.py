@@ -141,10 +141,11 @@ CHILD = textwrap.dedent("""
     from distscrape_celery.components import build_scraper
     from distscrape_celery.fetch import Download
     from distscrape_celery.jobspec import build_spec
+    from distscrape_celery.settings import Settings
     spec = build_spec(json.loads(sys.argv[1]))
     body = sys.argv[2].encode()
     download = Download(url=spec.seeds[0], status=200, content_type="text/html", body=body)
-    print(json.dumps(build_scraper(spec).find_items(spec.seeds[0], download)))
+    print(json.dumps(build_scraper(spec, Settings()).find_items(spec.seeds[0], download)))
 """)
 
 

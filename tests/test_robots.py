@@ -158,17 +158,17 @@ def test_a_record_of_the_old_layout_is_not_read(redis_client, redis_url):
 
 
 def test_parsed_files_are_bounded_by_their_bytes():
-    from distscrape_celery.robots import _ParsedCache
+    """The process-wide cache of parsed files counts each by the memory its rules take."""
+    from distscrape_celery.robots import _PARSED, PARSED_ROBOTS_BYTES
 
-    parsed = _ParsedCache(max_bytes=10_000)
-    for n in range(10):
-        parsed.put(f"k{n}", n, 3_000)
-        parsed.get("k0")  # the most recently used stays
-    assert parsed.bytes <= 10_000
-    assert parsed.get("k0") == 0 and parsed.get("k9") == 9
-    assert parsed.get("k5") is None
-    parsed.put("huge", "x", 20_000)  # larger than the whole bound: not kept
-    assert parsed.get("huge") is None and parsed.bytes <= 10_000
+    store = MemoryRobotsStore()
+    body = b"User-agent: *\n" + b"".join(b"Disallow: /p%d/\n" % n for n in range(20_000))
+    routes = {"/robots.txt": lambda h: reply(h, 200, body, TEXT)}
+    with serve(routes) as (base, _, _log):
+        for n in range(12):  # twelve jobs, each its own entry of ~20 MB reckoned
+            assert not cache_for(base, store, user_agent=f"bot{n}").allowed(base + "/p7/x")
+    assert 0 < _PARSED.bytes <= PARSED_ROBOTS_BYTES
+    assert len(_PARSED) < 12
 
 
 def test_oversized_robots_txt_through_real_workers(redis_url, workers, tmp_path):

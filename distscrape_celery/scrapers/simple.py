@@ -17,7 +17,7 @@ from ..fetch import Download, Fetcher, media_type_of
 from ..jobspec import FetchSpec, JobSpec
 from ..patterns import Budget, PatternTimeout
 from ..scope import LinkScope
-from ..urls import PLAIN_PATH, PLAIN_SEGMENT, is_plain_url
+from ..urls import PLAIN_SEGMENT, is_plain_url
 from .base import Scraper
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
