@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import gzip
+import json
 import logging
 import socket
 import threading
@@ -343,3 +344,127 @@ def test_public_seed_cannot_reach_loopback_or_metadata(redis_url, tmp_path):
     assert "refused: 169.254.169.254 is a link-local address" in dead["http://169.254.169.254/latest/meta-data/"]
     assert sorted(e["path"] for e in log) == ["/", "/go", "/robots.txt"]
     assert all(e["headers"]["Host"] == f"public.invalid:{port}" for e in log)
+
+
+# -- every trap of a hostile site at once, through two real workers ------------------------------
+
+ROBOTS_HEAD = b"User-agent: *\nDisallow: /private/\n"
+TRAP_CAP = 200  # scraper.max_links_per_page of the trap crawl
+MANY_LINKS = 5_000
+WORKER_PEAK_RSS = 300 * 2**20
+
+
+def trap_routes(release: threading.Event) -> tuple[dict, Counter]:
+    """A site whose every page is a trap: a 600 KB robots.txt that disallows /private/ in its
+    first rule, headers that drip a byte at a time, a nested gzip bomb, a page of 100 KB links,
+    a page of 5,000 links, and a link that makes the job's deny_regex backtrack."""
+    from test_fetch import _nested_gzip_bomb
+
+    counts: Counter = Counter()
+    filler = b"".join(b"# %06d padding a robots.txt past its 500 KiB head\n" % n for n in range(12_000))
+    robots = ROBOTS_HEAD + filler
+    assert len(robots) > 600_000
+    bomb = _nested_gzip_bomb()
+    long_links = "".join(f'<a href="/long/{n}/{"x" * 100_000}">l</a>' for n in range(60))
+    many = "".join(f'<a href="/m/{n}">m</a>' for n in range(MANY_LINKS))
+    index = "".join(f'<a href="{p}">x</a>' for p in (
+        "/private/1", "/private/2", "/slow-headers", "/bomb", "/long-links", "/many-links", "/ok",
+        "http://offsite.invalid/x",
+        "/x" + "a" * 38 + "!",  # last: the deny_regex runs out of time on it
+    ))
+
+    def slow_headers(h: BaseHTTPRequestHandler) -> None:
+        try:
+            h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            h.wfile.flush()
+            while not release.wait(0.3):
+                h.wfile.write(b"X")
+                h.wfile.flush()
+        except OSError:
+            pass  # the crawler gave up, as it should
+
+    ok = lambda body: lambda h: reply(h, 200, body, HTML)  # noqa: E731
+    routes = {
+        "/robots.txt": lambda h: reply(h, 200, robots, {"Content-Type": "text/plain"}),
+        "/": ok(f"<html>{index}</html>".encode()),
+        "/private/1": ok(b"secret"), "/private/2": ok(b"secret"),
+        "/slow-headers": slow_headers,
+        "/bomb": lambda h: reply(h, 200, bomb, {**HTML, "Content-Encoding": "gzip, gzip"}),
+        "/long-links": ok(f'<html>{long_links}<a href="/ok">ok</a></html>'.encode()),
+        "/many-links": ok(f"<html>{many}</html>".encode()),
+        "/ok": ok(b"fine"),
+    }
+    for n in range(MANY_LINKS):
+        routes[f"/m/{n}"] = ok(b"<html>leaf</html>")
+
+    def counted(path, handler):
+        def route(h):
+            counts[path.split("/")[1] if path.startswith(("/m/", "/private/")) else path] += 1
+            handler(h)
+        return route
+
+    return {path: counted(path, route) for path, route in routes.items()}, counts
+
+
+def peak_rss(pid: int) -> int:
+    """The highest resident memory of process ``pid`` so far (VmHWM), in bytes."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_every_trap_at_once_through_two_real_workers(redis_url, workers, tmp_path):
+    """Two real threads-pool workers crawl the trap site: the job finishes, no worker dies or
+    grows past a bound, robots.txt's first rule holds although the file is over 500 KiB, and the
+    job holds at most the per-page cap of the many-links page."""
+    from test_cli import run
+
+    settings = crawl_settings(redis_url, lease_seconds=10)
+    procs = [workers(settings, f"traps-{i}", concurrency=4, pool="threads") for i in range(2)]
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, 2, procs=procs)
+    configure_app(settings)
+    release = threading.Event()
+    routes, counts = trap_routes(release)
+    out = tmp_path / "out"
+    with serve(routes) as (base, stop, _log):
+        spec = build_spec({
+            "seeds": [base + "/"],
+            "saver": {"output": str(out)},
+            "scraper": {"max_links_per_page": TRAP_CAP, "deny_regex": [r"x(\w|\w\w)+$"],
+                        "regex_seconds": 0.5},
+            "fetch": {"connect_timeout": 5, "read_timeout": 5, "total_timeout": 2,
+                      "max_bytes": 8_000_000},
+            "max_retries": 1,
+        })
+        CrawlManager(tracker, publisher.scrape).seed("traps", spec)
+
+        def alive():
+            for p in procs:
+                p.check()  # no worker died of what it was sent
+
+        try:
+            CrawlManager(tracker, publisher.scrape).wait("traps", timeout=180, check=alive)
+        finally:
+            release.set()
+            stop.set()
+    alive()
+    stats = tracker.stats("traps")
+    reasons = tracker.dead_items("traps")
+    assert counts["private"] == 0, counts  # robots.txt's first rule, in a 600 KB file
+    assert "total_timeout" in reasons[base + "/slow-headers"], reasons
+    assert counts["/slow-headers"] == 2  # retried once, each attempt cut at the total deadline
+    assert "exceeds max_bytes" in reasons[base + "/bomb"], reasons
+    # The many-links page gave the cap; nothing else on the site links onwards.
+    assert counts["m"] == TRAP_CAP
+    assert stats.seen <= TRAP_CAP + 20, stats
+    assert stats.links_cut >= MANY_LINKS - TRAP_CAP, stats
+    status = json.loads(run("status", "traps", "--json", "--redis-url", redis_url).stdout)
+    assert status["links_cut"] == stats.links_cut
+    logs = "".join(p.log_path.read_text(errors="replace") for p in procs)
+    assert "link extraction stopped" in logs and "scraper.regex_seconds" in logs
+    for p in procs:
+        rss = peak_rss(p.proc.pid)
+        print(f"{p.name}: peak RSS {rss / 2**20:.0f} MB")
+        assert rss < WORKER_PEAK_RSS, f"{p.name}: peak RSS {rss / 2**20:.0f} MB"
