@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Optional
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
@@ -370,6 +370,12 @@ def check_redis_url(url: str) -> str:
             "'#' and '@' in the password (%2F, %3F, %23, %40)"
         )
     parts = urlsplit(url)
+    if {"password", "username"} & {name.lower() for name, _ in parse_qsl(parts.query)}:
+        # redis-py takes them, but kombu (the Celery broker) fails on them with a TypeError.
+        raise ValueError(
+            f"invalid Redis URL {shown}: give the credentials as user info "
+            "(redis://:PASSWORD@host:6379/0 or redis://USER:PASSWORD@host:6379/0), not in the query"
+        )
     try:
         parts.port
     except ValueError:

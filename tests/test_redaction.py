@@ -9,7 +9,8 @@ from conftest import RouteServer
 from test_cli import run
 
 from distscrape_celery.redaction import redact
-from distscrape_celery.settings import check_redis_url
+from distscrape_celery.errors import ConfigError
+from distscrape_celery.settings import Settings, check_redis_url
 
 SECRET = "s3cret"
 
@@ -92,3 +93,17 @@ def test_the_crawl_summary_never_shows_the_output_password(redis_server_url, tmp
         client.flushdb()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("url", [
+    "redis://127.0.0.1:6379/0?password=s3cret",
+    "redis://127.0.0.1:6379/0?db=1&username=u&password=s3cret",
+])
+def test_credentials_in_a_redis_urls_query_are_refused_with_the_way_that_works(url: str) -> None:
+    """kombu (the Celery broker) fails with a TypeError on a ?password= query, so a worker given
+    such a URL would crash at start: refuse it up front, naming the user-info form instead."""
+    with pytest.raises(ValueError, match=r"redis://:PASSWORD@host") as info:
+        check_redis_url(url)
+    assert "s3cret" not in str(info.value)
+    with pytest.raises(ConfigError, match="DISTSCRAPE_REDIS_URL"):
+        Settings.from_env({"DISTSCRAPE_REDIS_URL": url})
