@@ -371,7 +371,7 @@ def script_names() -> dict[str, str]:
     """SHA1 -> name of the tracker's Lua scripts, to label EVALSHA calls."""
     out: dict[str, str] = {}
     try:  # private helpers of RedisTracker: without them EVALSHA calls show a SHA prefix
-        from distscrape_celery.tracker import redis_tracker as rt
+        from distscrape_celery.tracker import redis as rt
 
         lib = rt._read_lua("_lib")
         for name in rt._ITEM_SCRIPTS:
@@ -445,8 +445,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace, site: Site, served: ServedSite, work: Path) -> None:
         import redis
 
-        from distscrape_celery.celery_app import configure_app
-        from distscrape_celery.embedded import EmbeddedRedis
+        from distscrape_celery.worker.app import configure_app
+        from distscrape_celery.local.embedded import EmbeddedRedis
         from distscrape_celery.settings import Settings
         from distscrape_celery.errors import JobNotFound
         from distscrape_celery.tracker import RedisTracker
@@ -480,7 +480,7 @@ class Bench:
             r.stop()
 
     def _wait_ready(self, workers, timeout: float = 90.0) -> None:
-        from distscrape_celery.local import wait_for_workers
+        from distscrape_celery.local.processes import wait_for_workers
 
         wait_for_workers(self.tracker, len(workers), timeout=timeout, procs=workers)
         pids = {w.proc.pid for w in workers}
@@ -499,11 +499,11 @@ class Bench:
                 raise RuntimeError(f"workers not ready: registered {alive}, pinged {answered}")
 
     def run(self, cfg: Config, job: str, monitor: bool = False) -> Result:
-        from distscrape_celery.jobspec import build_spec
-        from distscrape_celery.local import WorkerProcess
-        from distscrape_celery.manager import CrawlManager
+        from distscrape_celery.job.spec import build_spec
+        from distscrape_celery.local.processes import WorkerProcess
+        from distscrape_celery.core.manager import CrawlManager
         from distscrape_celery.savers import FileItemSaver
-        from distscrape_celery.tasks import publisher
+        from distscrape_celery.worker.tasks import publisher
 
         res = Result(cfg.label, job)
         out = self.work / job
@@ -622,7 +622,7 @@ def machine_info() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    from distscrape_celery.embedded import find_redis_server
+    from distscrape_celery.local.embedded import find_redis_server
     import subprocess
 
     rv = subprocess.run([find_redis_server(), "--version"], capture_output=True, text=True).stdout

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from distscrape_celery import keys  # noqa: E402
-from distscrape_celery.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.tracker import keys  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
 from distscrape_celery.tracker import JobAction, RedisTracker  # noqa: E402
 
 

@@ -17,9 +17,9 @@ import socket
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from distscrape_celery import fetch
-from distscrape_celery.fetch import Fetcher
-from distscrape_celery.jobspec import FetchSpec
+from distscrape_celery.web import fetch
+from distscrape_celery.web.fetch import Fetcher
+from distscrape_celery.job.spec import FetchSpec
 
 BODY = b"<html>" + b"x" * 6000 + b"</html>"
 

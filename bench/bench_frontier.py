@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from distscrape_celery.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
 from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker  # noqa: E402
 
@@ -59,13 +59,13 @@ def main() -> int:
         assert stats.frontier == args.urls and stats.dispatched == 0, stats
 
     with EmbeddedRedis() as broker:
-        from distscrape_celery.celery_app import SCRAPE_QUEUE, configure_app
-        from distscrape_celery.tasks import scrape
+        from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+        from distscrape_celery.worker.tasks import scrape
 
         configure_app(Settings.from_env({}, redis_url=broker.url))
         client = redis.Redis.from_url(broker.url)
         before = used_memory(client)
-        from distscrape_celery.celery_app import app
+        from distscrape_celery.worker.app import app
 
         with app.producer_or_acquire() as producer:
             for n in range(args.messages):

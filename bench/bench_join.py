@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from sitegen import generate_site  # noqa: E402
 
-from distscrape_celery.fetch import Download  # noqa: E402
+from distscrape_celery.web.fetch import Download  # noqa: E402
 from distscrape_celery.savers import TarItemSaver, WarcItemSaver  # noqa: E402
 from distscrape_celery.savers.tar import join_tar  # noqa: E402
 from distscrape_celery.savers.warc import join_warc  # noqa: E402

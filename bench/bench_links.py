@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from sitegen import generate_site  # noqa: E402
 
-from distscrape_celery.fetch import Download  # noqa: E402
-from distscrape_celery.scope import LinkScope  # noqa: E402
+from distscrape_celery.web.fetch import Download  # noqa: E402
+from distscrape_celery.web.scope import LinkScope  # noqa: E402
 from distscrape_celery.scrapers import simple  # noqa: E402
 from distscrape_celery.scrapers.simple import SimpleScraper  # noqa: E402
 
@@ -50,7 +50,7 @@ def main() -> None:
     random.Random(1).shuffle(pages)
     slow = [mock.patch.object(simple, "_PLAIN_HREF", NEVER),
             mock.patch.object(simple, "is_plain_url", lambda url: False),
-            mock.patch("distscrape_celery.urls._PLAIN_URL", NEVER)]
+            mock.patch("distscrape_celery.job.urls._PLAIN_URL", NEVER)]
     for n in range(args.rounds):
         fast, links = per_page(pages)
         for patch in slow:

@@ -29,10 +29,10 @@ def main() -> int:
     args = parser.parse_args()
     sys.path.insert(0, args.code)
 
-    from distscrape_celery.celery_app import configure_app
-    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.settings import Settings
-    from distscrape_celery.tasks import publisher
+    from distscrape_celery.worker.tasks import publisher
 
     meta = {"status": 200, "url": "http://127.0.0.1:8000/p/1.html",
             "headers": {"content-type": "text/html"}, "final_url": "http://127.0.0.1:8000/p/1.html"}

@@ -14,7 +14,7 @@ import time
 
 import redis
 
-from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.tracker import RedisTracker
 
 NOOP = "return {ARGV[1], #KEYS}"

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from distscrape_celery.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
 
 
 def write_ids(path: Path, n: int, duplicates: float) -> int:

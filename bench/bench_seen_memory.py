@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from distscrape_celery import keys  # noqa: E402
-from distscrape_celery.jobspec import JobSpec  # noqa: E402
+from distscrape_celery.tracker import keys  # noqa: E402
+from distscrape_celery.job.spec import JobSpec  # noqa: E402
 from distscrape_celery.tracker import RedisTracker  # noqa: E402
 
 JOB = "seen"
@@ -170,7 +170,7 @@ def main() -> int:
                         help="measure the queued state only, where the seen set is still empty (fingerprints are "
                              "written at complete; completing 10M items took 29 minutes)")
     args = parser.parse_args()
-    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.local.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as server:
         f = measure(server.url, args.urls, args.domains,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from redis_cluster import RedisClusterProcess  # noqa: E402
 
-from distscrape_celery.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
 from distscrape_celery.tracker import LeaseStatus, RedisTracker  # noqa: E402
 from distscrape_celery.tracker.base import CrawlLimits  # noqa: E402
 

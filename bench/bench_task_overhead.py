@@ -37,10 +37,10 @@ def main() -> int:
 
     from bench_crawl import own_cpu
     from bench_noop_app import app  # noqa: F401  (registers the no-op task)
-    from distscrape_celery.celery_app import SCRAPE_QUEUE, configure_app
-    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+    from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.settings import Settings
-    from distscrape_celery.tasks import publisher
+    from distscrape_celery.worker.tasks import publisher
 
     with EmbeddedRedis() as server:
         configure_app(Settings.from_env({}, redis_url=server.url))

@@ -48,9 +48,9 @@ def main() -> int:
     import inspect
 
     import distscrape_celery
-    from distscrape_celery.embedded import EmbeddedRedis
-    from distscrape_celery.jobspec import JobSpec
-    from distscrape_celery.staging import RedisBodyStaging
+    from distscrape_celery.local.embedded import EmbeddedRedis
+    from distscrape_celery.job.spec import JobSpec
+    from distscrape_celery.tracker.staging import RedisBodyStaging
     from distscrape_celery.tracker import RedisTracker
 
     def url(n: int) -> str:

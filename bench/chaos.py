@@ -44,10 +44,10 @@ import redis  # noqa: E402
 from bench_crawl import ServedSite  # noqa: E402
 from sitegen import generate_site  # noqa: E402
 
-from distscrape_celery.embedded import find_redis_server  # noqa: E402
-from distscrape_celery.jobspec import build_spec  # noqa: E402
-from distscrape_celery.local import WorkerProcess, wait_for_workers  # noqa: E402
-from distscrape_celery.manager import CrawlManager  # noqa: E402
+from distscrape_celery.local.embedded import find_redis_server  # noqa: E402
+from distscrape_celery.job.spec import build_spec  # noqa: E402
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers  # noqa: E402
+from distscrape_celery.core.manager import CrawlManager  # noqa: E402
 from distscrape_celery.savers import FileItemSaver  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
 from distscrape_celery.tracker import RedisTracker  # noqa: E402
@@ -171,8 +171,8 @@ class Run:
                 self.start_worker()
             tracker = RedisTracker.from_url(self.redis.url)
             wait_for_workers(tracker, self.args.workers, timeout=60)
-            from distscrape_celery.celery_app import configure_app
-            from distscrape_celery.tasks import publisher
+            from distscrape_celery.worker.app import configure_app
+            from distscrape_celery.worker.tasks import publisher
 
             configure_app(self.settings())
             spec = build_spec({

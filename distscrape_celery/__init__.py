@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name in ("app", "celery"):
-        from .celery_app import app
+        from .worker.app import app
 
         return app
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -78,7 +78,7 @@ def run_worker(args: argparse.Namespace, hostname: Optional[str], concurrency: O
     """Run one worker in this process until it stops; its exit code."""
     from celery.utils.nodenames import default_nodename, host_format
 
-    from .celery_app import app
+    from .worker.app import app
 
     worker = app.Worker(
         hostname=host_format(default_nodename(hostname)),
@@ -110,7 +110,7 @@ def _preload(pool: str) -> None:
     """Import, before forking, what each worker would import on its way to ready."""
     from celery.concurrency import get_implementation
 
-    from . import tasks  # noqa: F401  (the app's tasks, the pipeline, components, savers)
+    from .worker import tasks  # noqa: F401  (the app's tasks, the pipeline, components, savers)
 
     for name in WORKER_MODULES:
         try:

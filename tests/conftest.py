@@ -18,7 +18,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import sitegen`
 
-from distscrape_celery.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
 from distscrape_celery.tracker import InMemoryTracker, RedisTracker  # noqa: E402
 
 
@@ -64,7 +64,7 @@ def tracker_factory(request):
 
 from sitegen import SiteServer, generate_site  # noqa: E402
 
-from distscrape_celery.local import WorkerProcess  # noqa: E402
+from distscrape_celery.local.processes import WorkerProcess  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
 
 
@@ -110,11 +110,11 @@ def crawl_site_with_workers(settings: Settings, workers, site_server, out, job: 
                             n_workers: int = 2, timeout: float = 120):
     """Start ``n_workers`` real workers, seed ``job`` with the site's root (the files saver into
     ``out``) and wait until it finishes, failing at once if a worker dies. Returns its stats."""
-    from distscrape_celery.celery_app import configure_app
-    from distscrape_celery.jobspec import build_spec
-    from distscrape_celery.local import wait_for_workers
-    from distscrape_celery.manager import CrawlManager
-    from distscrape_celery.tasks import publisher
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.job.spec import build_spec
+    from distscrape_celery.local.processes import wait_for_workers
+    from distscrape_celery.core.manager import CrawlManager
+    from distscrape_celery.worker.tasks import publisher
 
     procs = [workers(settings, f"{job}-{i}") for i in range(n_workers)]
     tracker = RedisTracker.from_url(settings.redis_url)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from distscrape_celery.embedded import find_redis_server
+from distscrape_celery.local.embedded import find_redis_server
 from distscrape_celery.lifecycle import die_with_parent
 
 SLOTS = 16384

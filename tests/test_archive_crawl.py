@@ -14,15 +14,15 @@ from conftest import crawl_settings
 from sitegen import SiteServer, generate_site
 from warcio.archiveiterator import ArchiveIterator
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import JobKeys
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import JobKeys
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, tar_index
 from distscrape_celery.savers.tar import TarShard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.tracker.base import LeaseStatus
 

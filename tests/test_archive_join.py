@@ -17,7 +17,7 @@ from test_crawl_command import Crawl, wait_until
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.savers import FileItemSaver, TarItemSaver, WarcItemSaver
-from distscrape_celery.fetch import Download
+from distscrape_celery.web.fetch import Download
 from distscrape_celery.savers.tar import PAX_ITEM, tar_shards
 from distscrape_celery.savers.warc import warc_shards
 

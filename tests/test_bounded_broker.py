@@ -8,11 +8,11 @@ import time
 from conftest import crawl_settings
 from sitegen import Site, SiteServer
 
-from distscrape_celery.celery_app import SCRAPE_QUEUE, configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 ITEMS = 20_000

@@ -8,10 +8,10 @@ import pytest
 
 from conftest import crawl_settings
 
-from distscrape_celery.celery_app import (
+from distscrape_celery.worker.app import (
     SAVE_QUEUE, SCRAPE_QUEUE, SAVE_TASK, SCRAPE_TASK, app, celery_config, configure_app,
 )
-from distscrape_celery.local import wait_for_workers
+from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.errors import ConfigError
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
@@ -91,7 +91,7 @@ def test_a_ready_worker_leaves_its_startup_objects_out_of_garbage_collection(mon
     import gc
     import weakref
 
-    from distscrape_celery import agent
+    from distscrape_celery.worker import agent
 
     class Node:
         pass

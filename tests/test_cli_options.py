@@ -19,13 +19,14 @@ from conftest import RouteServer, crawl_settings, saved_files
 from test_cli import assert_one_line_error, run
 from test_id_crawl import IdSite
 
-from distscrape_celery import cli, keys
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import JobSpec, build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.cli import commands as cli
+from distscrape_celery.tracker import keys
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import JobSpec, build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, tar_index
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker
 from distscrape_celery.tracker.base import ADD_STREAM_PIPELINE
 
@@ -68,7 +69,7 @@ BAD_OPTIONS = [
     (["--scraper", "nope"], "--scraper: unknown kind 'nope'"),
     (["--scraper", "no_such_module_xyz:Scraper"], "--scraper: cannot load"),
     (["--saver", "nope"], "--saver: unknown kind 'nope'"),
-    (["--saver", "distscrape_celery.fetch:Fetcher"], "--saver: 'distscrape_celery.fetch:Fetcher' is not a subclass"),
+    (["--saver", "distscrape_celery.web.fetch:Fetcher"], "--saver: 'distscrape_celery.web.fetch:Fetcher' is not a subclass"),
     (["--saver", "tar", "--output", "out/"], "--output: ", "is not an output for the tar saver (--saver)"),
     (["--saver", "redis", "--output", "dir"], "--output: ", "is not an output for the redis saver (--saver)"),
     (["--saver", "warc", "--output", "site.tar.gz"], "is not an output for the warc saver (--saver)"),
@@ -83,7 +84,7 @@ def test_each_bad_option_is_one_line_naming_it(command, args, fragments, capsys,
                                                monkeypatch):
     monkeypatch.chdir(tmp_path)
     # The modules of the bad dotted paths are allowed: what is wrong is the path itself.
-    monkeypatch.setenv("DISTSCRAPE_PLUGIN_MODULES", "no_such_module_xyz,distscrape_celery.fetch")
+    monkeypatch.setenv("DISTSCRAPE_PLUGIN_MODULES", "no_such_module_xyz,distscrape_celery.web.fetch")
     head = ["seed", "j"] if command == "seed" else ["crawl", "--in-memory"]
     tail = ["--redis-url", redis_url] if command == "seed" else []
     assert_one_line(main(capsys, *head, "http://127.0.0.1:9/", *args, *tail), *fragments)

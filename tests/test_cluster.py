@@ -16,19 +16,19 @@ from sitegen import SiteServer, generate_site
 from test_cli import run
 from test_job_control_workers import wait_until
 
-from distscrape_celery import keys
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.tracker import keys
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.errors import ConfigError, JobStateError
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.settings import Settings
-from distscrape_celery.staging import RedisBodyStaging
-from distscrape_celery.tasks import publisher
+from distscrape_celery.tracker.staging import RedisBodyStaging
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import Fault, JobAction, JobState, LeaseStatus, RedisTracker, SaveStart
 from distscrape_celery.tracker.base import CrawlLimits
-from distscrape_celery.tracker.redis_tracker import connect
+from distscrape_celery.tracker.redis import connect
 
 SPEC = '{"seeds": ["http://a.invalid/"], "tracker": {"shards": 3}}'
 ITEMS = [f"http://h{i}.invalid/" for i in range(12)]  # a domain each, spread over the shards

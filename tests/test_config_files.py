@@ -15,14 +15,14 @@ from conftest import crawl_settings, expected_files, saved_files
 from sitegen import SiteServer, generate_site
 from test_id_crawl import IdSite
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec, load_config_file
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec, load_config_file
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import tar_index
 from distscrape_celery.savers.tar import TarShard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 CONFIG = Path(__file__).resolve().parent.parent / "config"

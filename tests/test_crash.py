@@ -8,12 +8,12 @@ import time
 from conftest import crawl_settings, expected_files, saved_files
 from sitegen import SiteServer
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import JobKeys
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import JobKeys
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 LEASE = 2.0

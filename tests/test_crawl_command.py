@@ -19,11 +19,11 @@ import pytest
 from conftest import RouteServer, crawl_settings, expected_files, saved_files
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import WorkerProcess, can_fork_workers, wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import WorkerProcess, can_fork_workers, wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.settings import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
@@ -439,8 +439,8 @@ def test_resuming_drops_the_previous_runs_messages_and_puts_its_work_back(tmp_pa
     and its dispatched and leased items are back in the frontier, no attempt counted."""
     import redis
 
-    from distscrape_celery.crawl import _forget_previous_run
-    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.local.crawl import _forget_previous_run
+    from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.tracker import LeaseStatus
 
     with EmbeddedRedis(state_dir=tmp_path / "state") as server:
@@ -527,7 +527,7 @@ def test_seed_checks_the_output_when_the_workers_are_on_this_host(redis_url, wor
 def test_the_state_directory_is_guarded(tmp_path):
     from test_cli import assert_one_line_error, run
 
-    from distscrape_celery.embedded import EmbeddedRedis
+    from distscrape_celery.local.embedded import EmbeddedRedis
 
     out = tmp_path / "o"
     # A directory holding other things is not taken for a state directory, nor emptied.
@@ -609,8 +609,8 @@ def test_the_crawl_forks_its_workers_where_it_can_and_starts_them_one_by_one_els
         forked, small_site, tmp_path, monkeypatch):
     """Forked from one supervisor on Linux (worker_main --forks); one process each where that
     cannot be done. Either way every page is saved."""
-    from distscrape_celery import crawl as crawl_module
-    from distscrape_celery.crawl import run_local_crawl
+    from distscrape_celery.local import crawl as crawl_module
+    from distscrape_celery.local.crawl import run_local_crawl
     from distscrape_celery.settings import Settings
 
     if forked and not can_fork_workers():

@@ -7,7 +7,7 @@ import json
 
 from test_cli import assert_one_line_error, run
 
-from distscrape_celery.jobspec import JobSpec
+from distscrape_celery.job.spec import JobSpec
 from distscrape_celery.tracker import Fault, RedisTracker
 
 SPEC = '{"seeds": ["http://127.0.0.1:9/"]}'

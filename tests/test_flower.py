@@ -14,11 +14,11 @@ from conftest import crawl_settings
 from ops_helpers import free_port, http_get, wait_for
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import WorkerProcess, wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 ROOT = Path(__file__).resolve().parents[1]

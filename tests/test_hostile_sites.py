@@ -19,19 +19,19 @@ import pytest
 
 from conftest import crawl_settings
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.fetch import Fetcher
-from distscrape_celery.jobspec import JobSpec, build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.pipeline import ItemPipeline
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.web.fetch import Fetcher
+from distscrape_celery.job.spec import JobSpec, build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.errors import FetchError
-from distscrape_celery.robots import RobotsCache
-from distscrape_celery.runtime import Runtime
+from distscrape_celery.web.robots import RobotsCache
+from distscrape_celery.core.runtime import Runtime
 from distscrape_celery.savers import FileItemSaver
-from distscrape_celery.scope import LinkScope
+from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 from test_fetch import reply, serve
 from test_policy import public_test_hooks

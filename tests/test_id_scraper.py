@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from distscrape_celery.components import build_scraper
+from distscrape_celery.core.components import build_scraper
 from distscrape_celery.errors import ConfigError, FetchError
-from distscrape_celery.fetch import Download
-from distscrape_celery.jobspec import build_spec
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.job.spec import build_spec
 from distscrape_celery.scrapers import IDScraper
 from distscrape_celery.settings import Settings
 
@@ -78,11 +78,11 @@ def test_id_seeds_only_with_the_ids_scraper():
     [
         ("no_such_module_xyz:Saver", "cannot load 'no_such_module_xyz:Saver'"),
         ("distscrape_celery.savers:NoSuchClass", "cannot load"),
-        ("distscrape_celery.fetch:Fetcher", "is not a subclass of ItemSaver"),
+        ("distscrape_celery.web.fetch:Fetcher", "is not a subclass of ItemSaver"),
     ],
 )
 def test_bad_dotted_path_is_a_clear_error_at_seed(kind, fragment):
-    from distscrape_celery.manager import CrawlManager
+    from distscrape_celery.core.manager import CrawlManager
     from distscrape_celery.tracker import InMemoryTracker
 
     tracker = InMemoryTracker()

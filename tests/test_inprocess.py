@@ -7,13 +7,13 @@ import pytest
 
 from conftest import expected_files, saved_files
 
-from distscrape_celery.agent import WorkerAgent
-from distscrape_celery.celery_app import app, configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.runtime import Runtime, install_runtime
+from distscrape_celery.worker.agent import WorkerAgent
+from distscrape_celery.worker.app import app, configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.core.runtime import Runtime, install_runtime
 from distscrape_celery.settings import Settings
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from distscrape_celery import keys
+from distscrape_celery.tracker import keys
 from distscrape_celery.errors import JobNotFound, JobStateError
 from distscrape_celery.tracker import Fault, JobAction, JobState, LeaseStatus, RedisTracker
 
@@ -100,7 +100,7 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
         pass
     assert t.stats("big").seen == n
     with pytest.raises(JobStateError):
-        from distscrape_celery.cli_jobs import check_deletable
+        from distscrape_celery.cli.jobs import check_deletable
         check_deletable(t, "big", force=False)
     t.control("big", JobAction.CANCEL)
     # Redis's own timing of every command the delete sends (SLOWLOG), not a ping loop's: a ping
@@ -127,7 +127,7 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
 
 
 def test_metrics_give_the_state_and_skip_a_job_being_deleted(redis_url, redis_client):
-    from distscrape_celery.metrics import crawl_registry, render
+    from distscrape_celery.cli.metrics import crawl_registry, render
 
     t = RedisTracker.from_url(redis_url)
     for job in ("a", "b", "gone"):

@@ -14,7 +14,7 @@ import redis
 from conftest import RouteServer, crawl_settings, plugins_path
 from test_cli import run
 
-from distscrape_celery.local import wait_for_workers
+from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.tracker import JobAction, JobState, RedisTracker
 
 PAGES = 30

@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 from kombu import Connection, Exchange, Queue
 
-from distscrape_celery import kombu_fixes
+from distscrape_celery.worker import kombu_fixes
 
 
 def test_closing_a_channel_with_unacked_messages_after_the_transport_let_go(redis_url):

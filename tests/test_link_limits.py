@@ -17,12 +17,12 @@ import pytest
 
 from conftest import RouteServer, crawl_settings
 
-from distscrape_celery.cli_jobs import job_row
+from distscrape_celery.cli.jobs import job_row
 from distscrape_celery.errors import ConfigError
-from distscrape_celery.fetch import Download
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.pipeline import ItemPipeline
-from distscrape_celery.runtime import Runtime
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.core.pipeline import ItemPipeline
+from distscrape_celery.core.runtime import Runtime
 from distscrape_celery.scrapers import SimpleScraper
 from test_cli import run
 from test_pipeline import Recorder
@@ -105,7 +105,7 @@ def test_a_page_gives_at_most_the_cap_and_status_counts_the_rest(kind, request, 
         rt.tracker.create_job("cap", spec.to_json(), spec.crawl_limits())
         rt.tracker.add("cap", spec.seeds)
         pipe = ItemPipeline(rt, Recorder())
-        with caplog.at_level(logging.WARNING, logger="distscrape_celery.pipeline"):
+        with caplog.at_level(logging.WARNING, logger="distscrape_celery.core.pipeline"):
             assert pipe.scrape("cap", server.base + "/") == "scraped"
     stats = rt.tracker.stats("cap")
     assert stats.seen == 1 + DEFAULT_CAP  # the seed and the first 10,000 links, in page order
@@ -138,9 +138,9 @@ def test_link_limits_are_spec_fields_left_out_of_the_stored_spec_at_their_defaul
 CHILD = textwrap.dedent("""
     import json, logging, sys
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from distscrape_celery.components import build_scraper
-    from distscrape_celery.fetch import Download
-    from distscrape_celery.jobspec import build_spec
+    from distscrape_celery.core.components import build_scraper
+    from distscrape_celery.web.fetch import Download
+    from distscrape_celery.job.spec import build_spec
     from distscrape_celery.settings import Settings
     spec = build_spec(json.loads(sys.argv[1]))
     body = sys.argv[2].encode()
@@ -203,8 +203,8 @@ def test_a_regex_the_matcher_cannot_compile_is_named_at_validation() -> None:
 def test_parsed_robots_files_are_kept_by_their_size_not_their_number() -> None:
     """Five hosts of a job with a 512 KiB robots.txt each: protego's rules of one take some 30 MB,
     so the process keeps two or three of them, not 1,024 (over 30 GB, were there that many)."""
-    from distscrape_celery.fetch import FetchSpec, Fetcher
-    from distscrape_celery.robots import MemoryRobotsStore, RobotsCache
+    from distscrape_celery.web.fetch import FetchSpec, Fetcher
+    from distscrape_celery.web.robots import MemoryRobotsStore, RobotsCache
 
     rules = "User-agent: *\n" + "".join(f"Disallow: /p{i}/x*y$\n" for i in range(30_000))
     rules = rules[:512 * 1024]

@@ -12,11 +12,11 @@ import json
 import pytest
 import redis
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.keys import JobKeys
-from distscrape_celery.lost_saves import LostSaves, queued_saves
-from distscrape_celery.pipeline import ItemPipeline
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.tracker.keys import JobKeys
+from distscrape_celery.worker.lost_saves import LostSaves, queued_saves
+from distscrape_celery.core.pipeline import ItemPipeline
+from distscrape_celery.worker.tasks import publisher
 from test_pipeline import pipeline_env, server  # noqa: F401  (server: a fixture)
 
 

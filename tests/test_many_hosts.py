@@ -24,7 +24,7 @@ import pytest
 from conftest import saved_files
 from sitegen import generate_site
 
-from distscrape_celery.local import WorkerProcess
+from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.savers import FileItemSaver
 from distscrape_celery.settings import Settings
 

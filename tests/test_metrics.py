@@ -15,12 +15,12 @@ from ops_helpers import cli_env, free_port, http_get, metrics_once
 from prometheus_client.parser import text_string_to_metric_families
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.metrics import _DoneRate, crawl_registry, render
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.cli.metrics import _DoneRate, crawl_registry, render
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 AUTH = "prom:s3cret-pw"

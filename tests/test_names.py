@@ -10,10 +10,10 @@ import pytest
 from test_cli import assert_one_line_error, run
 
 from distscrape_celery.errors import ConfigError
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import check_job_name
-from distscrape_celery.scope import LinkScope
-from distscrape_celery.seedfile import MAX_LINE_BYTES, SeedFile
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import check_job_name
+from distscrape_celery.web.scope import LinkScope
+from distscrape_celery.job.seeds import MAX_LINE_BYTES, SeedFile
 from distscrape_celery.settings import Settings
 
 # -- job names and the queue prefix -----------------------------------------------------------

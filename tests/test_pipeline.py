@@ -9,10 +9,10 @@ import pytest
 
 from conftest import RouteServer, crawl_settings
 
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import JobKeys
-from distscrape_celery.pipeline import ItemPipeline
-from distscrape_celery.runtime import Runtime
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import JobKeys
+from distscrape_celery.core.pipeline import ItemPipeline
+from distscrape_celery.core.runtime import Runtime
 
 
 def lease_runs_out(rt, job, item):

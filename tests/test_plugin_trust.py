@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from conftest import crawl_settings, plugins_path, stop_all
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.components import (
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.core.components import (
     build_saver, build_scraper, check_components, module_allowed,
 )
 from distscrape_celery.errors import ConfigError, OutputNotAllowed, PluginNotAllowed
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import WorkerProcess, wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, TarItemSaver
 from distscrape_celery.settings import Settings
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import InMemoryTracker, RedisTracker
 
 SEED = "http://127.0.0.1:9/"
@@ -110,7 +110,7 @@ def test_the_built_in_kinds_need_no_allow_list():
                        "scraper": {"kind": "distscrape_celery.scrapers:SimpleScraper"}})
     build_scraper(full, settings)  # the built-in class by its own path
     # Our own package is no blanket exception: only the built-in classes are.
-    other = build_spec({"seeds": [SEED], "saver": {"kind": "distscrape_celery.fetch:Fetcher"}})
+    other = build_spec({"seeds": [SEED], "saver": {"kind": "distscrape_celery.web.fetch:Fetcher"}})
     with pytest.raises(PluginNotAllowed):
         check_components(other, settings)
 
@@ -180,8 +180,8 @@ def test_refused_components_end_items_dead_at_once_in_the_pipeline(redis_url, tm
     from conftest import RouteServer
     from test_pipeline import Recorder
 
-    from distscrape_celery.pipeline import ItemPipeline
-    from distscrape_celery.runtime import Runtime
+    from distscrape_celery.core.pipeline import ItemPipeline
+    from distscrape_celery.core.runtime import Runtime
 
     name, marker = hostile
     outside = tmp_path / "outside"
@@ -218,7 +218,7 @@ def test_refused_components_end_items_dead_at_once_in_the_pipeline(redis_url, tm
 
 def test_seed_cli_refuses_a_module_its_settings_do_not_allow(hostile, redis_url, capsys,
                                                             monkeypatch):
-    from distscrape_celery import cli
+    from distscrape_celery.cli import commands as cli
 
     name, marker = hostile
     monkeypatch.delenv("DISTSCRAPE_PLUGIN_MODULES", raising=False)

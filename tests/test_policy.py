@@ -12,15 +12,15 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from distscrape_celery.encoding import decode_html
+from distscrape_celery.web.encoding import decode_html
 from distscrape_celery.errors import ConfigError, FetchError
-from distscrape_celery.fetch import Download, Fetcher, retry_after
-from distscrape_celery.jobspec import FetchSpec, JobSpec, build_spec
-from distscrape_celery.scope import LinkScope
+from distscrape_celery.web.fetch import Download, Fetcher, retry_after
+from distscrape_celery.job.spec import FetchSpec, JobSpec, build_spec
+from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
-from distscrape_celery.ssrf import AddressGuard, AddressRefused, address_kind
+from distscrape_celery.web.ssrf import AddressGuard, AddressRefused, address_kind
 from distscrape_celery.tracker import RedisTracker
-from distscrape_celery.urls import Canonicalizer, normalize_url
+from distscrape_celery.job.urls import Canonicalizer, normalize_url
 from test_cli import assert_one_line_error, run
 from test_fetch import reply, serve
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from distscrape_celery import keys
+from distscrape_celery.tracker import keys
 from distscrape_celery.tracker import (
     CrawlLimits,
     DomainLimits,

@@ -7,8 +7,8 @@ import redis.connection
 
 from conftest import crawl_settings
 
-from distscrape_celery.celery_app import SAVE_QUEUE, SCRAPE_QUEUE, configure_app
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import SAVE_QUEUE, SCRAPE_QUEUE, configure_app
+from distscrape_celery.worker.tasks import publisher
 
 
 def _queued(client) -> tuple[int, int]:
@@ -90,7 +90,7 @@ def test_the_publisher_writes_the_message_apply_async_writes(redis_url, redis_cl
     routing, body and delivery mode."""
     from celery._state import _task_stack
 
-    from distscrape_celery.tasks import save as save_task
+    from distscrape_celery.worker.tasks import save as save_task
 
     configure_app(crawl_settings(redis_url))
     redis_client.delete(SAVE_QUEUE)

@@ -17,11 +17,11 @@ import pytest
 from conftest import RouteServer, crawl_settings, crawl_site_with_workers, expected_files, saved_files
 from kombu import Connection
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
@@ -107,7 +107,7 @@ def test_a_killed_workers_message_is_redelivered_at_once(amqp_settings, workers,
 
 
 def test_the_queue_prefix_names_queues_and_exchanges():
-    from distscrape_celery.celery_app import SAVE_TASK, SCRAPE_TASK, celery_config
+    from distscrape_celery.worker.app import SAVE_TASK, SCRAPE_TASK, celery_config
     from distscrape_celery.errors import ConfigError
     from distscrape_celery.settings import Settings
 

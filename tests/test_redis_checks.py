@@ -6,8 +6,8 @@ import logging
 
 import redis
 
-from distscrape_celery.embedded import EmbeddedRedis
-from distscrape_celery.redis_checks import redis_problems, warn_about
+from distscrape_celery.local.embedded import EmbeddedRedis
+from distscrape_celery.tracker.checks import redis_problems, warn_about
 
 
 def test_a_safe_redis_has_no_problems(redis_url):

@@ -10,17 +10,17 @@ import redis
 from conftest import crawl_settings
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.components import build_saver
-from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.core.components import build_saver
+from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.errors import ConfigError, SaveError
-from distscrape_celery.fetch import Download
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import RedisItemSaver
 from distscrape_celery.settings import Settings
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 

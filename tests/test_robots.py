@@ -14,13 +14,13 @@ import redis
 
 from conftest import crawl_settings
 
-from distscrape_celery.celery_app import configure_app
+from distscrape_celery.worker.app import configure_app
 from distscrape_celery.errors import FetchError
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.local import wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.robots import DISALLOWED, MemoryRobotsStore, RedisRobotsStore, RobotsCache
-from distscrape_celery.tasks import publisher
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.processes import wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.web.robots import DISALLOWED, MemoryRobotsStore, RedisRobotsStore, RobotsCache
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 from test_fetch import reply, serve
 from test_policy import public_test_hooks
@@ -159,7 +159,7 @@ def test_a_record_of_the_old_layout_is_not_read(redis_client, redis_url):
 
 def test_parsed_files_are_bounded_by_their_bytes():
     """The process-wide cache of parsed files counts each by the memory its rules take."""
-    from distscrape_celery.robots import _PARSED, PARSED_ROBOTS_BYTES
+    from distscrape_celery.web.robots import _PARSED, PARSED_ROBOTS_BYTES
 
     store = MemoryRobotsStore()
     body = b"User-agent: *\n" + b"".join(b"Disallow: /p%d/\n" % n for n in range(20_000))

@@ -12,10 +12,10 @@ import weakref
 
 import pytest
 
-from distscrape_celery.agent import reserved_items
-from distscrape_celery.batching import Batcher
-from distscrape_celery.celery_app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
-from distscrape_celery.keys import JobKeys
+from distscrape_celery.worker.agent import reserved_items
+from distscrape_celery.core.batching import Batcher
+from distscrape_celery.worker.app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
+from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.tracker import LeaseStatus
 from test_pipeline import ROUTES, pipeline_env, server  # noqa: F401  (server: a fixture)
 
@@ -155,7 +155,7 @@ def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
         redis_url, server, tmp_path, monkeypatch, batch_size):  # noqa: F811
     """A save message (per page or a batch) that leaves the broker for a worker: its items
     follow that worker's lease at once, not at its next heartbeat."""
-    from distscrape_celery import agent
+    from distscrape_celery.worker import agent
 
     rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=batch_size)
     items = [server.base + "/ok", server.base + "/ok2"]
@@ -285,7 +285,7 @@ def test_without_a_list_of_waiting_messages_a_deferred_save_is_not_taken_on_arri
     a deferred save's item, so it is not taken on arrival: it waits under the save timeout."""
     from celery.worker import state
 
-    from distscrape_celery import agent
+    from distscrape_celery.worker import agent
 
     rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
     item = server.base + "/ok"
@@ -574,7 +574,7 @@ def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reser
     as if their messages were coming back from the broker. Only saves whose messages reached the
     worker (and go back to the broker) wait for them; the unsent ones are queued again at once,
     though Celery has forgotten its reserved messages by the time the worker stops."""
-    from distscrape_celery import agent
+    from distscrape_celery.worker import agent
 
     rt, pipe, rec, server = batch_env
     sent = [server.base + "/ok", server.base + "/hostile"]

@@ -26,16 +26,16 @@ from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from plugins.savers import event_counts, instruct, paused_pid, save_events
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.celery_app import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE, configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import HEARTBEATS, JobKeys
-from distscrape_celery.local import WorkerProcess, wait_for_workers
-from distscrape_celery.lost_saves import queued_saves
-from distscrape_celery.manager import CrawlManager
+from distscrape_celery.worker.app import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE, configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import HEARTBEATS, JobKeys
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.worker.lost_saves import queued_saves
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.settings import Settings
-from distscrape_celery.tasks import publisher, save as save_task
+from distscrape_celery.worker.tasks import publisher, save as save_task
 from distscrape_celery.tracker import RedisTracker
-from distscrape_celery.urls import normalize_url
+from distscrape_celery.job.urls import normalize_url
 
 LEASE = 2.0
 DEFAULT_SAVE_BATCH = Settings.model_fields["save_batch_size"].default

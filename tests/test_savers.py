@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from distscrape_celery.errors import ConfigError, SaveError
-from distscrape_celery.fetch import Download
-from distscrape_celery.jobspec import SaverSpec
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.job.spec import SaverSpec
 from distscrape_celery.savers import FileItemSaver, ItemSaver
 
 SEGMENT_RE = re.compile(r"^(?:[A-Za-z0-9._~!$&'()+,;=@-]|%[0-9A-Fa-f%])+$")
@@ -439,7 +439,7 @@ def test_save_many_a_failed_flush_fails_every_entry_and_leaves_no_temporary_file
     """The first or the second syncfs fails (a full disk shows as ENOSPC at writeback): no item
     of the group counts as saved, the disk-full error is the cause the pipeline looks for, and
     the old file stays whole where nothing was renamed yet."""
-    from distscrape_celery.pipeline import output_full
+    from distscrape_celery.core.pipeline import output_full
     from distscrape_celery.savers import files
 
     out = tmp_path / "out"

@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from distscrape_celery.errors import FetchError
-from distscrape_celery.fetch import Download, Fetcher
-from distscrape_celery.jobspec import FetchSpec, build_spec
-from distscrape_celery.scope import LinkScope
+from distscrape_celery.web.fetch import Download, Fetcher
+from distscrape_celery.job.spec import FetchSpec, build_spec
+from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 
 PAGE_URL = "http://site.invalid/dir/sub/page.html?old=1"

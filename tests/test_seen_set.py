@@ -11,7 +11,7 @@ from importlib import resources
 
 import pytest
 
-from distscrape_celery import keys
+from distscrape_celery.tracker import keys
 from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
 
@@ -151,8 +151,8 @@ def test_a_job_of_the_old_layout_is_refused_not_corrupted(redis_url, redis_clien
 def test_a_worker_logs_an_old_layout_jobs_maintenance_failure_once(redis_url, redis_client, caplog):
     """Workers maintain every active job on every heartbeat; a job that fails the same way each
     time (here one of the old layout) is logged once, not once a heartbeat, and its recovery is."""
-    from distscrape_celery.agent import WorkerAgent
-    from distscrape_celery.runtime import Runtime
+    from distscrape_celery.worker.agent import WorkerAgent
+    from distscrape_celery.core.runtime import Runtime
     from distscrape_celery.settings import Settings
 
     rt = Runtime.for_redis(Settings.from_env({"DISTSCRAPE_REDIS_URL": redis_url}))
@@ -163,7 +163,7 @@ def test_a_worker_logs_an_old_layout_jobs_maintenance_failure_once(redis_url, re
     control = keys.JobKeys("old").control
     fmt = redis_client.hget(control, "format")
     redis_client.hdel(control, "format")
-    with caplog.at_level("WARNING", logger="distscrape_celery.agent"):
+    with caplog.at_level("WARNING", logger="distscrape_celery.worker.agent"):
         for _ in range(5):
             agent.maintain_all()
         failures = [r for r in caplog.records if "maintenance of job old failed" in r.getMessage()]

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from distscrape_celery.errors import JobConflict, JobNotFound
-from distscrape_celery.staging import RedisBodyStaging
+from distscrape_celery.tracker.staging import RedisBodyStaging
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
     CrawlLimits,
@@ -827,7 +827,7 @@ def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
 def test_a_job_deleted_and_made_again_sharded_gets_its_new_keys(redis_url):
     """Issue 9: a tracker builds a job's script keys once; deleting the job forgets them, so a job
     of the same name made again with shards uses each shard's own active marker."""
-    from distscrape_celery.keys import ACTIVE_JOBS, JobKeys
+    from distscrape_celery.tracker.keys import ACTIVE_JOBS, JobKeys
 
     t = RedisTracker.from_url(redis_url)
     w = new_job(t)

@@ -14,7 +14,7 @@ import threading
 import pytest
 import redis
 
-from distscrape_celery.embedded import EmbeddedRedis
+from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.errors import TrackerUnavailable
 from distscrape_celery.tracker import LeaseStatus, RedisTracker
 

@@ -37,7 +37,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from distscrape_celery import keys
+from distscrape_celery.tracker import keys
 from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import (
     CrawlLimits,

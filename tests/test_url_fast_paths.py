@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sitegen import generate_site
 
-from distscrape_celery.fetch import Download
-from distscrape_celery.scope import LinkScope
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import simple
 from distscrape_celery.scrapers.simple import SimpleScraper
-from distscrape_celery.urls import Canonicalizer, is_plain_url
+from distscrape_celery.job.urls import Canonicalizer, is_plain_url
 
 SETTINGS = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -152,7 +152,7 @@ def test_find_items_on_a_generated_site_is_the_same_without_the_fast_paths(monke
     never = re.compile(r"(?!)")
     monkeypatch.setattr(simple, "_PLAIN_HREF", never)
     monkeypatch.setattr(simple, "is_plain_url", lambda url: False)
-    monkeypatch.setattr("distscrape_celery.urls._PLAIN_URL", never)
+    monkeypatch.setattr("distscrape_celery.job.urls._PLAIN_URL", never)
     assert not is_plain_url("http://h/")
     assert crawl_links() == fast
     assert sum(map(len, fast)) > 5 * len(pages)
@@ -170,7 +170,7 @@ def test_fetch_fast_path_picks_the_pool_and_target_urllib3_would(url: str) -> No
     and request target that PoolManager.urlopen gets from parse_url."""
     from urllib3.util import parse_url
 
-    from distscrape_celery.fetch import _PLAIN_TARGET
+    from distscrape_celery.web.fetch import _PLAIN_TARGET
 
     plain = _PLAIN_TARGET.match(url)
     if plain is None or (plain[3] and int(plain[3]) > 65535):

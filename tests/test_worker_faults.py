@@ -16,12 +16,12 @@ import pytest
 from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from sitegen import SiteServer, _Handler, generate_site
 
-from distscrape_celery.celery_app import configure_app
-from distscrape_celery.jobspec import build_spec
-from distscrape_celery.keys import JobKeys
-from distscrape_celery.local import WorkerProcess, wait_for_workers
-from distscrape_celery.manager import CrawlManager
-from distscrape_celery.tasks import publisher
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.tracker.keys import JobKeys
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.core.manager import CrawlManager
+from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 FULL_DISK_SAVER = "plugins.full_disk:FullDiskSaver"
@@ -150,7 +150,7 @@ if _offset:
 
 _delay = float(os.environ.get("DISTSCRAPE_TEST_EXTEND_DELAY") or 0)
 if _delay:
-    _TARGET = "distscrape_celery.tracker.redis_tracker"
+    _TARGET = "distscrape_celery.tracker.redis"
 
     class _PatchAfterImport:
         def find_spec(self, name, path, target=None):

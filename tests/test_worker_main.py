@@ -16,7 +16,7 @@ import pytest
 from conftest import plugins_path
 
 from distscrape_celery.errors import EmbeddedServiceError
-from distscrape_celery.local import WorkerProcess, wait_for_workers
+from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.worker_main import forked_name, parse_args
@@ -213,7 +213,7 @@ def test_an_idle_workers_stop_waits_at_most_a_short_brpop(redis_url, tmp_path):
     (each `distscrape crawl`, each `celery multi stopwait`) take up to a second more."""
     import redis
 
-    from distscrape_celery.celery_app import BRPOP_SECONDS
+    from distscrape_celery.worker.app import BRPOP_SECONDS
 
     settings = Settings(redis_url=redis_url)
     worker = WorkerProcess(settings, name="idle", concurrency=2, pool="threads",

@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Union
 
-from ..fetch import Download
-from ..jobspec import SaverSpec
+from ..web.fetch import Download
+from ..job.spec import SaverSpec
 
 
 class ItemSaver(ABC):

@@ -16,8 +16,8 @@ from typing import Optional, Union
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SaveError
-from ..fetch import Download
-from ..jobspec import SaverSpec
+from ..web.fetch import Download
+from ..job.spec import SaverSpec
 from .base import ItemSaver
 
 

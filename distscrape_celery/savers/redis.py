@@ -10,8 +10,8 @@ from typing import Optional, Union
 import redis
 
 from ..errors import ConfigError, SaveError
-from ..fetch import Download
-from ..jobspec import SaverSpec
+from ..web.fetch import Download
+from ..job.spec import SaverSpec
 from ..redaction import redact
 from ..settings import is_redis_url
 from .base import ItemSaver

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from ..errors import ConfigError, SaveError
-from ..fetch import Download
+from ..web.fetch import Download
 from .base import ItemSaver
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from ..fetch import Download
-from ..jobspec import SaverSpec
+from ..web.fetch import Download
+from ..job.spec import SaverSpec
 from .files import DEFAULT_NAME_SCHEME, FileItemSaver
 from .shards import (
     CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,

@@ -19,8 +19,8 @@ from warcio.statusandheaders import StatusAndHeaders, StatusAndHeadersParser
 from warcio.timeutils import datetime_to_iso_date
 from warcio.warcwriter import WARCWriter
 
-from ..fetch import Download
-from ..jobspec import SaverSpec
+from ..web.fetch import Download
+from ..job.spec import SaverSpec
 from .shards import (
     CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Optional
 
-from ..fetch import Download
-from ..jobspec import JobSpec
-from ..urls import is_url
+from ..web.fetch import Download
+from ..job.spec import JobSpec
+from ..job.urls import is_url
 
 
 class Scraper(ABC):

@@ -7,12 +7,12 @@ import logging
 from typing import Optional
 from urllib.parse import quote
 
-from ..encoding import decode_html
+from ..web.encoding import decode_html
 from ..errors import FetchError
-from ..fetch import Download, Fetcher
-from ..jobspec import DOT_IDS, MAX_ID_CHARS, FetchSpec, JobSpec
-from ..patterns import DEFAULT_REGEX_SECONDS, Budget, PatternTimeout, compile_pattern
-from ..urls import is_url
+from ..web.fetch import Download, Fetcher
+from ..job.spec import DOT_IDS, MAX_ID_CHARS, FetchSpec, JobSpec
+from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, PatternTimeout, compile_pattern
+from ..job.urls import is_url
 from .base import Scraper
 
 log = logging.getLogger(__name__)

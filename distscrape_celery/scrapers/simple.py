@@ -12,12 +12,12 @@ import lxml.etree
 import lxml.html
 
 from ..caches import ByteBoundedCache, text_bytes
-from ..encoding import decode_html
-from ..fetch import Download, Fetcher, media_type_of
-from ..jobspec import FetchSpec, JobSpec
-from ..patterns import Budget, PatternTimeout
-from ..scope import LinkScope
-from ..urls import PLAIN_SEGMENT, is_plain_url
+from ..web.encoding import decode_html
+from ..web.fetch import Download, Fetcher, media_type_of
+from ..job.spec import FetchSpec, JobSpec
+from ..job.patterns import Budget, PatternTimeout
+from ..web.scope import LinkScope
+from ..job.urls import PLAIN_SEGMENT, is_plain_url
 from .base import Scraper
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")

@@ -24,8 +24,8 @@ from .base import (
     Tracker,
     WorkerInfo,
 )
-from .memory_tracker import InMemoryTracker
-from .redis_tracker import RedisTracker
+from .memory import InMemoryTracker
+from .redis import RedisTracker
 
 __all__ = [
     "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",

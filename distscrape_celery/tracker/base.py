@@ -11,7 +11,7 @@ Item life cycle (every seen item is in exactly one state, so none can be lost)::
                     fail past max_retries, or lost past max_lost ------------------------------> dead
 
 Politeness is the tracker's, shared by every worker: each item belongs to a domain (its URL's
-``host[:port]``, see :func:`~distscrape_celery.keys.domain_of`) with its own queue; dispatch takes
+``host[:port]``, see :func:`~distscrape_celery.tracker.keys.domain_of`) with its own queue; dispatch takes
 turns among domains under their in-flight cap, and a checkout takes the domain's fetch slot
 (rate limit) or hands the item back, throttled. :class:`CrawlLimits` holds a job's limits.
 
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
 from ..errors import JobConflict, JobStateError
-from ..keys import NO_DOMAIN
+from .keys import NO_DOMAIN
 
 # A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
 MAX_ADD_BATCH = 500

@@ -1,0 +1,155 @@
+"""Job control commands of ``distscrape``: list, watch, pause, resume, cancel, export and delete
+jobs, and list the live workers. Registered on the ``cli`` group by :mod:`.cli`."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+import click
+
+from ..errors import ConfigError, JobNotFound, JobStateError
+from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
+
+JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
+
+
+def job_row(tracker: Tracker, job: str) -> dict[str, Any]:
+    """A job's state, times, counts and average pages/s (done over its running time)."""
+    info, stats = tracker.job_info(job), tracker.stats(job)
+    return {"job": job, **info.to_dict(), **stats.to_dict(), "rate": _rate(info, stats)}
+
+
+def _rate(info: JobInfo, stats: JobStats) -> float:
+    if info.started is None:
+        return 0.0
+    end = info.ended if info.ended is not None else time.time()
+    return round(stats.done / max(end - info.started, 1e-3), 2)
+
+
+def when(ts: Optional[float]) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def register(cli: click.Group, runtime, redis_url_option) -> None:
+    """Add the job control commands to ``cli``; ``runtime(redis_url)`` gives (tracker, manager)."""
+
+    @cli.command()
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+    @redis_url_option
+    def jobs(as_json, redis_url) -> None:
+        """List every job: state, counts, pages/s, start time."""
+        from rich.console import Console
+        from rich.table import Table
+
+        tracker, _ = runtime(redis_url)
+        rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
+        if as_json:
+            for row in rows:
+                click.echo(json.dumps(row))
+            return
+        table = Table("job", "state", *JOB_COLUMNS, "pages/s", "started")
+        for r in rows:
+            table.add_row(r["job"], r["state"], *(str(r[c]) for c in JOB_COLUMNS),
+                          f"{r['rate']:.1f}", when(r["started"]))
+        Console().print(table)
+
+    def control(action: JobAction, verb: str):
+        @redis_url_option
+        @click.argument("job")
+        def command(job, redis_url) -> None:
+            tracker, manager = runtime(redis_url)
+            res = tracker.control(job, action)
+            if res.dispatch:
+                manager.publish(job, res.dispatch)
+            same = " (no change)" if res.before is res.after else ""
+            click.echo(f"job {job}: {res.after.value}{same}")
+
+        command.__doc__ = verb
+        return cli.command(action.value)(command)
+
+    control(JobAction.PAUSE, "Hold JOB's new work; what is queued stays, what is in flight ends.")
+    control(JobAction.RESUME, "Let a paused (or cancelled) JOB's work flow again at once.")
+    control(JobAction.CANCEL, "Stop JOB for good: nothing more is fetched; its data stays for "
+                              "export.")
+
+    @cli.command()
+    @click.argument("job")
+    @click.option("--done", "which", flag_value="done",
+                  help="Not kept: refused with a pointer to the saver's output.")
+    @click.option("--dead", "which", flag_value="dead", help="The dead items, TAB, the reason.")
+    @redis_url_option
+    def export(job, which, redis_url) -> None:
+        """Print JOB's dead items (--dead), one a line with the reason, streamed."""
+        if which is None:
+            raise ConfigError("export: give --dead (or --done, which is not kept)")
+        if which == "done":
+            # Redis keeps only an 8-byte fingerprint of a done item (issue 10), not the item.
+            raise ConfigError(
+                "export --done: done items are not kept in Redis, only their fingerprints; the "
+                "saver's output lists them (its output directory, or `distscrape tar-index "
+                "OUTPUT` for tar shards)"
+            )
+        tracker, _ = runtime(redis_url)
+        for item, reason in tracker.iter_dead(job):
+            click.echo(f"{item}\t{reason}")
+
+    @cli.command()
+    @click.argument("job")
+    @click.option("--force", is_flag=True, help="Delete a running or paused job too.")
+    @redis_url_option
+    def delete(job, force, redis_url) -> None:
+        """Remove every key of JOB from Redis, in small batches (saved output is kept)."""
+        tracker, _ = runtime(redis_url)
+        check_deletable(tracker, job, force)
+        n = tracker.delete_job(job)
+        click.echo(f"job {job} deleted ({n} key(s))")
+
+    @cli.command()
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+    @redis_url_option
+    def workers(as_json, redis_url) -> None:
+        """List the live workers: host, ID, concurrency, items held per job, last heartbeat."""
+        from rich.console import Console
+        from rich.table import Table
+
+        tracker, _ = runtime(redis_url)
+        held: dict[str, dict[str, int]] = {}
+        for job in tracker.active_jobs():
+            for wid, n in tracker.leased_by_worker(job).items():
+                held.setdefault(wid, {})[job] = n
+        rows = [
+            {"worker": w.id, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
+             "leased": held.get(w.id, {}), "last_seen": w.last_seen}
+            for w in tracker.workers() if w.alive
+        ]
+        if as_json:
+            for row in rows:
+                click.echo(json.dumps(row))
+            return
+        table = Table("worker", "host", "pid", "concurrency", "leased", "last seen")
+        for r in rows:
+            leased = ", ".join(f"{j}: {n}" for j, n in r["leased"].items()) or "-"
+            table.add_row(r["worker"], r["host"], str(r["pid"]), str(r["concurrency"]), leased,
+                          when(r["last_seen"]))
+        Console().print(table)
+
+
+def check_deletable(tracker: Tracker, job: str, force: bool) -> None:
+    """Refuse to delete a running or paused job (workers still work on it) unless ``force``."""
+    state = tracker.job_info(job).state
+    if state in (JobState.RUNNING, JobState.PAUSED) and not force:
+        raise JobStateError(
+            f"job {job!r} is {state.value}: cancel it first (distscrape cancel {job}), "
+            "or give --force"
+        )
+
+
+def _exists(tracker: Tracker, job: str) -> bool:
+    """False for a job being deleted (its name goes last)."""
+    try:
+        tracker.job_info(job)
+    except JobNotFound:
+        return False
+    return True

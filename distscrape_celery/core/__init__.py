@@ -1,0 +1,1 @@
+"""The item's life without Celery: components, pipeline, batching, backoff, crawl manager."""

@@ -1,0 +1,141 @@
+"""What one worker process holds: settings, tracker, staging, its worker ID, and per-job components.
+
+Celery tasks stay thin: they ask the runtime for collaborators and hand the work to
+:mod:`.pipeline`. The runtime is built lazily from the app's settings, or installed explicitly (the
+in-memory crawl installs one with an InMemoryTracker).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Optional
+
+from .components import build_saver, build_scraper
+from ..job.spec import JobSpec
+from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
+from ..savers import ItemSaver
+from ..scrapers import Scraper
+from ..settings import Settings
+from ..tracker.staging import BodyStaging, RedisBodyStaging
+from ..tracker import InMemoryTracker, RedisTracker, Tracker
+from ..tracker.redis import connect
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(
+        self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False,
+        robots_store: Optional[RobotsStore] = None,
+    ) -> None:
+        self.settings = settings
+        self.tracker = tracker
+        self.staging = staging
+        self.in_memory = in_memory
+        self.robots_store = robots_store if robots_store is not None else MemoryRobotsStore()
+        # Until the worker agent registers, leases name the process.
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self._lock = threading.Lock()
+        self._specs: dict[str, JobSpec] = {}
+        self._scrapers: dict[str, Scraper] = {}
+        self._savers: dict[str, ItemSaver] = {}
+        self._robots: dict[str, RobotsCache] = {}
+
+    @classmethod
+    def for_redis(cls, settings: Settings) -> "Runtime":
+        tracker = RedisTracker.from_settings(settings)
+        # Each body and robots key is used alone, so a cluster client routes it by its slot.
+        bodies = connect(
+            settings.redis_url, cluster=settings.redis_cluster, decode_responses=False,
+            socket_connect_timeout=5, socket_timeout=30,
+        )
+        return cls(
+            settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
+            robots_store=RedisRobotsStore(bodies),
+        )
+
+    @classmethod
+    def in_memory_runtime(cls, settings: Settings) -> "Runtime":
+        tracker = InMemoryTracker(
+            lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor,
+            save_timeout=settings.save_timeout,
+        )
+        # The tracker stages bodies itself (in scraped): the staging reads them there.
+        return cls(settings, tracker, tracker.bodies, in_memory=True)
+
+    def spec(self, job: str) -> JobSpec:
+        """The job's spec, read from the tracker once per process (a job's spec never changes)."""
+        spec = self._specs.get(job)
+        if spec is None:
+            spec = JobSpec.from_json(self.tracker.load_spec(job))
+            self._specs[job] = spec
+        return spec
+
+    def scraper(self, job: str) -> Scraper:
+        """The job's scraper; raises ConfigError when this worker's settings refuse the class its
+        spec names (not kept: each item asking again is refused without importing anything)."""
+        return self._per_job(
+            self._scrapers, job, lambda spec: build_scraper(spec, self.settings)
+        )
+
+    def robots(self, job: str) -> Optional[RobotsCache]:
+        """The job's robots.txt policy; None when the job ignores robots.txt."""
+        if not self.spec(job).fetch.obey_robots:
+            return None
+        return self._per_job(
+            self._robots, job, lambda spec: RobotsCache.from_spec(spec, self.robots_store)
+        )
+
+    def saver(self, job: str) -> ItemSaver:
+        """The job's saver, opened; raises ConfigError when this worker's settings refuse its
+        class or its output."""
+
+        def open_saver(spec: JobSpec) -> ItemSaver:
+            saver = build_saver(spec, job, self.worker_id, self.settings)
+            saver.open()
+            return saver
+
+        return self._per_job(self._savers, job, open_saver)
+
+    def _per_job(self, cache: dict, job: str, build):
+        """``cache[job]``, built once per process from the job's spec (threads may race here)."""
+        component = cache.get(job)
+        if component is None:
+            with self._lock:
+                component = cache.get(job)
+                if component is None:
+                    component = cache[job] = build(self.spec(job))
+        return component
+
+    def close(self) -> None:
+        """Close every saver opened in this process (flushes what they buffer)."""
+        with self._lock:
+            savers, self._savers = self._savers, {}
+        for job, saver in savers.items():
+            try:
+                saver.close()
+            except Exception:  # one saver failing to close must not stop the others
+                log.exception("closing the saver of job %s failed", job)
+
+
+_runtime: Optional[Runtime] = None
+_runtime_lock = threading.Lock()
+
+
+def install_runtime(runtime: Optional[Runtime]) -> None:
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime
+
+
+def current_runtime(settings_factory) -> Runtime:
+    """The process's runtime, built on first use from ``settings_factory()``."""
+    global _runtime
+    if _runtime is None:
+        with _runtime_lock:
+            if _runtime is None:
+                _runtime = Runtime.for_redis(settings_factory())
+    return _runtime

@@ -1,0 +1,1 @@
+"""What a job is: its spec, its URLs and patterns, and seed files."""

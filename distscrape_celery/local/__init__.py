@@ -1,0 +1,1 @@
+"""The one-command crawl on one machine: worker processes and an embedded Redis."""

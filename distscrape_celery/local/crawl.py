@@ -1,0 +1,358 @@
+"""The one-command crawl on one machine: everything it needs is started here and stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+from urllib.parse import urlsplit
+
+from .. import lifecycle
+from .embedded import EmbeddedRedis
+from ..errors import ConfigError
+from ..job.spec import JobSpec
+from .processes import WorkerProcess, can_fork_workers
+from ..core.manager import CrawlManager
+from ..savers.shards import Joined
+from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings, crawl_worker_processes
+from ..tracker import JobStats, RedisTracker
+from ..job.urls import url_host
+
+Progress = Callable[[JobStats], None]
+
+
+@dataclass(frozen=True)
+class CrawlResult:
+    job: str
+    stats: JobStats
+    seconds: float
+    dead: dict[str, str]
+    resumed: bool = False  # the job was found in the state directory and continued
+    already_finished: bool = False  # ... and it had finished before: nothing was crawled
+
+    @property
+    def pages_per_second(self) -> float:
+        return self.stats.done / self.seconds if self.seconds > 0 else 0.0
+
+
+STATE_SUFFIX = ".distscrape-state"
+_STATE_MARKER = "redis.password"  # written by EmbeddedRedis into every state directory
+_STATE_LOCK = "distscrape.lock"
+
+
+def default_job_name(spec: JobSpec) -> str:
+    """The same name for the same seeds, so that running the same command again resumes the
+    job: ``crawl-`` and the first seed's host and port (``crawl-example.org``,
+    ``crawl-127.0.0.1_8080``), made a valid job name."""
+    seed = spec.seeds[0]
+    if "://" in seed:
+        parts = urlsplit(seed)
+        host = url_host(seed) + (f"_{parts.port}" if parts.port is not None else "")
+    else:  # an ID (the ids scraper)
+        host = seed
+    return ("crawl-" + re.sub(r"[^A-Za-z0-9_.-]", "_", host))[:100]
+
+
+def default_state_dir(spec: JobSpec, job: str) -> Path:
+    """Beside the output: ``<output>.distscrape-state``; for an output that is a URL (the redis
+    saver), ``<job>.distscrape-state`` in the current directory."""
+    output = spec.saver.output
+    if "://" in output:
+        return Path.cwd() / f"{job}{STATE_SUFFIX}"
+    out = Path(output).expanduser().resolve()
+    return out.with_name(out.name + STATE_SUFFIX)
+
+
+def check_local_output(spec: JobSpec) -> None:
+    """Make sure the output directory of a files saver (or the directory of an archive saver's
+    file) can be written on this machine, creating it if need be, before anything is fetched.
+    Other savers (a Redis URL, a custom class) are not checked here."""
+    kind, output = spec.saver.kind, spec.saver.output
+    if kind == "files":
+        directory = Path(output)
+    elif kind in ("tar", "warc"):
+        directory = Path(output).parent
+    else:
+        return
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"cannot write the output to {directory}: it is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".~distscrape-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the output to {directory}: {exc.strerror or exc}"
+        ) from None
+
+
+@contextlib.contextmanager
+def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
+    """Hold ``path`` as the crawl's state directory (created if need be) for the block: locked
+    against a second crawl on it, and emptied first if ``fresh``. A directory that holds other
+    files but no crawl state is refused, so neither Redis nor ``--fresh`` touches it."""
+    import fcntl
+
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = os.open(path / _STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot use the state directory {path}: {exc.strerror or exc}") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"another distscrape crawl is using the state directory {path}") from None
+        contents = [p for p in path.iterdir() if p.name != _STATE_LOCK]
+        if contents and not (path / _STATE_MARKER).exists():
+            raise ConfigError(
+                f"{path} is not empty and holds no crawl state; give another --state-dir"
+            )
+        if fresh:
+            for p in contents:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+        yield path
+    finally:
+        os.close(lock)
+
+
+@contextlib.contextmanager
+def redis_for_crawl(
+    settings: Settings, use_embedded: bool, state_dir: Optional[Path] = None
+) -> Iterator[Settings]:
+    """Yield settings that point at a reachable Redis, starting an embedded one if asked; with
+    ``state_dir``, one that keeps its data there."""
+    if not use_embedded:
+        yield settings
+        return
+    server = EmbeddedRedis(state_dir=state_dir)
+    try:
+        server.start()
+        yield settings.model_copy(update={"redis_url": server.url, "broker_url": None})
+    finally:
+        with lifecycle.shielded():
+            server.stop()
+
+
+def _forget_previous_run(tracker: RedisTracker, job: str) -> int:
+    """Before a private Redis's job is resumed: the workers of the previous run are gone, so
+    their broker messages go (with the unacknowledged ones, which the Redis transport would
+    otherwise restore later as duplicates), their registrations go, and what they had in flight
+    goes back in the frontier at once. Returns how many items were put back.
+
+    Only for the embedded Redis, where no other worker can be running the job."""
+    from ..worker.app import app, current_settings
+
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for queue in (current_settings().scrape_queue, current_settings().save_queue):
+            channel.queue_purge(queue)
+        channel.client.delete(
+            channel.unacked_key, channel.unacked_index_key, channel.unacked_mutex_key
+        )
+    for worker in tracker.workers():
+        tracker.deregister_worker(worker.id)
+    return tracker.release(job)
+
+
+def _check_no_other_unfinished_job(tracker: RedisTracker, job: str, state_dir: Path) -> None:
+    """Workers work on every job in their Redis: an unfinished job of another crawl in the state
+    directory would be crawled too."""
+    for other in tracker.jobs():
+        if other != job and not tracker.stats(other).finished:
+            raise ConfigError(
+                f"the state directory {state_dir} holds job {other!r}, which is not finished and "
+                f"is not this crawl's ({job!r}): give another --state-dir or --output, "
+                f"or --fresh to drop it"
+            )
+
+
+# One saved item's headers (its URL and item, in PAX headers or WARC fields) beside its body.
+_UNIT_HEADROOM = 1 << 20
+
+
+def archive_shards(spec: JobSpec) -> list[Path]:
+    """The shards of a tar or WARC output on this host; [] for any other saver."""
+    from ..savers.tar import tar_shards
+    from ..savers.warc import warc_shards
+
+    kind, output = spec.saver.kind, spec.saver.output
+    if kind == "tar":
+        return tar_shards(output)
+    if kind == "warc":
+        return warc_shards(output)
+    return []
+
+
+def join_archive(spec: JobSpec, job: str) -> Optional[Joined]:
+    """At the end of a crawl into a tar or WARC output: join its shards on this host into the
+    named file, which then exists, and remove them. None for any other saver. Raises
+    :class:`~distscrape_celery.errors.SaveError` (shards and output left as they were) when
+    that cannot be done."""
+    from ..savers.tar import join_tar
+    from ..savers.warc import join_warc
+
+    kind, output = spec.saver.kind, spec.saver.output
+    max_unit = spec.fetch.max_bytes + _UNIT_HEADROOM
+    if kind == "tar":
+        return join_tar(output, max_unit=max_unit)
+    if kind == "warc":
+        return join_warc(output, max_unit=max_unit, job=job)
+    return None
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def run_local_crawl(
+    job: str,
+    spec: JobSpec,
+    settings: Settings,
+    *,
+    embedded_redis: bool,
+    state_dir: Optional[Path] = None,
+    concurrency: int = DEFAULT_CRAWL_CONCURRENCY,
+    on_progress: Optional[Progress] = None,
+    timeout: Optional[float] = None,
+    say: Callable[[str], None] = _quiet,
+    stop_timeout: float = 20.0,
+) -> CrawlResult:
+    """Crawl ``spec`` with real worker processes on this machine, two per core, each a threads
+    pool (``concurrency`` threads in all, see :func:`crawl_worker_processes`), and wait until it
+    is finished.
+
+    With ``state_dir`` (embedded Redis only; see :func:`state_directory`) the crawl's state is
+    kept there, and a job found in it is resumed: what the previous run had in flight is put back
+    at once. A job found finished is not crawled again (``already_finished`` in the result).
+    However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
+    :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
+    from ..worker.app import configure_app
+    from ..worker.tasks import publisher
+
+    if state_dir is not None and not embedded_redis:
+        raise ValueError("state_dir is for the embedded Redis")
+    with redis_for_crawl(settings, embedded_redis, state_dir) as settings:
+        tracker = RedisTracker.from_settings(settings)
+        configure_app(settings)
+        manager = CrawlManager(tracker, publisher.scrape, settings=settings)
+        resumed = job in tracker.jobs()
+        released = 0
+        if resumed:
+            # A different spec: JobConflict, nothing changed.
+            tracker.create_job(job, spec.to_json(), spec.crawl_limits())
+        if state_dir is not None:
+            _check_no_other_unfinished_job(tracker, job, state_dir)
+            if resumed:
+                released = _forget_previous_run(tracker, job)
+        manager.seed(job, spec)
+        if resumed:
+            stats = tracker.stats(job)
+            if stats.finished:
+                return CrawlResult(job, stats, 0.0, tracker.dead_items(job), already_finished=True)
+            say(
+                f"resuming job {job}: {stats.done} done, {stats.queued} queued"
+                + (f" ({released} interrupted item(s) put back)" if released else "")
+            )
+        workers: list[WorkerProcess] = []
+        interrupted = False
+        try:
+            # Threads, not prefork: the prefork parent costs a third of the CPU per page.
+            # Time limits do not apply to threads; reserved_items gives up a task's lease
+            # after task_time_limit instead. Where it can, one process imports everything
+            # once and forks the workers (worker_main --forks).
+            shape = crawl_worker_processes(concurrency)
+            if can_fork_workers():
+                workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",
+                                             forks=shape).start())
+            else:
+                for i, threads in enumerate(shape):
+                    workers.append(WorkerProcess(settings, name=f"distscrape-{job}-{i + 1}",
+                                                 concurrency=threads, pool="threads").start())
+            started = time.monotonic()
+
+            def check() -> None:
+                for w in workers:
+                    w.check()
+
+            stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
+            seconds = time.monotonic() - started
+            return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed)
+        except (KeyboardInterrupt, lifecycle.Terminated):
+            interrupted = True
+            raise
+        finally:
+            if workers:
+                if interrupted and any(w.alive for w in workers):
+                    say(
+                        f"distscrape: stopping: the worker finishes its running downloads "
+                        f"(up to {stop_timeout:.0f}s; another Ctrl-C stops it at once)"
+                    )
+                with lifecycle.shielded():
+                    _stop_all(workers, stop_timeout)
+
+
+def _stop_all(workers: list[WorkerProcess], timeout: float) -> None:
+    """Warm-stop every worker at once (each may wait for its running downloads)."""
+    stoppers = [
+        threading.Thread(target=w.stop, kwargs={"timeout": timeout, "hurry": lifecycle.hurry})
+        for w in workers
+    ]
+    for t in stoppers:
+        t.start()
+    for t in stoppers:
+        t.join()
+
+
+def run_in_memory_crawl(
+    job: str,
+    spec: JobSpec,
+    settings: Settings,
+    *,
+    concurrency: int = DEFAULT_CRAWL_CONCURRENCY,
+    on_progress: Optional[Progress] = None,
+    timeout: Optional[float] = None,
+) -> CrawlResult:
+    """Crawl ``spec`` in this process: InMemoryTracker, Celery's in-memory transport and an
+    in-process worker. No Redis, no broker; for small crawls."""
+    from celery.contrib.testing.worker import start_worker
+
+    from ..worker.agent import WorkerAgent
+    from ..worker.app import app, configure_app
+    from ..core.runtime import Runtime, install_runtime
+    from ..worker.tasks import publisher
+
+    configure_app(settings, in_memory=True)
+    runtime = Runtime.in_memory_runtime(settings)
+    install_runtime(runtime)
+    agent = WorkerAgent(runtime, concurrency=concurrency, publish=publisher.scrape)
+    try:
+        with start_worker(
+            app, pool="threads", concurrency=concurrency, perform_ping_check=False,
+            loglevel="WARNING", shutdown_timeout=60,
+        ):
+            agent.register()
+            agent.start()
+            try:
+                manager = CrawlManager(runtime.tracker, publisher.scrape, settings=settings)
+                started = time.monotonic()
+                manager.seed(job, spec)
+                stats = manager.wait(job, timeout=timeout, on_progress=on_progress)
+                seconds = time.monotonic() - started
+            finally:
+                agent.stop()
+        return CrawlResult(job, stats, seconds, runtime.tracker.dead_items(job))
+    finally:
+        install_runtime(None)

@@ -1,0 +1,278 @@
+"""Every Redis key distscrape-celery uses, built in one place.
+
+Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live in one slot
+(Redis Cluster). Key shapes, with ``P = ds:{<job>}:``:
+
+================================  ======  ===================================================
+key                               type    holds
+================================  ======  ===================================================
+``P items``                       hash    live item -> state letter + depth (``q``ueued,
+                                          ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
+                                          ``s``ave pending, ``S``aving, ``X`` dead); a done item
+                                          is removed (only its fingerprint stays, in ``P f:<n>``)
+``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of the
+                                          done items, as decimal integers (intset encoded);
+                                          :meth:`JobKeys.seen_bucket`, addressed by linear
+                                          hashing in tracker/lua/_lib.lua
+``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
+                                          (stale entries skipped); :meth:`JobKeys.domain_queue`
+``P domains``                     zset    domain -> when it may next be dispatched: the domains
+                                          with queued items and room under their in-flight cap
+``P inflight``                    hash    domain -> its dispatched and leased items
+``P slots``                       hash    domain -> when its next fetch may start (rate limit)
+``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
+``P delayed``                     zset    item -> when its backoff ends (``w``aiting items)
+``P policy``                      hash    the job's crawl limits (see tracker/lua/_lib.lua) and
+                                          each domain's robots.txt Crawl-delay
+``P dispatched``                  zset    item -> deadline; a scrape message for it exists
+``P leased``                      zset    item -> deadline; a worker scrapes or saves it
+``P pending``                     zset    item -> deadline; its save message waits in the broker
+``P owners``                      hash    in-flight item -> "<worker ID> <fencing token>" (worker
+                                          "-" while its save message waits in the broker)
+``P fails``                       hash    item -> failed attempts that were the item's fault
+``P lost``                        hash    item -> times the worker holding it vanished
+``P dead``                        hash    item -> reason it was given up on
+``P stats``                       hash    counters: seen, queued, done, dead, tokens; the
+                                          seen set's level and split pointer (fl, fs)
+``P spec``                        string  the job spec as JSON
+``P control``                     hash    the job's state (running, paused, cancelled,
+                                          finished), its name, started and ended (Redis clock),
+                                          its figures when it ended (final_seen, ...) and its
+                                          key format (``format``, :data:`JOB_FORMAT`)
+``P body:<token>``                string  a downloaded body staged for the save task (has a TTL),
+                                          in the shard that handed out the token (body_key)
+``P active``                      set     the job's name while this shard has unfinished
+                                          work (sharded jobs and any job on Redis Cluster,
+                                          where ``ds:active-jobs`` is in another slot: the
+                                          tracker mirrors it there, see redis_tracker.py)
+``ds:jobs``                       set     names of every seeded job (removed last by delete)
+``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
+                                          cancelled
+``ds:robots:<fetch>:<origin>``    string  a host's robots.txt record (JSON: its first 500 KiB
+                                          or status, and when it was fetched; has a TTL),
+                                          shared by the jobs whose fetch of it is the same:
+                                          ``<fetch>`` digests their user agent, timeouts and
+                                          redirect limit; ``<origin>`` is ``scheme://host[:port]``
+``ds:robots-fetch:<name>``        string  set while one worker fetches the robots.txt of
+                                          ``ds:robots:<name>`` (TTL)
+``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
+``ds:{workers}:concurrency``      hash    worker ID -> concurrency
+``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
+``ds:{workers}:seq``              string  counter that hands out worker IDs
+================================  ======  ===================================================
+
+A job spread over ``n`` shards (job spec ``tracker.shards``) has a full set of the keys above
+(``body:`` and the ``ds:`` keys aside) per shard: shard 0 is ``P`` itself, so an unsharded job's
+keys are the same either way, and shard ``i >= 1`` uses ``ds:{<job>:<i>}:`` (':' cannot occur in a
+job name, so no job's keys clash with another's shard). Each shard is its own hash tag, so a
+cluster spreads the shards over its masters; an item lives in the shard :func:`shard_of` its
+domain, so a domain's politeness state is whole in one shard.
+
+An item's domain is its URL's host, with ``:port`` if the URL names one; items that are not URLs
+(IDs) share one pseudo-domain, the host of the job's ``download_url_fmt``. The item scripts take
+the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
+same rule as :meth:`JobKeys.domain_queue` and :func:`domain_of`, which mirror ``domain_of`` in
+tracker/lua/_lib.lua.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+PREFIX = "ds"
+# Matched whole (fullmatch): with match and "$", a name could end in a newline.
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+JOBS = f"{PREFIX}:jobs"
+ACTIVE_JOBS = f"{PREFIX}:active-jobs"
+# The authority of an absolute URL; the same pattern as domain_of in tracker/lua/_lib.lua.
+_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
+# The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
+NO_DOMAIN = "-"
+# The layout of a job's keys. A job whose control hash records another (or none: created before
+# the seen set) is refused by the item scripts (JOBFORMAT), not mixed with this layout.
+JOB_FORMAT = 2
+# One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
+WORKERS = f"{PREFIX}:{{workers}}:info"
+WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
+HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
+WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
+
+
+def robots(name: str) -> str:
+    """Where the robots.txt record ``name`` (``<fetch digest>:scheme://host[:port]``) is cached."""
+    return f"{PREFIX}:robots:{name}"
+
+
+def robots_fetch(name: str) -> str:
+    """The claim of the worker fetching the robots.txt of record ``name`` right now."""
+    return f"{PREFIX}:robots-fetch:{name}"
+
+
+def check_job_name(job: str) -> str:
+    """Return ``job`` if it is a valid job name, else raise :class:`ConfigError`."""
+    if not isinstance(job, str) or not JOB_NAME_RE.fullmatch(job):
+        raise ConfigError(
+            f"invalid job name {job!r}: use 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return job
+
+
+def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
+    """The domain ``item`` is fetched from: its URL's ``host[:port]`` in ASCII lower case (user
+    info dropped), or ``id_domain`` for an item that is not a URL."""
+    m = _AUTHORITY.match(item)
+    if m is None:
+        return id_domain
+    # bytes.lower() folds ASCII only, as Lua's string.lower does in Redis.
+    return m.group(1).rsplit("@", 1)[-1].encode().lower().decode()
+
+
+# Shard i of a sharded job hands out fencing tokens from i << SHARD_TOKEN_BITS on (create_job.lua):
+# a token names one lease of the whole job, and the shard that handed it out. Exact as Lua numbers
+# (doubles) for the 1024 shards a spec allows.
+SHARD_TOKEN_BITS = 40
+
+
+def body_key(job: str, token: int) -> str:
+    """Where the body downloaded under lease ``token`` waits for its save: in the slot of the
+    shard that handed the token out, so a sharded job's bodies spread over the masters too."""
+    return JobKeys(job, token >> SHARD_TOKEN_BITS).body(token)
+
+
+def shard_of(domain: str, shards: int) -> int:
+    """The shard (0 .. shards-1) that holds every item of ``domain``: a hash that is the same
+    in every process and Python version (crc32, not ``hash``)."""
+    return zlib.crc32(domain.encode()) % shards if shards > 1 else 0
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The keys of one job, or of one shard of a sharded job (shard 0: the job's own keys)."""
+
+    job: str
+    shard: int = 0
+
+    def __post_init__(self) -> None:
+        check_job_name(self.job)
+        if self.shard < 0:
+            raise ValueError(f"shard {self.shard} is negative")
+
+    @property
+    def prefix(self) -> str:
+        tag = self.job if self.shard == 0 else f"{self.job}:{self.shard}"
+        return f"{PREFIX}:{{{tag}}}:"
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN MATCH pattern of every key of the job (job names hold no glob character)."""
+        return self.prefix + "*"
+
+    @property
+    def items(self) -> str:
+        return self.prefix + "items"
+
+    @property
+    def queues(self) -> str:
+        """The prefix of every domain queue key (the scripts append the domain)."""
+        return self.prefix + "q:"
+
+    def domain_queue(self, domain: str) -> str:
+        return self.queues + domain
+
+    @property
+    def seen_buckets(self) -> str:
+        """The prefix of every seen-set bucket key (the scripts append the bucket number)."""
+        return self.prefix + "f:"
+
+    def seen_bucket(self, n: int) -> str:
+        return self.seen_buckets + str(n)
+
+    @property
+    def domains(self) -> str:
+        return self.prefix + "domains"
+
+    @property
+    def inflight(self) -> str:
+        return self.prefix + "inflight"
+
+    @property
+    def slots(self) -> str:
+        return self.prefix + "slots"
+
+    @property
+    def domain_seen(self) -> str:
+        return self.prefix + "dseen"
+
+    @property
+    def delayed(self) -> str:
+        return self.prefix + "delayed"
+
+    @property
+    def policy(self) -> str:
+        return self.prefix + "policy"
+
+    @property
+    def dispatched(self) -> str:
+        return self.prefix + "dispatched"
+
+    @property
+    def leased(self) -> str:
+        return self.prefix + "leased"
+
+    @property
+    def owners(self) -> str:
+        return self.prefix + "owners"
+
+    @property
+    def fails(self) -> str:
+        return self.prefix + "fails"
+
+    @property
+    def pending(self) -> str:
+        return self.prefix + "pending"
+
+    @property
+    def lost(self) -> str:
+        return self.prefix + "lost"
+
+    @property
+    def dead(self) -> str:
+        return self.prefix + "dead"
+
+    @property
+    def stats(self) -> str:
+        return self.prefix + "stats"
+
+    @property
+    def spec(self) -> str:
+        return self.prefix + "spec"
+
+    @property
+    def control(self) -> str:
+        return self.prefix + "control"
+
+    @property
+    def active(self) -> str:
+        """The shard's own active marker (a set holding the job's name while it has work)."""
+        return self.prefix + "active"
+
+    def item_keys(self, local_active: bool = False) -> tuple[str, ...]:
+        """The KEYS every item script takes, in the order the scripts name them. The last is
+        ``ds:active-jobs``, or with ``local_active`` the shard's :attr:`active` marker, which
+        shares the shard's slot (a cluster refuses a script whose keys span slots)."""
+        return (
+            self.items, self.queues, self.dispatched, self.leased, self.owners, self.stats,
+            self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
+            self.slots, self.domain_seen, self.delayed, self.policy, self.control,
+            self.active if local_active else ACTIVE_JOBS, self.seen_buckets,
+        )
+
+    def body(self, token: int) -> str:
+        """Where the body downloaded under lease ``token`` waits for its save."""
+        return f"{self.prefix}body:{token}"

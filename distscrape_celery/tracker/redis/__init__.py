@@ -1,0 +1,1050 @@
+"""RedisTracker: the tracker for distributed crawls. Each operation is one Lua script call.
+
+Shards and Redis Cluster. A job of ``tracker.shards`` > 1 has one full set of item keys per shard
+(keys.py), each its own hash tag; an item's operations run on the shard of its domain
+(:func:`keys.shard_of`), so per-domain politeness is exact within one shard. Calls on the whole
+job (stats, control, maintain, delete, ...) visit every shard. ``max_pages`` and the broker bound
+are split over the shards (each shard gets ``ceil(bound / n)``, so the broker may hold up to n-1
+messages more than the bound; each shard keeps ``max_pages / n``, so a job whose domains fall
+unevenly stops adding before max_pages).
+
+The active-jobs rule ("a job with unfinished work is always maintained") across slots: on one
+Redis an unsharded job's scripts update ``ds:active-jobs`` atomically, as ever. A sharded job, or
+any job on a cluster, has a marker set per shard (``P active``) that its scripts update instead,
+atomically with the work, and the client mirrors it into ``ds:active-jobs``:
+
+* after a call that may have marked a shard (items added, resume, retry-dead), the client reads
+  the marker and adds the job if it is set (:meth:`RedisTracker._mirror_active`);
+* only maintain (after the job's end is recorded) and cancel take a job out: remove it, then read
+  every marker, and add it back if any is set (:meth:`RedisTracker._unlist_if_idle`). A marker set
+  before that read is seen; one set after it is mirrored by its own caller after the removal.
+* a client that dies between its script and its mirror is covered by the sweep every worker runs
+  now and then (:meth:`RedisTracker.heal_active_jobs`): a listed job with a marked shard is added.
+
+Completion of a sharded job: its shards finish one by one (maintain.lua, per shard). The job is
+finished when every shard was idle at one moment: two reads of every shard's (state, epoch,
+seen) agree and show every shard finished or never given an item. An epoch moves on at every end
+of a shard (_lib.lua record_end), so agreeing reads mean no shard ran in between. finish_job.lua
+then records that idle period once in shard 0, and only that caller reports ``finished``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
+
+import redis
+from redis.client import NEVER_DECODE
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
+
+from .. import keys
+from ...errors import JobNotFound, JobStateError, TrackerUnavailable
+from ...redaction import redact
+from ..staging import body_ttl_ms
+from ..base import (
+    ADD_STREAM_PIPELINE,
+    MAX_ADD_BATCH,
+    MAX_DISPATCH_BATCH,
+    MAX_REASON,
+    MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
+    AddResult,
+    Checkout,
+    CompleteResult,
+    ControlResult,
+    CrawlLimits,
+    FailOutcome,
+    FailResult,
+    Fault,
+    JobAction,
+    JobInfo,
+    JobState,
+    JobStats,
+    LeaseStatus,
+    MaintainResult,
+    RetryDeadResult,
+    SaveBegin,
+    SaveStart,
+    ScrapedResult,
+    Tracker,
+    WorkerInfo,
+    batches,
+    check_save_as,
+    job_conflict,
+    read_ahead,
+    spec_differences,
+)
+
+if TYPE_CHECKING:
+    from ...settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ITEM_SCRIPTS = (
+    "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
+    "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
+)
+# Keys (or hash fields, set members) removed per command when a job is deleted: each command
+# stays short, so Redis keeps answering others meanwhile.
+DELETE_BATCH = 200
+# Most dead workers' records pruned per call.
+MAX_PRUNE_BATCH = 100
+# Policy field holding a sharded job's shard count (absent: 1).
+SHARDS_FIELD = "shards"
+
+
+# execute_command's option for a reply read as bytes (bodies are binary).
+_UNDECODED = {NEVER_DECODE: []}
+
+
+def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
+    """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
+    slots from that one node) when ``cluster``, else a plain one."""
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=decode_responses, **kwargs)
+    return redis.Redis.from_url(url, decode_responses=decode_responses, **kwargs)
+
+
+def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
+    """The policy hash of one shard: the job's, with its share of max_pages (an even split,
+    the first shards taking the remainder) and the shard count."""
+    fields = limits.policy_fields()
+    n = limits.shards
+    if n > 1:
+        fields[SHARDS_FIELD] = n
+        if limits.max_pages is not None:
+            share = limits.max_pages // n + (1 if shard < limits.max_pages % n else 0)
+            # A shard whose share is 0 takes nothing (max_pages < shards).
+            fields["max_pages"] = share
+    return fields
+
+
+def _read_lua(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+def _converts_redis_errors(method: F) -> F:
+    """Turn redis-py connection errors into :class:`TrackerUnavailable` where they enter."""
+
+    @functools.wraps(method)
+    def wrapper(self: "RedisTracker", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        except (ClusterDownError, TryAgainError, SlotNotCoveredError) as exc:
+            # A cluster failing over or resharding: as an outage, the caller retries later.
+            raise TrackerUnavailable(f"Redis Cluster at {self.url} is unavailable: {exc}") from exc
+        except redis.ResponseError as exc:
+            # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
+            reply = str(exc).rpartition("caused error: ")[2]
+            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+                raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
+            if reply.startswith("JOBSTATE"):  # raised by control.lua
+                raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
+            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
+                raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
+            raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+class RedisTracker(Tracker):
+    """Tracker state in Redis; safe for any number of worker processes on any number of hosts."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        lease_seconds: float = 60.0,
+        dispatch_factor: int = 2,
+        save_timeout: Optional[float] = None,
+        body_ttl: Optional[float] = None,
+        bound_refresh_seconds: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
+            body_ttl=body_ttl,
+        )
+        self._body_ttl_ms = body_ttl_ms(self.body_ttl)
+        if not client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("RedisTracker needs a client created with decode_responses=True")
+        self.client = client
+        # On a cluster every script's keys must share a slot, and a pipeline may span nodes.
+        self.cluster = isinstance(client, RedisCluster)
+        kw = client.get_connection_kwargs()
+        self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
+        # job -> (shards, id_domain): both fixed when the job is created.
+        self._layouts: dict[str, tuple[int, str]] = {}
+        self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
+        lib = _read_lua("_lib")
+        self._scripts = {
+            name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
+        }
+        self._heartbeat_script = client.register_script(_read_lua("heartbeat"))
+        self._deregister_script = client.register_script(_read_lua("deregister"))
+        self._prune_script = client.register_script(_read_lua("prune_workers"))
+        self._create_job_script = client.register_script(_read_lua("create_job"))
+        self._finish_job_script = client.register_script(_read_lua("finish_job"))
+        self._bound_refresh = (
+            bound_refresh_seconds
+            if bound_refresh_seconds is not None
+            else min(max(self.lease_seconds / 4, 0.2), 2.0)
+        )
+        self._bound: Optional[int] = None
+        self._bound_at = 0.0
+        self._local = threading.local()  # the connection each thread keeps (_thread_connection)
+
+    @classmethod
+    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> "RedisTracker":
+        """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
+        answers, so a bad URL fails now, clearly."""
+        try:
+            client = connect(
+                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=30,
+                health_check_interval=30,
+            )
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
+            raise TrackerUnavailable(f"Redis Cluster at {redact(url)} is unreachable: {exc}") from exc
+        tracker = cls(client, **kwargs)
+        tracker.url = redact(url)
+        tracker.ping()
+        return tracker
+
+    @classmethod
+    def from_settings(cls, settings: "Settings") -> "RedisTracker":
+        return cls.from_url(
+            settings.redis_url, cluster=settings.redis_cluster, lease_seconds=settings.lease_seconds,
+            dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
+            body_ttl=settings.body_ttl,
+        )
+
+    @_converts_redis_errors
+    def ping(self) -> None:
+        self.client.ping()
+
+    # -- workers ---------------------------------------------------------------------------
+
+    @_converts_redis_errors
+    def register_worker(self, host: str, pid: int, concurrency: int) -> str:
+        worker_id = f"w{self.client.incr(keys.WORKER_SEQ)}"
+        info = json.dumps({"host": host, "pid": pid, "concurrency": concurrency})
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(keys.WORKERS, worker_id, info)
+        pipe.hset(keys.WORKER_CONCURRENCY, worker_id, concurrency)
+        pipe.execute()
+        self.heartbeat(worker_id)
+        return worker_id
+
+    @_converts_redis_errors
+    def heartbeat(self, worker_id: str) -> None:
+        self._beat(worker_id)
+
+    def _beat(self, worker_id: str) -> int:
+        total, _live = self._heartbeat_script(
+            keys=[keys.HEARTBEATS, keys.WORKER_CONCURRENCY], args=[worker_id, self.lease_seconds]
+        )
+        self._bound = int(total) * self.dispatch_factor
+        self._bound_at = time.monotonic()
+        return self._bound
+
+    @_converts_redis_errors
+    def deregister_worker(self, worker_id: str) -> None:
+        self._deregister_script(keys=[keys.HEARTBEATS], args=[worker_id, self.lease_seconds])
+
+    @_converts_redis_errors
+    def prune_workers(self, max_age: float) -> list[str]:
+        return list(self._prune_script(
+            keys=[keys.HEARTBEATS, keys.WORKERS, keys.WORKER_CONCURRENCY],
+            args=[max_age, MAX_PRUNE_BATCH],
+        ))
+
+    @_converts_redis_errors
+    def workers(self) -> list[WorkerInfo]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.WORKERS)
+        pipe.zrange(keys.HEARTBEATS, 0, -1, withscores=True)
+        if self.cluster:
+            # A cluster pipeline takes keyed commands only; the clock is that of the master
+            # that scored the heartbeats.
+            infos, beats = pipe.execute()
+            node = self.client.get_node_from_key(keys.HEARTBEATS)
+            sec, usec = self.client.time(target_nodes=node)
+        else:
+            pipe.time()
+            infos, beats, (sec, usec) = pipe.execute()
+        now = sec + usec / 1e6
+        last = dict(beats)
+        out = []
+        for worker_id, raw in sorted(infos.items(), key=lambda kv: int(kv[0][1:])):
+            info = json.loads(raw)
+            seen = last.get(worker_id)
+            out.append(
+                WorkerInfo(
+                    id=worker_id, host=info["host"], pid=info["pid"],
+                    concurrency=info["concurrency"], last_seen=seen,
+                    alive=seen is not None and now - seen <= self.lease_seconds,
+                )
+            )
+        return out
+
+    @_converts_redis_errors
+    def dispatch_bound(self) -> int:
+        if self._bound is None or time.monotonic() - self._bound_at > self._bound_refresh:
+            return self._beat("")
+        return self._bound
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    # -- layout: shards and the active-jobs mirror ------------------------------------------
+
+    def _layout(self, job: str) -> tuple[int, str]:
+        """The job's shard count and id_domain, read once (neither ever changes)."""
+        layout = self._layouts.get(job)
+        if layout is None:
+            k = keys.JobKeys(job)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(k.spec)
+            pipe.hmget(k.policy, SHARDS_FIELD, "id_domain")
+            exists, (shards, id_domain) = pipe.execute()
+            if not exists:
+                raise JobNotFound(f"no job named {job!r} on {self.url}")
+            layout = (int(shards or 1), id_domain or keys.NO_DOMAIN)
+            self._layouts[job] = layout
+        return layout
+
+    def _shards(self, job: str) -> int:
+        return self._layout(job)[0]
+
+    def _routed(self, shards: int) -> bool:
+        """Whether the job's scripts keep shard-local active markers (see the module doc)."""
+        return self.cluster or shards > 1
+
+    def _shard_of(self, job: str, item: str) -> int:
+        """The shard that holds ``item`` (0 for an unsharded job, without parsing the item)."""
+        shards, id_domain = self._layout(job)
+        if shards == 1:
+            return 0
+        return keys.shard_of(keys.domain_of(item, id_domain), shards)
+
+    def _item_keys(self, job: str, shard: int = 0) -> tuple[str, ...]:
+        # Built once per job and shard: every item call takes them (20 names).
+        found = self._key_lists.get((job, shard))
+        if found is None:
+            found = keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
+            self._key_lists[(job, shard)] = found
+        return found
+
+    def _mirror_active(self, job: str, shards: Iterable[int]) -> None:
+        """List ``job`` as active if one of ``shards`` is marked active (after a call on them
+        that may have marked them). Runs after the script, so an unlisting that ran before this
+        read is undone here, and one that runs after it sees the marker itself."""
+        if not self._routed(self._shards(job)):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for s in sorted(set(shards)):
+            pipe.sismember(keys.JobKeys(job, s).active, job)
+        if any(pipe.execute()):
+            self.client.sadd(keys.ACTIVE_JOBS, job)
+
+    def _marked(self, job: str, shards: int) -> bool:
+        """Whether a shard of ``job`` that was ever given an item is marked active. A shard never
+        given one has nothing to finish, so its marker (set by a resume) never clears: it does
+        not count. An add that gives it items and reads as unmarked here is caught by
+        :meth:`_unlist_if_idle`'s second read, or mirrored by its own caller after it."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.sismember(k.active, job)
+            pipe.hget(k.stats, "seen")
+        res = pipe.execute()
+        return any(res[2 * s] and int(res[2 * s + 1] or 0) > 0 for s in range(shards))
+
+    def _unlist_if_idle(self, job: str) -> None:
+        """Take ``job`` out of ``ds:active-jobs`` unless a shard is marked. The removal comes
+        first and the markers are read after it, so a shard marked meanwhile is never missed:
+        either this read sees it, or its own caller's mirror runs after the removal."""
+        shards = self._shards(job)
+        if self._marked(job, shards):
+            return
+        self.client.srem(keys.ACTIVE_JOBS, job)
+        if self._marked(job, shards):
+            self.client.sadd(keys.ACTIVE_JOBS, job)
+
+    @_converts_redis_errors
+    def heal_active_jobs(self) -> int:
+        """List every job that has a shard marked active but is not listed (its client died
+        between its script and its mirror). Returns how many were listed. Workers run it now and
+        then; on one Redis, unsharded jobs need none of it (their scripts list them)."""
+        listed = set(self.client.smembers(keys.ACTIVE_JOBS))
+        healed = 0
+        for job in self.client.sscan_iter(keys.JOBS, count=DELETE_BATCH):
+            if job in listed:
+                continue
+            try:
+                shards = self._shards(job)
+            except JobNotFound:  # being created or deleted
+                continue
+            if self._routed(shards) and self._marked(job, shards):
+                self.client.sadd(keys.ACTIVE_JOBS, job)
+                healed += 1
+        return healed
+
+    def _shard_controls(self, job: str, shards: int) -> list[dict[str, str]]:
+        """Every shard's control hash plus its ``seen`` counter, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.hgetall(k.control)
+            pipe.hget(k.stats, "seen")
+        res = pipe.execute()
+        return [{**res[2 * s], "seen": res[2 * s + 1] or "0"} for s in range(shards)]
+
+    @staticmethod
+    def _idle(controls: list[dict[str, str]]) -> bool:
+        """Every shard finished or never given an item, and at least one item seen."""
+        return sum(int(c["seen"]) for c in controls) > 0 and all(
+            c.get("state") == JobState.FINISHED.value
+            or (c.get("state", "running") == "running" and c["seen"] == "0")
+            for c in controls
+        )
+
+    def _record_finish(self, job: str, shards: int) -> tuple[bool, bool]:
+        """The double collect (see the module doc): (whether every shard was idle at one
+        moment, whether this caller recorded that moment: True for one caller only)."""
+        first = self._shard_controls(job, shards)
+        if not self._idle(first):
+            return False, False
+        second = self._shard_controls(job, shards)
+        fields = ("state", "epoch", "seen")
+        if [[c.get(f) for f in fields] for c in first] != [[c.get(f) for f in fields] for c in second]:
+            return False, False  # a shard moved in between: the next maintain looks again
+        epochs = ",".join(c.get("epoch", "0") for c in second)
+        return True, bool(self._finish_job_script(keys=[keys.JobKeys(job).control], args=[epochs]))
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    @_converts_redis_errors
+    def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
+        limits = limits or CrawlLimits()
+        shards = limits.shards
+        k = keys.JobKeys(job)
+        if not self._routed(shards):
+            policy = limits.policy_fields()
+            created, existing = self._create_job_script(
+                keys=[k.spec, k.policy, k.control, k.stats, keys.JOBS, keys.ACTIVE_JOBS],
+                args=[job, spec_json, 0, keys.JOB_FORMAT,
+                      *(x for pair in policy.items() for x in pair)],
+            )
+        else:
+            # Listed first, so delete finds a job whose creation was cut short. It is not active
+            # yet: it has no work until items come, and their add marks and lists it.
+            self.client.sadd(keys.JOBS, job)
+            created = existing = None
+            # Shard 0 first: a conflicting spec is refused before any other shard is written.
+            for s in range(shards):
+                ks = keys.JobKeys(job, s)
+                policy = shard_policy(limits, s)
+                c, e = self._create_job_script(
+                    keys=[ks.spec, ks.policy, ks.control, ks.stats],
+                    args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT,
+                          *(x for pair in policy.items() for x in pair)],
+                )
+                if s == 0:
+                    created, existing = c, e
+                    if not created and spec_differences(existing, spec_json):
+                        break
+        # A stored spec never changes, so comparing the one the script read is comparing now.
+        differences = [] if created else spec_differences(existing, spec_json)
+        if differences:
+            raise job_conflict(job, differences)
+        return bool(created)
+
+    @_converts_redis_errors
+    def load_spec(self, job: str) -> str:
+        spec = self.client.get(keys.JobKeys(job).spec)
+        if spec is None:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        return spec
+
+    @_converts_redis_errors
+    def jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.JOBS))
+
+    @_converts_redis_errors
+    def active_jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.ACTIVE_JOBS))
+
+    @_converts_redis_errors
+    def job_info(self, job: str) -> JobInfo:
+        shards = self._shards(job)
+        controls = self._shard_controls(job, shards)
+        head = controls[0]
+        if shards > 1:
+            # Pause and cancel reach every shard, shard 0 first; finished needs all of them
+            # (a shard never given an item has nothing to finish).
+            if head.get("state") in ("paused", "cancelled"):
+                state = head["state"]
+            elif self._idle(controls):
+                state = "finished"
+            else:
+                state = "running"
+            ended = [float(c["ended"]) for c in controls if "ended" in c]
+            head = {"state": state, "started": head.get("started")}
+            if state in ("finished", "cancelled") and ended:
+                head["ended"] = str(max(ended))
+                for n in ("seen", "done", "dead"):
+                    head[f"final_{n}"] = str(sum(int(c.get(f"final_{n}", 0)) for c in controls))
+
+        def number(name: str) -> Optional[float]:
+            return float(head[name]) if head.get(name) is not None else None
+
+        final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead")
+                 if f"final_{n}" in head}
+        return JobInfo(job=job, state=JobState(head.get("state", "running")),
+                       started=number("started"), ended=number("ended"), final=final)
+
+    @_converts_redis_errors
+    def control(self, job: str, action: JobAction) -> ControlResult:
+        shards = self._shards(job)
+        if shards == 1:
+            res = self._run("control", job, [JobAction(action).value, *self._top_up_args(job)])
+            before, after = JobState(res[0]), JobState(res[1])
+            dispatch = list(res[2:])
+        else:
+            before = self.job_info(job).state
+            if before is JobState.FINISHED and action != JobAction.RESUME:
+                raise JobStateError(f"job {job!r}: the job is finished")
+            dispatch = []
+            for s in range(shards):  # shard 0 first: it speaks for the job (job_info)
+                res = self._scripts["control"](
+                    keys=self._item_keys(job, s),
+                    args=[JobAction(action).value, *self._top_up_args(job), 1],
+                )
+                dispatch.extend(res[2:])
+            after = self.job_info(job).state
+        if self._routed(shards):
+            if action == JobAction.CANCEL:
+                self._unlist_if_idle(job)
+            else:
+                self._mirror_active(job, range(shards))
+        return ControlResult(dispatch=dispatch, before=before, after=after)
+
+    @_converts_redis_errors
+    def delete_job(self, job: str) -> int:
+        k = keys.JobKeys(job)
+        if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        try:
+            shards = self._shards(job)
+        except JobNotFound:  # its spec is gone already (a delete cut short): shard 0 only
+            shards = int(self.client.hget(k.policy, SHARDS_FIELD) or 1)
+        # Without its spec the item scripts refuse the job (NOJOB): a late worker recreates nothing.
+        self.client.srem(keys.ACTIVE_JOBS, job)
+        deleted = sum(int(self.client.unlink(keys.JobKeys(job, s).spec)) for s in range(shards))
+        scans = {"hash": self.client.hscan, "zset": self.client.zscan, "set": self.client.sscan}
+        removes = {"hash": self.client.hdel, "zset": self.client.zrem, "set": self.client.srem}
+        # A cluster client's scan_iter visits every master (SCAN itself covers one node). The
+        # policy of shard 0 (its shard count) goes last, so a delete cut short can be redone.
+        for s in reversed(range(shards)):
+            ks = keys.JobKeys(job, s)
+            seen_buckets: list[str] = []
+            for key in self.client.scan_iter(match=ks.pattern, count=DELETE_BATCH):
+                if s == 0 and key == ks.policy:
+                    continue
+                if key.startswith(ks.seen_buckets):
+                    # A seen-set bucket is one small intset allocation, freed in O(1): a batch of
+                    # them goes in one short UNLINK (a 10M-item job has ~60,000 of them). Keys of
+                    # one shard share a slot, so one UNLINK may take many on a cluster too.
+                    seen_buckets.append(key)
+                    if len(seen_buckets) == DELETE_BATCH:
+                        deleted += int(self.client.unlink(*seen_buckets))
+                        seen_buckets = []
+                    continue
+                kind = self.client.type(key)
+                if kind in scans:
+                    self._empty(key, scans[kind], removes[kind])
+                deleted += int(self.client.unlink(key))
+            if seen_buckets:
+                deleted += int(self.client.unlink(*seen_buckets))
+        deleted += int(self.client.unlink(k.policy))
+        self.client.srem(keys.JOBS, job)
+        self._layouts.pop(job, None)
+        for cached in [k for k in self._key_lists if k[0] == job]:
+            del self._key_lists[cached]
+        return deleted
+
+    @staticmethod
+    def _empty(key: str, scan: Callable[..., Any], remove: Callable[..., Any]) -> None:
+        """Remove a hash's, zset's or set's members a batch at a time, each a short command
+        (members removed behind the cursor do not disturb the scan)."""
+        cursor = 0
+        while True:
+            cursor, batch = scan(key, cursor, count=DELETE_BATCH)
+            members = [m[0] if isinstance(m, tuple) else m for m in batch]
+            if members:
+                remove(key, *members)
+            if cursor == 0:
+                return
+
+    @_converts_redis_errors
+    def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
+        shards, _ = self._layout(job)
+        policy = keys.JobKeys(job, keys.shard_of(domain, shards)).policy
+        if seconds > 0:
+            self.client.hset(policy, f"delay:{domain}", float(seconds))
+        else:
+            self.client.hdel(policy, f"delay:{domain}")
+
+    # -- items -----------------------------------------------------------------------------
+
+    def _top_up_args(self, job: str) -> list[Any]:
+        """The dispatch top-up arguments of one of ``job``'s scripts. Each shard tops up on its
+        own: it gets an even share of the bound, rounded up so that none is starved (the broker
+        may hold up to shards-1 messages over the bound)."""
+        shards = self._shards(job)
+        bound = self.dispatch_bound()
+        return [-(-bound // shards), MAX_DISPATCH_BATCH, self.lease_seconds]
+
+    def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
+        return self._add_batches(job, list(items), depth)
+
+    def add_stream(
+        self, job: str, items: Iterable[str], depth: int = 0
+    ) -> Iterator[tuple[int, AddResult]]:
+        # The next group is read (from a seed file: decoded and checked) while Redis adds this one.
+        for group in read_ahead(batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE)):
+            yield len(group), self._add_batches(job, group, depth)
+
+    def _by_shard(self, job: str, items: Iterable[str]) -> dict[int, list[str]]:
+        """``items`` grouped by the shard that holds them, in their order within each."""
+        shards = self._shards(job)
+        if shards == 1:
+            return {0: list(items)}
+        out: dict[int, list[str]] = {}
+        for item in items:
+            out.setdefault(self._shard_of(job, item), []).append(item)
+        return out
+
+    @_converts_redis_errors
+    def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+        """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
+        on one Redis (one call with no items still tops up dispatch, on every shard). On a
+        cluster the calls go one by one: a cluster pipeline does not load missing scripts."""
+        shards = self._shards(job)
+        top_up = self._top_up_args(job)
+        groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
+        calls = [(s, chunk) for s, group in sorted(groups.items())
+                 for chunk in list(_chunks(group, MAX_ADD_BATCH)) or [[]]]
+        if self.cluster:
+            results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
+                       for s, chunk in calls]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for s, chunk in calls:
+                self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk],
+                                     client=pipe)
+            results = pipe.execute()
+        added, dispatch, grew = 0, [], set()
+        for (s, _), res in zip(calls, results):
+            added += int(res[0])
+            dispatch.extend(res[1:])
+            if int(res[0]):
+                grew.add(s)
+        if grew:
+            self._mirror_active(job, grew)
+        return AddResult(dispatch=dispatch, added=added)
+
+    def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
+        return self._eval(name, self._item_keys(job, shard), args)
+
+    def _eval(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
+    ) -> Any:
+        """Run item script ``name``, as ``Script.__call__`` would; ``undecoded``: its reply as
+        bytes, whatever the client decodes. On one Redis, on a connection this thread keeps:
+        taking a connection from redis-py's pool and going through its command layers cost about
+        as much client CPU as the round trip itself (28 of 72 us for a checkout), and a page
+        makes two of these calls. A cluster client routes the call by slot."""
+        script = self._scripts[name]
+        try:
+            return self._send_script(script.sha, script_keys, args, undecoded)
+        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
+            script.sha = self.client.script_load(script.script)
+            return self._send_script(script.sha, script_keys, args, undecoded)
+
+    def _send_script(
+        self, sha: str, script_keys: Sequence[str], args: Sequence[Any], undecoded: bool
+    ) -> Any:
+        command = ("EVALSHA", sha, len(script_keys), *script_keys, *args)
+        if self.cluster:
+            return self.client.execute_command(*command, **(_UNDECODED if undecoded else {}))
+        conn = self._thread_connection()
+        # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own calls do:
+        # its late reply is never read as the next call's.
+        conn.send_command(*command)
+        return conn.read_response(disable_decoding=undecoded)
+
+    def _thread_connection(self) -> "redis.connection.AbstractConnection":
+        """This thread's own connection, checked as redis-py's pool checks one it hands out: a
+        connection with something to read (the server closed it, say) is made again. One that
+        a forked child inherited is its parent's socket: the child makes its own."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.pid != os.getpid():
+            conn = self._local.conn = self.client.connection_pool.make_connection()
+        try:
+            if conn.can_read():  # connects first when it is not connected
+                raise redis.ConnectionError("Connection has data")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection not ready")
+        return conn
+
+    def _run_item(self, name: str, job: str, item: str, args: Sequence[Any]) -> Any:
+        """Run an item script on the shard that holds ``item``."""
+        return self._run(name, job, args, self._shard_of(job, item))
+
+    @_converts_redis_errors
+    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
+        bound, max_batch, lease = self._top_up_args(job)
+        res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
+        return Checkout(
+            status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
+            token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
+        )
+
+    def _token_home(self, job: str, item: str, token: int) -> bool:
+        """Whether lease ``token`` was handed out by the shard that holds ``item`` (see
+        _body_keys)."""
+        return int(token) >> keys.SHARD_TOKEN_BITS == self._shard_of(job, item)
+
+    def _body_keys(self, job: str, token: int, home: int) -> list[str]:
+        """The body key of lease ``token`` as an extra script key, if it is in shard ``home``'s
+        slot. Every token the item's shard hands out is; another cannot hold the item, so the
+        script would stage nothing anyway (and a cluster would refuse the key)."""
+        if token >> keys.SHARD_TOKEN_BITS != home:
+            return []
+        return [keys.body_key(job, token)]
+
+    @_converts_redis_errors
+    def scraped(
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
+        body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
+        cut: int = 0,
+    ) -> ScrapedResult:
+        check_save_as(body, save_as, keep_as)
+        home = self._shard_of(job, item)
+        groups = self._by_shard(job, found)
+        found = groups.pop(home, [])
+        # Finds of other shards, and beyond one batch, go first, through add, while the item is
+        # still leased: its shard cannot be idle before they are queued, so a sharded job is never
+        # seen finished with links still to add. The last batch rides with the state change.
+        later = [x for group in groups.values() for x in group]
+        while len(found) > MAX_ADD_BATCH:
+            later.extend(found[:MAX_ADD_BATCH])
+            found = found[MAX_ADD_BATCH:]
+        added, dispatch = 0, []
+        if later:
+            res = self.add(job, later, depth)
+            added, dispatch = res.added, list(res.dispatch)
+        # The body rides with the state change: one round trip, and staged only if still held.
+        body_keys = self._body_keys(job, token, home) if body is not None else []
+        res = self._eval(
+            "scraped", [*self._item_keys(job, home), *body_keys],
+            [item, token, self.save_timeout, depth, *self._top_up_args(job),
+             self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "", int(cut),
+             *found],
+        )
+        if int(res[1]):
+            self._mirror_active(job, [home])
+        return ScrapedResult(
+            dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
+        )
+
+    def _group_pairs(self, job: str, pairs: Sequence[tuple[str, int]]) -> dict[int, list[tuple[str, int]]]:
+        """``pairs`` (item, token) by the shard of their item."""
+        by_shard: dict[int, list[tuple[str, int]]] = {}
+        for item, token in pairs:
+            by_shard.setdefault(self._shard_of(job, item), []).append((item, int(token)))
+        return by_shard
+
+    def _pairs_by_shard(self, job: str, pairs: Sequence[tuple[str, int]]) -> Iterator[tuple[int, list[Any]]]:
+        """(shard, flat item, token, item, token... arguments) for ``pairs``, a script's worth at a
+        time, shard by shard."""
+        for s, group in sorted(self._group_pairs(job, pairs).items()):
+            for chunk in _chunks(group, MAX_ADD_BATCH // 2):
+                yield s, [x for item, token in chunk for x in (item, token)]
+
+    @_converts_redis_errors
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
+
+    def _begin_save_call(
+        self, job: str, item: str, token: int, worker_id: str, max_lost: int
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of begin_save.lua for one save. The staged body comes back in
+        the same round trip (binary: the reply is read undecoded, see _begin_reply)."""
+        bound, max_batch, lease = self._top_up_args(job)
+        home = self._shard_of(job, item)
+        return ([*self._item_keys(job, home), *self._body_keys(job, token, home)],
+                [item, token, worker_id, lease, max_lost, bound, max_batch])
+
+    @staticmethod
+    def _begin_reply(res: list[Any]) -> SaveBegin:
+        return SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
+                         lost=int(res[1]), body=res[2])
+
+    @_converts_redis_errors
+    def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
+        begin = self._begin_reply(self._eval(
+            "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost),
+            undecoded=True))
+        if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
+            # A token of another shard (see _body_keys): its body is read on its own.
+            body = self.client.execute_command("GET", keys.body_key(job, token), **_UNDECODED)
+            begin = dataclasses.replace(begin, body=body)
+        return begin
+
+    def _pipelined(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
+        """Whether the item scripts of these saves can go in one pipeline: one Redis (a cluster
+        pipeline does not load missing scripts), and every token of its item's shard (see
+        _body_keys)."""
+        return len(saves) > 1 and not self.cluster and all(
+            self._token_home(job, item, token) for item, token in saves)
+
+    def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
+        A reply that is an error is raised, after every call has run."""
+        script = self._scripts[name]
+        pipe = self.client.pipeline(transaction=False)
+        for script_keys, args in calls:
+            pipe.execute_command(
+                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **_UNDECODED)
+        replies = pipe.execute(raise_on_error=False)
+        out = []
+        for (script_keys, args), reply in zip(calls, replies):
+            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
+                reply = self._eval(name, script_keys, args, undecoded=True)
+            if isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out
+
+    @_converts_redis_errors
+    def begin_saves(
+        self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
+    ) -> list[SaveBegin]:
+        if not self._pipelined(job, saves):
+            return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
+        calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
+        return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
+
+    @_converts_redis_errors
+    def defer_save(self, job: str, item: str, token: int) -> bool:
+        return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
+
+    def _complete_call(
+        self, job: str, item: str, token: Optional[int]
+    ) -> tuple[list[str], list[Any], list[str]]:
+        """The keys and arguments of complete.lua for one item, and its body keys among them:
+        the body key only if the token is of the item's shard (another's body is dropped on its
+        own, see complete)."""
+        home = self._shard_of(job, item)
+        body_keys = self._body_keys(job, token, home) if token is not None else []
+        return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)], body_keys
+
+    @_converts_redis_errors
+    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
+        if not self._pipelined(job, saves):
+            return super().complete_many(job, saves)
+        calls = [self._complete_call(job, item, token)[:2] for item, token in saves]
+        return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
+                for res in self._run_all_undecoded("complete", calls)]
+
+    @_converts_redis_errors
+    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
+        script_keys, args, body_keys = self._complete_call(job, item, token)
+        res = self._eval("complete", script_keys, args)
+        if token is not None and not body_keys:
+            # A token of another shard (none can hold the item): its body is dropped on its own.
+            self.client.unlink(keys.body_key(job, token))
+        return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
+
+    @_converts_redis_errors
+    def fail(
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
+        max_lost: int, retryable: bool = True, delay: float = 0.0,
+    ) -> FailResult:
+        res = self._run_item(
+            "fail", job, item,
+            [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
+             max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
+        )
+        return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
+
+    @_converts_redis_errors
+    def extend(
+        self, job: str, items: Sequence[str], worker_id: str,
+        saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
+    ) -> int:
+        running = list(items) if running is None else list(running)
+        n = 0
+        reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
+        for s in sorted(set(reserved_by) | set(running_by)):
+            for chunk in _chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
+            for chunk in _chunks(running_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
+        for s, pairs in self._pairs_by_shard(job, saves):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
+        return n
+
+    @_converts_redis_errors
+    def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
+        shards = self._shards(job)
+        reclaimed = died = 0
+        dispatch: list[str] = []
+        wake: Optional[float] = None
+        finished = False
+        for s in range(shards):
+            res = self._run(
+                "maintain", job,
+                [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
+            )
+            reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
+            dispatch.extend(res[4:])
+            if res[2] and (wake is None or float(res[2]) < wake):
+                wake = float(res[2])
+            finished = finished or bool(res[3])
+        if self._routed(shards):
+            if shards > 1:
+                idle, finished = self._record_finish(job, shards)
+            else:
+                idle = self._idle(self._shard_controls(job, shards))
+            # Unlisted only once its end is recorded (or seen recorded): the maintain that
+            # records it must still find it listed, even if an earlier one died after its script.
+            if idle:
+                self._unlist_if_idle(job)
+        return MaintainResult(
+            dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
+        )
+
+    @_converts_redis_errors
+    def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for s in range(self._shards(job)):
+            flat = self._run("unclaimed_saves", job, [age, self.save_timeout, limit], s)
+            out += [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return out
+
+    @_converts_redis_errors
+    def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("expire_saves", job, pairs, s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
+
+    @_converts_redis_errors
+    def release(
+        self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
+    ) -> int:
+        by_shard = self._group_pairs(job, saves)
+        # One call per shard with all its pairs (not chunked): an item the call is not told
+        # about is taken to have no message.
+        return sum(
+            int(self._run("release", job, [worker_id or "", self.save_timeout,
+                                           *(x for pair in by_shard.get(s, ()) for x in pair)], s))
+            for s in range(self._shards(job)))
+
+    @_converts_redis_errors
+    def stats(self, job: str) -> JobStats:
+        try:
+            shards = self._shards(job)
+        except JobNotFound:
+            raise JobNotFound(f"no job named {job!r} on {self.url}") from None
+        pipe = self.client.pipeline(transaction=not self.cluster)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.hgetall(k.stats)
+            pipe.zcard(k.dispatched)
+            pipe.zcard(k.leased)
+            pipe.zcard(k.pending)
+            pipe.zcard(k.delayed)
+        pipe.exists(keys.JobKeys(job).spec)
+        res = pipe.execute()
+        if not res[-1]:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        total = Counter()
+        for s in range(shards):
+            counters, dispatched, leased, pending, delayed = res[5 * s : 5 * s + 5]
+            for name in ("seen", "queued", "done", "dead", "links_cut"):
+                total[name] += int(counters.get(name, 0))
+            total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
+        return JobStats(
+            seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
+            leased=total["leased"], done=total["done"], dead=total["dead"],
+            saving=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
+        )
+
+    def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:
+        """The fields of one of the job's hashes (``name``: a JobKeys property), every shard's,
+        streamed a batch at a time."""
+        self.load_spec(job)  # JobNotFound for a job never seeded
+        try:
+            for s in range(self._shards(job)):
+                yield from self.client.hscan_iter(getattr(keys.JobKeys(job, s), name),
+                                                  count=MAX_ADD_BATCH)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        yield from self._hscan(job, "dead")
+
+    def retry_dead(self, job: str) -> RetryDeadResult:
+        n, dispatch = 0, []
+        # One pass of HSCAN sees every item dead when it began; each batch is one atomic call on
+        # the item's own shard.
+        for s in range(self._shards(job)):
+            batch: list[str] = []
+            for item, _reason in self.client.hscan_iter(keys.JobKeys(job, s).dead,
+                                                        count=MAX_ADD_BATCH):
+                batch.append(item)
+                if len(batch) == MAX_ADD_BATCH:
+                    n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+                    batch = []
+            n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+        return RetryDeadResult(dispatch=dispatch, requeued=n)
+
+    @_converts_redis_errors
+    def _retry_dead_batch(
+        self, job: str, shard: int, batch: list[str], n: int, dispatch: list[str]
+    ) -> tuple[int, list[str]]:
+        res = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
+        if int(res[0]):
+            self._mirror_active(job, [shard])
+        return n + int(res[0]), dispatch + list(res[1:])
+
+    @_converts_redis_errors
+    def leased_by_worker(self, job: str) -> dict[str, int]:
+        # Owners hold only in-flight items, so the hash stays as small as the broker's bound.
+        total: Counter[str] = Counter()
+        for s in range(self._shards(job)):
+            owners = (o.split(" ", 1)[0] for o in self.client.hvals(keys.JobKeys(job, s).owners))
+            # "-": a save message waiting in the broker, which nobody holds.
+            total.update(w for w in owners if w != "-")
+        return dict(total)

@@ -1,0 +1,1 @@
+"""Talking to web servers safely: fetching, address checks, robots.txt, link scope."""

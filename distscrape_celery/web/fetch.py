@@ -1,0 +1,390 @@
+"""HTTP downloads: one urllib3 connection pool per thread, limits on time and size always on, every
+connection and redirect hop past the SSRF guard (and the job's robots.txt, see
+:func:`redirect_check`), and failures classified as retryable or not.
+
+urllib3 directly rather than requests: requests' per-request work (merging settings, preparing
+and re-parsing the URL, building its Response) was about half of a download's CPU, and the
+crawl is CPU-bound (bench/RESULTS.md, "Issue 9, CPU per page")."""
+
+from __future__ import annotations
+
+import email.utils
+import fnmatch
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Optional
+from urllib.parse import urldefrag, urljoin, urlsplit
+
+import certifi
+import urllib3
+import urllib3.exceptions
+from urllib3.util import make_headers, parse_url
+
+from .deadline import Deadline, total_deadline, watched_pool_classes
+from ..errors import FetchError
+from ..job.spec import FetchSpec, JobSpec
+from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
+from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
+
+# An absolute http(s) URL that urllib3's parse_url would give back unchanged: lower-case host
+# name, a port without leading zeros, a path of unreserved characters without "." or ".."
+# segments, no query, user info or fragment. Such a URL goes to its pool directly (Fetcher._open).
+_PLAIN_TARGET = re.compile(rf"{PLAIN_ORIGIN}({PLAIN_PATH})\Z")
+
+_CHUNK_BYTES = 64 * 1024
+# Statuses worth trying again later; every other 4xx is the request's own fault.
+_RETRY_STATUSES = frozenset({408, 425, 429})
+_REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# What every redirect target must pass before it is requested. Scrapers build their own fetchers
+# (they are plugins), so the pipeline cannot hand them the job's robots.txt policy; it sets it
+# here around a download instead. A context variable, so each thread of a pool has its own.
+_redirect_check: ContextVar[Optional[Callable[[str], None]]] = ContextVar(
+    "distscrape_redirect_check", default=None
+)
+
+
+@contextmanager
+def redirect_check(check: Optional[Callable[[str], None]]) -> Iterator[None]:
+    """Within the block, every :meth:`Fetcher.get` calls ``check(url)`` on each redirect target
+    before requesting it; ``check`` raises :class:`FetchError` to stop there. None: no check."""
+    token = _redirect_check.set(check)
+    try:
+        yield
+    finally:
+        _redirect_check.reset(token)
+
+
+@dataclass(frozen=True)
+class Download:
+    """What one fetch produced. ``url`` is the final URL after redirects."""
+
+    url: str
+    status: int
+    content_type: str
+    body: bytes = field(repr=False)
+    fetched_at: float = field(default_factory=time.time)  # Unix time the response arrived
+
+    def meta(self) -> dict:
+        """Everything but the body, JSON-ready (travels through the broker; the body never does)."""
+        return {
+            "url": self.url, "status": self.status, "content_type": self.content_type,
+            "fetched_at": self.fetched_at,
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict, body: bytes) -> "Download":
+        return cls(
+            url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"],
+            body=body, fetched_at=float(meta.get("fetched_at") or time.time()),
+        )
+
+
+class Fetcher:
+    """Downloads http(s) URLs within the limits of a :class:`FetchSpec`.
+
+    With a ``guard``, every connection (each redirect hop's too) goes only to addresses it
+    allows; without one, anywhere. ``content_types`` (fnmatch patterns of media types), if given,
+    are the only types whose body is read. ``cut_at_max_bytes``: a longer body is cut to
+    ``max_bytes`` (the rest left unread) instead of failing. Safe to share between threads: each
+    thread gets its own urllib3 ``PoolManager``.
+    """
+
+    def __init__(
+        self,
+        spec: FetchSpec,
+        guard: Optional[AddressGuard] = None,
+        content_types: Optional[Iterable[str]] = None,
+        *,
+        cut_at_max_bytes: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.guard = guard
+        self.content_types = tuple(content_types) if content_types is not None else None
+        self.cut_at_max_bytes = cut_at_max_bytes
+        self._local = threading.local()
+        self._headers = {
+            "User-Agent": spec.user_agent, "Accept": "*/*",
+            **make_headers(accept_encoding=True),
+        }
+        self._timeout = urllib3.Timeout(connect=spec.connect_timeout, read=_read_timeout(spec))
+        # Every request's arguments (no retries or redirects: see _pool).
+        self._request_kw = {"redirect": False, "retries": False, "timeout": self._timeout,
+                            "preload_content": False, "decode_content": True}
+
+    @classmethod
+    def for_job(cls, spec: JobSpec, **guard_hooks) -> "Fetcher":
+        """The fetcher of a job: its limits, its SSRF guard (``guard_hooks``: ``resolver`` and
+        ``classify``, for tests) and its scraper's allowed content types."""
+        return cls(
+            spec.fetch, AddressGuard.from_spec(spec, **guard_hooks),
+            spec.scraper.allowed_content_types,
+        )
+
+    def _pool(self) -> urllib3.PoolManager:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            # urllib3 reads no proxies or .netrc credentials from the environment (requests
+            # did, unless told not to): a crawl must not send a user's credentials to the sites
+            # it visits. Retries and redirects are ours (each hop is checked), never urllib3's.
+            pool = urllib3.PoolManager(
+                headers={**self._headers}, retries=False, ca_certs=certifi.where(),
+            )
+            if self.guard is not None:
+                pool.pool_classes_by_scheme = guarded_pool_classes(self.guard)
+            # Connections the total deadline can cut off in any phase (see total_deadline).
+            pool.pool_classes_by_scheme = watched_pool_classes(pool.pool_classes_by_scheme)
+            self._local.pool = pool
+        return pool
+
+    def _open(self, url: str) -> urllib3.BaseHTTPResponse:
+        """Send the GET of ``url`` (no redirect followed, no retry) and return the response with
+        its body unread. A plain URL (_PLAIN_TARGET) whose origin is the one this thread asked
+        last goes straight to that origin's connection pool, which is what PoolManager.urlopen
+        would pick after parsing the URL and building a pool key: a thread crawls one site for
+        long stretches, and those two steps were about a fifth of a download's CPU (issue 9)."""
+        manager = self._pool()
+        kw = self._request_kw
+        plain = _PLAIN_TARGET.match(url)
+        if plain is None or (plain[3] and int(plain[3]) > 65535):
+            return manager.urlopen("GET", url, **kw)
+        scheme, host, port, path = plain.groups()
+        origin = (scheme, host, port)
+        last = getattr(self._local, "origin", None)
+        # The pool stays usable if the manager evicts it (it keeps the 10 most recently used):
+        # urllib3 2 drops an evicted pool without closing it.
+        if last is None or last[0] != origin:
+            pool = manager.connection_from_host(
+                host, port=int(port) if port else None, scheme=scheme)
+            last = self._local.origin = (origin, pool)
+        return last[1].urlopen("GET", path, assert_same_host=False, headers=manager.headers, **kw)
+
+    def get(self, url: str) -> Download:
+        """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
+        raises :class:`FetchError` for anything else, never an exception of urllib3.
+        ``total_timeout`` bounds the whole: every hop's connect, status line, headers and body."""
+        _check_scheme(url)
+        with total_deadline(self.spec.total_timeout) as deadline:
+            return self._get(url, deadline)
+
+    def _get(self, url: str, deadline: Deadline) -> Download:
+        spec = self.spec
+        visited = {urldefrag(url)[0]}
+        current = url
+        for _hop in range(spec.max_redirects + 1):
+            target = self._get_one(current, deadline)
+            if isinstance(target, Download):
+                return target
+            if target in visited:
+                raise FetchError(
+                    f"redirect loop: {current} redirects to {target}, already visited "
+                    f"(starting from {url})", retryable=False,
+                )
+            visited.add(target)
+            check = _redirect_check.get()
+            if check is not None:
+                check(target)
+            current = target
+            if deadline.passed():
+                raise FetchError(
+                    f"timed out after {spec.total_timeout:g}s (total_timeout) following "
+                    f"redirects from {url}", retryable=True,
+                )
+        raise FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
+
+    def _get_one(self, url: str, deadline: Deadline) -> "Download | str":
+        """One request: the download, or the URL its redirect points to."""
+        spec = self.spec
+        _check_host(url)
+        response = None
+        try:
+            response = self._open(url)
+            # A connection the watchdog shut down ends the headers or the body early, as if the
+            # server had closed it: what arrived is incomplete and must not be used.
+            if deadline.passed():
+                raise _total_timeout(url, spec)
+            location = _redirect_target(url, response)
+            if location is not None:
+                return location
+            _check_status(url, response)
+            self._check_type(url, response)
+            body = self._read_body(url, response, deadline)
+            if deadline.passed():
+                raise _total_timeout(url, spec)
+            return Download(
+                url=url,
+                status=response.status,
+                content_type=response.headers.get("Content-Type", ""),
+                body=body,
+            )
+        except AddressRefused as exc:
+            # Chained, so a caller can tell the guard's refusal from the host's answer.
+            raise FetchError(f"{exc}: {url}", retryable=False) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            if deadline.passed():  # the watchdog cut the connection, or its clamped timeout ran out
+                raise _total_timeout(url, spec) from exc
+            raise _urllib3_error(exc, url, spec) from exc
+        except UnicodeError as exc:  # a host name the IDNA codec refuses, met when resolving
+            raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
+        finally:
+            if response is not None:
+                # A body read to its end has already given its connection back for the next
+                # request; one left unread (a redirect, an error, a limit) closes it.
+                response.close()
+                response.release_conn()
+
+    def _check_type(self, url: str, response: urllib3.BaseHTTPResponse) -> None:
+        if self.content_types is None:
+            return
+        media_type = media_type_of(response.headers.get("Content-Type", ""))
+        if not any(fnmatch.fnmatchcase(media_type, p) for p in self.content_types):
+            raise FetchError(
+                f"content type {media_type or '(none)'} of {url} is not one of "
+                f"allowed_content_types", retryable=False,
+            )
+
+    def _read_body(
+        self, url: str, response: urllib3.BaseHTTPResponse, deadline: Deadline
+    ) -> bytes:
+        """The decoded body, read as it arrives so the deadline holds even against a slow drip
+        (``iter_content`` would block until a whole chunk had come in)."""
+        limit = self.spec.max_bytes
+        body = bytearray()
+        while chunk := response.read1(_CHUNK_BYTES, decode_content=True):
+            body += chunk
+            # Decoded bytes count, so max_bytes also caps what a compressed body expands to.
+            if len(body) > limit:
+                if self.cut_at_max_bytes:
+                    return bytes(body[:limit])
+                raise FetchError(
+                    f"body of {url} exceeds max_bytes={limit}", retryable=False
+                )
+            if deadline.passed():
+                raise _total_timeout(url, self.spec)
+        return bytes(body)
+
+
+def _total_timeout(url: str, spec: FetchSpec) -> FetchError:
+    return FetchError(
+        f"timed out after {spec.total_timeout:g}s (total_timeout) fetching {url}", retryable=True
+    )
+
+
+def _read_timeout(spec: FetchSpec) -> float:
+    # No single socket read may outlast the whole download's budget.
+    return min(spec.read_timeout, spec.total_timeout)
+
+
+def media_type_of(content_type: str) -> str:
+    """The media type of a Content-Type header, lowercased, without parameters."""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _check_scheme(url: str) -> None:
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:
+        raise FetchError(f"invalid URL {url}: {exc}", retryable=False) from None
+    if scheme not in ("http", "https"):
+        raise FetchError(f"not an http(s) URL: {url}", retryable=False)
+
+
+def _check_host(url: str) -> None:
+    """Refuse a host name with an empty label ("a..b", ".a") before anything is resolved: the
+    resolver would fail on it later, as if the network were at fault."""
+    if ".." not in url and "/." not in url and "@." not in url:
+        # Such a label follows "//" or "@", or another dot: no URL without these has one. Most
+        # URLs end here, without a second parse besides urllib3's own (issue 9).
+        return
+    try:
+        host = parse_url(url).host
+    except ValueError:
+        return  # urllib3 reports it as an invalid URL
+    if host and not host.startswith("[") and "" in host.rstrip(".").split("."):
+        raise FetchError(f"invalid URL {url}: empty label in host {host!r}", retryable=False)
+
+
+def _redirect_target(url: str, response: urllib3.BaseHTTPResponse) -> Optional[str]:
+    """The absolute URL a redirect response points to (fragment dropped), or None."""
+    if response.status not in _REDIRECT_STATUSES:
+        return None
+    location = response.headers.get("Location")
+    if location is None:
+        return None  # a redirect status without a Location is returned as it is
+    # http.client decodes headers as latin-1; servers send UTF-8 in practice.
+    try:
+        location = location.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        pass
+    try:
+        target = urldefrag(parse_url(urljoin(url, location)).url)[0]
+        scheme = urlsplit(target).scheme
+    except ValueError as exc:
+        raise FetchError(f"invalid URL {url}: bad redirect: {exc}", retryable=False)
+    if scheme not in ("http", "https"):
+        raise FetchError(
+            f"invalid URL {url}: redirect to a non-http(s) URL {target}", retryable=False
+        )
+    return target
+
+
+def _check_status(url: str, response: urllib3.BaseHTTPResponse) -> None:
+    status = response.status
+    if status >= 400:
+        retryable = status >= 500 or status in _RETRY_STATUSES
+        after = retry_after(response.headers.get("Retry-After")) if retryable else None
+        message = f"HTTP {status} for {url}"
+        if after is not None:
+            message += f" (Retry-After {after:g}s)"
+        raise FetchError(message, retryable=retryable, retry_after=after)
+
+
+def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP-date); None when
+    absent or unreadable. A date in the past is 0."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec) -> FetchError:
+    """Map an exception urllib3 raised (connecting, sending, reading headers or the body)."""
+    # Subclasses before their bases: NameResolutionError is a NewConnectionError, which is a
+    # ConnectTimeoutError.
+    if isinstance(exc, urllib3.exceptions.NameResolutionError):
+        return FetchError(f"cannot resolve host for {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        refused = isinstance(exc.__cause__, ConnectionRefusedError)
+        return FetchError(
+            f"{'connection refused' if refused else 'connection failed'} for {url}",
+            retryable=True,
+        )
+    if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+        return FetchError(
+            f"timed out after {spec.connect_timeout:g}s connecting to {url}", retryable=True
+        )
+    if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+        return FetchError(f"timed out after {_read_timeout(spec):g}s reading {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.LocationValueError):
+        return FetchError(f"invalid URL {url}: {exc}", retryable=False)
+    if isinstance(exc, urllib3.exceptions.DecodeError):
+        # The server sent a body its own Content-Encoding does not describe; a retry gets the same.
+        return FetchError(f"cannot decode the body of {url}", retryable=False)
+    if isinstance(exc, urllib3.exceptions.SSLError):
+        return FetchError(f"TLS error for {url}", retryable=True)
+    if isinstance(exc, urllib3.exceptions.ProtocolError):
+        return FetchError(f"connection broken while reading {url}", retryable=True)
+    return FetchError(f"HTTP error for {url}: {exc}", retryable=True)

@@ -1,0 +1,186 @@
+"""SSRF guard: a job reaches private, loopback, link-local and reserved addresses only when its own
+seeds name them literally (an IP address, or ``localhost``), or when it says ``allow_private``.
+A DNS answer never makes an address trusted, whatever name it came for.
+
+The guard resolves every host a connection is made to, checks each address, and the connection
+then goes to an address it checked (:func:`guarded_pool_classes`), so a DNS answer that changes
+between the check and the connect (rebinding) cannot slip through.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable, Iterable
+from typing import Optional, Union
+
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import NameResolutionError, NewConnectionError
+
+from ..errors import DistscrapeError
+from ..job.spec import JobSpec
+from ..job.urls import url_host
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+# host -> the addresses it resolves to (strings); raises socket.gaierror when it does not resolve.
+Resolver = Callable[[str], list[str]]
+# (host, address) -> what kind of non-public address it is ("a loopback"), or None if public.
+Classifier = Callable[[str, IPAddress], Optional[str]]
+
+
+class AddressRefused(DistscrapeError):
+    """A host resolved to an address the job may not reach; permanent."""
+
+
+def system_resolver(host: str) -> list[str]:
+    """The addresses the system resolver gives for ``host``, in its order, each once."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+# RFC 6052's well-known NAT64 prefix: the last 32 bits are the IPv4 address reached.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# RFC 6761: these names are the loopback addresses, whatever a resolver says.
+LOOPBACK_ADDRESSES: tuple[IPAddress, ...] = (
+    ipaddress.IPv4Address("127.0.0.1"), ipaddress.IPv6Address("::1"),
+)
+
+
+def is_localhost_name(host: str) -> bool:
+    """True for ``localhost`` and names under ``.localhost`` (RFC 6761), in any case."""
+    name = host.rstrip(".").lower()
+    return name == "localhost" or name.endswith(".localhost")
+
+
+def address_kind(host: str, ip: IPAddress) -> Optional[str]:
+    """What kind of non-public address ``ip`` is, for a message; None when it is public. An IPv6
+    address that stands for an IPv4 one (mapped, NAT64) is judged as that address; one that
+    tunnels to an IPv4 one (6to4, Teredo's client) is refused when that address is not public."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        translated = ip.ipv4_mapped
+        if translated is None and ip in NAT64:
+            translated = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if translated is not None:
+            return address_kind(host, translated)
+        tunnel_end = ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        if tunnel_end is not None:
+            kind = address_kind(host, tunnel_end)
+            if kind is not None:
+                return kind
+        if ip.is_site_local:  # fec0::/10: deprecated, yet is_global says yes
+            return "a site-local"
+    for kind, flag in (
+        ("a loopback", ip.is_loopback), ("a link-local", ip.is_link_local),
+        ("a multicast", ip.is_multicast), ("an unspecified", ip.is_unspecified),
+        ("a private", ip.is_private), ("a reserved", ip.is_reserved),
+    ):
+        if flag:
+            return kind
+    return None if ip.is_global else "a non-public"
+
+
+def literal_addresses(host: str) -> tuple[IPAddress, ...]:
+    """The addresses ``host`` names without DNS: itself if an IP literal (brackets allowed), the
+    loopback addresses for a localhost name, else none."""
+    try:
+        return (ipaddress.ip_address(host.strip("[]")),)
+    except ValueError:
+        return LOOPBACK_ADDRESSES if is_localhost_name(host) else ()
+
+
+class AddressGuard:
+    """Resolves hosts for connections and refuses non-public addresses, except those the
+    ``trusted_hosts`` (the job's seeds) name literally, or all of them with ``allow_private``.
+    A trusted host given by name trusts nothing: its DNS answers are checked like any other."""
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool = False,
+        trusted_hosts: Iterable[str] = (),
+        resolver: Resolver = system_resolver,
+        classify: Classifier = address_kind,
+    ) -> None:
+        self.allow_private = allow_private
+        self.trusted = frozenset(ip for host in trusted_hosts for ip in literal_addresses(host))
+        self.resolver = resolver
+        self.classify = classify
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, **hooks) -> "AddressGuard":
+        """The guard of a job: its seeds' (and download URL's) literal hosts are trusted.
+        ``hooks``: ``resolver`` and ``classify``, for tests."""
+        return cls(
+            allow_private=spec.fetch.allow_private,
+            trusted_hosts=[url_host(url) for url in spec.origin_urls()], **hooks,
+        )
+
+    def addresses(self, host: str) -> list[str]:
+        """The addresses to connect to for ``host``, every one checked. Raises
+        :class:`AddressRefused`, or ``socket.gaierror`` when ``host`` does not resolve."""
+        resolved = self._resolve(host)
+        if not self.allow_private:
+            for ip in resolved:
+                kind = self.classify(host, ip)
+                if kind is not None and ip not in self.trusted:
+                    # An IP literal host names just itself; a name (localhost too) resolves.
+                    literal = literal_addresses(host) == (ip,)
+                    where = f"{ip} is" if literal else f"{host} resolves to {ip},"
+                    raise AddressRefused(
+                        f"refused: {where} {kind} address (only addresses the seeds give "
+                        "literally, or localhost, are trusted; --allow-private / "
+                        "fetch.allow_private permits any)"
+                    )
+        return [str(ip) for ip in resolved]
+
+    def _resolve(self, host: str) -> list[IPAddress]:
+        literal = literal_addresses(host)
+        if literal:
+            return list(literal)
+        resolved = [ipaddress.ip_address(a.partition("%")[0]) for a in self.resolver(host)]
+        if not resolved:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
+        return resolved
+
+
+def guarded_pool_classes(guard: AddressGuard) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 pool classes (a ``PoolManager``'s ``pool_classes_by_scheme``) whose every new
+    connection goes to an address ``guard`` checked."""
+
+    class Connection(HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            return _connect_checked(self, guard, HTTPConnection._new_conn)
+
+    class TLSConnection(HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            return _connect_checked(self, guard, HTTPSConnection._new_conn)
+
+    class Pool(HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class TLSPool(HTTPSConnectionPool):
+        ConnectionCls = TLSConnection
+
+    return {"http": Pool, "https": TLSPool}
+
+
+def _connect_checked(conn: HTTPConnection, guard: AddressGuard, connect) -> socket.socket:
+    """urllib3's own connect (and its error mapping), aimed at each checked address in turn.
+    The TLS server name and Host header still come from the host name, restored afterwards."""
+    name = conn._dns_host
+    try:
+        addresses = guard.addresses(name)
+    except socket.gaierror as exc:
+        raise NameResolutionError(conn.host, conn, exc) from exc
+    try:
+        for address in addresses[:-1]:
+            conn._dns_host = address
+            try:
+                return connect(conn)
+            except NewConnectionError:
+                continue  # the host's next address
+        conn._dns_host = addresses[-1]
+        return connect(conn)
+    finally:
+        conn._dns_host = name

@@ -1,0 +1,433 @@
+"""A worker's life in the tracker: register, heartbeat, keep its items' leases, recover others'.
+
+Each worker process runs one agent thread (in the pool's parent for prefork). Every heartbeat
+interval it (1) records that the worker lives, (2) extends the deadlines of the items the worker has
+reserved or is running, and (3) for every active job (neither finished nor cancelled), reclaims items whose deadline passed and tops the
+broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
+When a domain's turn or a backoff ends sooner than the next heartbeat (rate limits), (3) runs
+again then, so a throttled domain is served at its rate even while no task frees a slot; while
+items are dispatched or leased, at least every second, since a failure may start a short backoff.
+The one maintenance that finds a job finished sends :data:`~.events.job_finished`; each heartbeat
+also prunes the records of workers dead for longer than ``worker_prune_seconds``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Optional
+
+import redis
+from celery import signals
+
+from ..tracker import checks as redis_checks
+from ..errors import JobNotFound, TrackerUnavailable
+from ..events import job_finished
+from .lost_saves import LostSaves
+from ..core.runtime import Runtime
+from ..tracker import RedisTracker
+
+log = logging.getLogger(__name__)
+
+# Least wait between two dispatch rounds, so a domain whose turn has come does not spin the agent.
+MIN_WAKE = 0.05
+# Every this many heartbeats (the first included) a worker repairs the list of active jobs where
+# a client died between a shard's change and its mirror (Tracker.heal_active_jobs): it reads
+# every job that is not listed, so not on every beat.
+HEAL_EVERY = 10
+
+
+class Held:
+    """What one worker holds of one job, from Celery's own books."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []  # scrape and save messages reserved (running ones too)
+        self.running: list[str] = []  # tasks running now: only they keep their items' leases
+        self.saves: list[tuple[str, int]] = []  # (item, token) of save messages reserved
+
+
+HeldItems = Callable[[], dict[str, Held]]
+
+
+def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
+    """What this worker has reserved or is running, by job. A task running for longer than
+    ``max_running`` seconds counts as not running, so its lease is no longer kept: the prefork
+    pool kills such a task at its time limit anyway, but the threads pool has no time limits,
+    and a hung download or save must not hold its item for ever (another worker takes it a lease
+    later; the hung run's fencing token is then stale)."""
+    from celery.worker import state
+
+    from .app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
+
+    held: dict[str, Held] = defaultdict(Held)
+    active = set(_snapshot(state.active_requests))
+    reserved = _snapshot(state.reserved_requests)
+    # With an ETA (a deferred save), a message waits in the worker's timer, in neither set,
+    # until then; it is taken into our hands as it arrives, so it must be kept too.
+    scheduled = _snapshot(getattr(state, "scheduled_requests", ()))
+    requests = list(dict.fromkeys([*reserved, *active, *scheduled]))
+    if max_running is not None:
+        # Neither its lease nor (for a save) its item's wait for the save is kept any more.
+        too_old = time.time() - max_running
+        requests = [r for r in requests if not (r.time_start and r.time_start < too_old)]
+    for request in requests:
+        try:
+            if request.name == SCRAPE_TASK:
+                saves = []
+            elif request.name in (SAVE_TASK, SAVE_BATCH_TASK):
+                saves = save_pairs(request.name, request.args)
+            else:
+                continue
+            job = request.args[0]
+            items = [item for item, _ in saves] if saves else [request.args[1]]
+            held[job].items.extend(items)
+            if request in active:
+                held[job].running.extend(items)
+            held[job].saves.extend(saves)
+        except (IndexError, TypeError, ValueError):
+            continue
+    return held
+
+
+def _snapshot(requests) -> list:
+    """The members of one of Celery's request sets (weak sets), which the consumer changes while
+    the heartbeat thread reads them. Iterating one can then fail ("changed size during
+    iteration"); copying its underlying set is a single step under the GIL."""
+    data = getattr(requests, "data", None)
+    if isinstance(data, set):
+        return [r for r in (ref() for ref in data.copy()) if r is not None]
+    return list(requests)
+
+
+def _merged(*by_job: dict[str, Iterable[tuple[str, int]]]) -> dict[str, set[tuple[str, int]]]:
+    """The union, job by job, of (item, token) pairs."""
+    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for pairs_by_job in by_job:
+        for job, pairs in pairs_by_job.items():
+            out[job].update(pairs)
+    return out
+
+
+class WorkerAgent:
+    """Keeps one worker registered and alive in the tracker, from a background thread."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        concurrency: int,
+        publish: Callable[[str, Sequence[str]], None],
+        held_items: HeldItems = reserved_items,
+        interval: Optional[float] = None,
+    ) -> None:
+        self.rt = runtime
+        self.concurrency = concurrency
+        self.publish = publish
+        self.held_items = held_items
+        self.interval = interval or runtime.settings.heartbeat_interval
+        self._stop = threading.Event()
+        self._stopped = False
+        self._thread: Optional[threading.Thread] = None
+        self._ticks = 0
+        self._lost_saves: Optional[LostSaves] = None  # see _expire_lost_saves
+        # Jobs whose maintenance failed, with the failure last logged: a job that fails the same
+        # way on every heartbeat (one of an older format, say) is logged once, not each time.
+        self._failing: dict[str, str] = {}
+        # The (item, token) of the save messages this worker has reserved, by job: as of the last
+        # heartbeat (written by the heartbeat thread only), and received since (by the consumer
+        # thread, under the lock). A stop gives back every other save-pending item it holds at
+        # once (kept for a batch its processes never queued); Celery has forgotten its reserved
+        # messages by then, and every message passed through task_received.
+        self._saves_lock = threading.Lock()
+        self._reserved_saves: dict[str, set[tuple[str, int]]] = {}
+        self._received_saves: dict[str, set[tuple[str, int]]] = defaultdict(set)
+
+    def register(self) -> str:
+        worker_id = self.rt.tracker.register_worker(socket.gethostname(), os.getpid(), self.concurrency)
+        self.rt.worker_id = worker_id
+        log.info("registered as worker %s", worker_id)
+        return worker_id
+
+    def tick(self) -> Optional[float]:
+        """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch.
+        Returns the seconds until dispatch can hand out more (None: not by time alone)."""
+        tracker = self.rt.tracker
+        tracker.heartbeat(self.rt.worker_id)
+        with self._saves_lock:  # before the snapshot, so nothing falls between the two
+            received, self._received_saves = self._received_saves, defaultdict(set)
+        held_items = self.held_items()
+        self._reserved_saves = _merged({job: held.saves for job, held in held_items.items()},
+                                       received)
+        for job, held in held_items.items():
+            tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
+        pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
+        if pruned:
+            log.info("pruned the records of dead worker(s) %s", ", ".join(pruned))
+        self._ticks += 1
+        if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
+            log.warning("listed again job(s) with unfinished work that were not maintained")
+        jobs = tracker.active_jobs()
+        self._expire_lost_saves(jobs)
+        return self.maintain_all(jobs)
+
+    def _expire_lost_saves(self, jobs: list[str]) -> None:
+        """Items whose save message a dead worker took from the Redis broker wait a lease, not the
+        save timeout (see :mod:`.lost_saves`); the maintenance that follows reclaims them."""
+        settings = self.rt.settings
+        if not isinstance(self.rt.tracker, RedisTracker) or not settings.broker_is_redis:
+            return  # another broker's queue cannot be read: they wait out the save timeout
+        if self._lost_saves is None:
+            tracker = self.rt.tracker
+            broker = (tracker.client if settings.effective_broker_url == tracker.url
+                      and not tracker.cluster else redis.Redis.from_url(
+                          settings.effective_broker_url, socket_timeout=30,
+                          socket_connect_timeout=10))
+            self._lost_saves = LostSaves(tracker, broker, settings.save_queue,
+                                         age=settings.lease_seconds)
+        self._lost_saves.forget_others(jobs)
+        for job in jobs:
+            try:
+                self._lost_saves.check(job)
+            except Exception as exc:  # the save timeout still applies
+                log.warning("job %s: could not look for lost save messages: %s", job, exc)
+
+    def note_received_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> None:
+        """A save message for these (item, token) reached this worker (see ``_reserved_saves``)."""
+        with self._saves_lock:
+            self._received_saves[job].update(saves)
+
+    def maintain_all(self, jobs: Optional[list[str]] = None) -> Optional[float]:
+        """Maintain every active job (``jobs``, if the caller has just listed them); the soonest
+        wake of any (see :meth:`tick`)."""
+        wake: Optional[float] = None
+        for job in self.rt.tracker.active_jobs() if jobs is None else jobs:
+            try:
+                w = self._maintain(job)
+            except Exception as exc:  # one broken job must not stop recovery of the others
+                why = f"{type(exc).__name__}: {exc}"
+                if self._failing.get(job) != why:
+                    log.exception("maintenance of job %s failed (logged again only if the "
+                                  "failure changes)", job)
+                    self._failing[job] = why
+                continue
+            if self._failing.pop(job, None) is not None:
+                log.warning("maintenance of job %s works again", job)
+            if w is not None and (wake is None or w < wake):
+                wake = w
+        return wake
+
+    def _maintain(self, job: str) -> Optional[float]:
+        res = self.rt.tracker.maintain(job, max_lost=self.rt.spec(job).max_lost)
+        if res.reclaimed or res.died:
+            log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
+        if res.dispatch:
+            self.publish(job, res.dispatch)
+        if res.finished:
+            info = self.rt.tracker.job_info(job)
+            log.warning("job %s finished: %s", job,
+                        ", ".join(f"{n} {v}" for n, v in info.final.items()))
+            # Receivers' exceptions are logged by the signal; they cannot stop the heartbeat.
+            job_finished.send(sender=self, job=job, info=info)
+        return res.wake
+
+    def _run(self) -> None:
+        failing = False
+        next_beat = 0.0
+        while True:
+            wake: Optional[float] = None
+            try:
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.interval
+                    wake = self.tick()
+                else:
+                    wake = self.maintain_all()
+                if failing:
+                    log.warning("worker heartbeat works again")
+                failing = False
+            except TrackerUnavailable as exc:
+                # Redis down or restarting: one line per try, no traceback flood; the next try
+                # comes after the usual interval, so an outage costs no CPU.
+                log.warning("worker heartbeat failed, retrying in %.1f s: %s", self.interval, exc)
+                failing = True
+            except Exception:  # a bug must not end the heartbeat for good either
+                log.exception("worker heartbeat failed; retrying")
+                failing = True
+            wait = next_beat - time.monotonic()
+            if wake is not None and not failing:
+                wait = min(wait, max(wake, MIN_WAKE))
+            if self._stop.wait(max(wait, 0.0)):
+                return
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="distscrape-agent", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop heartbeating, give back what this worker still holds, deregister. Idempotent:
+        runs on a warm shutdown and again at exit (a cold shutdown sends no signal)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 5)
+        try:
+            # Whatever this worker still holds (its tasks were cut short, its pool processes'
+            # unqueued save batches) goes back at once, rather than a lease or a save timeout
+            # from now; its reserved save messages go back to the broker.
+            with self._saves_lock:
+                returning = _merged(self._reserved_saves, self._received_saves)
+            for job in self.rt.tracker.jobs():
+                try:
+                    released = self.rt.tracker.release(job, self.rt.worker_id,
+                                                       sorted(returning.get(job, ())))
+                except JobNotFound:  # being deleted
+                    continue
+                if released:
+                    log.warning("job %s: gave back %d unfinished item(s) (those it held, and "
+                                "the job's dispatched ones: any may be a message it never sent)",
+                                job, released)
+            self.rt.tracker.deregister_worker(self.rt.worker_id)
+        except Exception:
+            log.exception("could not deregister worker %s", self.rt.worker_id)
+        self.rt.close()
+
+
+# -- Celery worker hooks (`celery -A distscrape_celery worker`) ---------------------------------
+
+_agent: Optional[WorkerAgent] = None
+
+
+def _runtime_for_worker() -> Runtime:
+    from .app import current_settings
+    from ..core.runtime import current_runtime
+
+    return current_runtime(current_settings)
+
+
+@signals.worker_init.connect
+def _on_worker_init(sender, **_):
+    """Register before the pool forks, so every pool process inherits the worker ID."""
+    global _agent
+    from .tasks import publisher
+
+    rt = _runtime_for_worker()
+    if rt.in_memory:
+        return
+    concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
+    _agent = WorkerAgent(
+        rt, concurrency=concurrency, publish=publisher.scrape,
+        held_items=functools.partial(reserved_items, max_running=rt.settings.task_time_limit),
+    )
+    _agent.register()
+    # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
+    # still exits through the interpreter, so give back what we hold there too.
+    atexit.register(_agent.stop)
+    _exit_on_stop_signals()
+    tracker = rt.tracker
+    if isinstance(tracker, RedisTracker):
+        # WARNING, Celery's default level for workers: an operator starting a worker sees where
+        # it went whatever the log level (the URL's password is redacted).
+        log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
+        redis_checks.warn_about(tracker.client, tracker.url)
+
+
+def _exit_on_stop_signals() -> None:
+    """Until Celery installs its own handlers (in its start, after its banner), a stop signal
+    would end the registered worker at once, by the signal's default action: no exit handlers,
+    so it would stay listed as alive until its heartbeat ran out. Exit through the interpreter
+    instead, so ``atexit`` deregisters it. Celery replaces these before the pool starts."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("stopped by %s before the worker was ready", signal.Signals(signum).name)
+        sys.exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, stop)
+
+
+def freeze_startup_objects() -> None:
+    """Leave what the process holds once it is ready (modules, the app, its tasks: about 100,000
+    objects in a worker) out of every later garbage collection. A worker allocates without end
+    and Python's collector then walks all of them now and again; frozen, the collections of a
+    crawl took about half the time (bench/RESULTS.md, issue 9, stop 26). Garbage there is now
+    is collected first, so nothing unreachable is kept for good."""
+    gc.collect()
+    gc.freeze()
+
+
+@signals.worker_ready.connect
+def _on_worker_ready(**_):
+    freeze_startup_objects()
+    if _agent is not None:
+        _agent.start()
+
+
+@signals.worker_process_init.connect
+def _on_pool_process_init(**_):
+    # A prefork pool process: the worker froze its own objects after the pool had forked.
+    freeze_startup_objects()
+
+
+def _flush_saves() -> None:
+    """Queue the saves this process gathered before it lets go of its items: else they wait in
+    the tracker for a lease (and are downloaded again)."""
+    from .tasks import flush_saves
+
+    if not flush_saves():
+        log.warning("some gathered saves could not be queued; their items are downloaded again")
+
+
+@signals.task_received.connect
+def _on_task_received(request, **_):
+    """A save message just left the broker for this worker: take its items into the worker's
+    hands now rather than at its next heartbeat, so that if the worker dies before then, they
+    come back a lease later, not a save timeout later. One round trip per message: per batch of
+    pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
+    if _agent is None:
+        return
+    from .app import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
+
+    if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
+        return
+    from celery.worker import state
+
+    if request.eta and not hasattr(state, "scheduled_requests"):
+        # A Celery that does not list messages waiting for their ETA: the heartbeat could not
+        # keep the items until then, so they wait for the message under the save timeout.
+        return
+    try:
+        saves = save_pairs(request.name, request.args)
+        _agent.note_received_saves(request.args[0], saves)
+        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
+    except Exception as exc:  # the next heartbeat claims them instead
+        log.warning("could not claim the items of a received save message: %s", exc)
+
+
+@signals.worker_shutdown.connect
+def _on_worker_shutdown(**_):
+    _flush_saves()
+    if _agent is not None:
+        _agent.stop()
+
+
+@signals.worker_process_shutdown.connect
+def _on_pool_process_shutdown(**_):
+    _flush_saves()
+    # Pool processes own their savers; close them so buffered output is flushed.
+    from ..core import runtime
+
+    if runtime._runtime is not None:
+        runtime._runtime.close()

@@ -1,0 +1,143 @@
+"""The Celery app: ``celery -A distscrape_celery worker`` starts a worker with it.
+
+Configuration comes from one :class:`~distscrape_celery.settings.Settings`, read from the
+environment at import, or set by the CLI with :func:`configure_app` before anything connects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from . import kombu_fixes
+from ..settings import Settings
+
+# The queues' names with the default queue_prefix (settings.scrape_queue and save_queue).
+SCRAPE_QUEUE = "distscrape.scrape"
+SAVE_QUEUE = "distscrape.save"
+SCRAPE_TASK = "distscrape.scrape"
+SAVE_TASK = "distscrape.save"
+# The saves of several pages, scraped by one worker process, in one message.
+SAVE_BATCH_TASK = "distscrape.save_batch"
+
+
+def save_pairs(task: str, args: Any) -> list[tuple[str, int]]:
+    """(item, token) of each save a save task's arguments carry: one for SAVE_TASK (job, item,
+    token, meta), several for SAVE_BATCH_TASK (job, [[item, token, meta], ...])."""
+    if task == SAVE_BATCH_TASK:
+        return [(item, int(token)) for item, token, _ in args[1]]
+    return [(args[1], int(args[2]))]
+
+
+# The Redis transport's BRPOP timeout (see broker_transport_options).
+BRPOP_SECONDS = 0.25
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings derived from ours; the reasons are the crawl's guarantees."""
+    return {
+        "broker_url": settings.effective_broker_url,
+        # JSON only: a pickle payload from the broker would run code in the worker.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        # Results are never read; a result backend costs ~20% throughput (PERF-NOTES).
+        "result_backend": None,
+        "task_ignore_result": True,
+        # Task events (what Flower lists) cost about 10% of a worker's CPU (PERF-NOTES), so they
+        # are off unless asked for: the README's worker commands pass -E, and Flower turns them
+        # on in every worker while it runs.
+        "worker_send_task_events": False,
+        # A task is acknowledged only after it ran, and re-delivered if its worker died, so the
+        # broker backs up the tracker's own lease recovery.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # Each queue gets its own exchange and routing key. Left to Celery's defaults, both would
+        # be bound to the default queue's key, and every message would be delivered to both.
+        "task_queues": [
+            Queue(name, Exchange(name, type="direct"), routing_key=name)
+            for name in (settings.scrape_queue, settings.save_queue)
+        ],
+        "task_default_queue": settings.scrape_queue,
+        "task_routes": {SCRAPE_TASK: {"queue": settings.scrape_queue},
+                        SAVE_TASK: {"queue": settings.save_queue},
+                        SAVE_BATCH_TASK: {"queue": settings.save_queue}},
+        "task_soft_time_limit": settings.task_soft_time_limit,
+        "task_time_limit": settings.task_time_limit,
+        # The Redis transport re-delivers an unacknowledged message after this; it must exceed
+        # every task's time limit or a running task would be handed to a second worker.
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout,
+            "ack_emulation": settings.broker_ack_emulation,
+            # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
+            # out, dead peers are found by keepalive and health checks, and the consumer then
+            # reconnects. Well above the BRPOP timeout (polling_interval, below).
+            "socket_timeout": 30,
+            "socket_connect_timeout": 10,
+            "socket_keepalive": True,
+            "health_check_interval": 25,
+            # How long an idle consumer's BRPOP blocks (kombu's brpop_timeout, 1 s by default).
+            # A worker stopping waits for the BRPOP in flight to answer, so this is how long a
+            # warm shutdown of an idle worker takes at most; an idle worker polls 4 times a second.
+            "polling_interval": BRPOP_SECONDS,
+        },
+        # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
+        # tries), at start-up too. Nothing is lost meanwhile: the tracker holds the crawl's state.
+        "broker_connection_retry": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        # A task running when the broker connection drops finishes its work: its message is
+        # redelivered after the reconnect and that duplicate does nothing (the tracker's fencing
+        # tokens). Cancelling it, as Celery 6 will by default, would throw the download away.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+        "worker_hijack_root_logger": False,
+    }
+
+
+app = Celery("distscrape_celery")
+_settings: Optional[Settings] = None
+
+
+def configure_app(settings: Settings, *, in_memory: bool = False) -> Celery:
+    """Apply ``settings`` to the app (before it first connects). ``in_memory`` uses Celery's
+    in-process transport: no broker at all."""
+    global _settings
+    _settings = settings
+    _drop_connections()
+    conf = celery_config(settings)
+    if in_memory:
+        conf["broker_url"] = "memory://localhost/"
+        # The in-memory transport polls; its default 1 s poll would idle a worker between tasks.
+        conf["broker_transport_options"] = {"polling_interval": 0.005}
+    app.conf.update(conf)
+    return app
+
+
+def _drop_connections() -> None:
+    """Forget connection and producer pools built for an earlier broker URL (tests and the
+    in-memory crawl reconfigure the one app); Celery does the same after a fork."""
+    # Not closed: kombu's global pool registry may hand the same pool out again for that URL.
+    app._pool = None
+    amqp = app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
+
+
+def current_settings() -> Settings:
+    if _settings is None:
+        configure_app(Settings.from_env())
+    assert _settings is not None
+    return _settings
+
+
+current_settings()
+
+# Before any channel exists: see kombu_fixes for the crash it prevents.
+kombu_fixes.apply()
+
+# Registers the tasks and the worker's lifecycle hooks on `app`.
+from . import agent, tasks  # noqa: E402,F401
