@@ -59,7 +59,8 @@ def main() -> int:
         assert stats.frontier == args.urls and stats.dispatched == 0, stats
 
     with EmbeddedRedis() as broker:
-        from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+        from distscrape_celery.worker.app import configure_app
+        from distscrape_celery.worker.names import SCRAPE_QUEUE
         from distscrape_celery.worker.tasks import scrape
 
         configure_app(Settings.from_env({}, redis_url=broker.url))

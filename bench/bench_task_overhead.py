@@ -37,7 +37,8 @@ def main() -> int:
 
     from bench_crawl import own_cpu
     from bench_noop_app import app  # noqa: F401  (registers the no-op task)
-    from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.worker.names import SCRAPE_QUEUE
     from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.settings import Settings
     from distscrape_celery.worker.tasks import publisher

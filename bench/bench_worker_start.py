@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="workers of the last two kinds")
     args = parser.parse_args()
 
-    from distscrape_celery.worker.app import SAVE_QUEUE, SCRAPE_QUEUE
+    from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE
     from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.settings import Settings
     from distscrape_celery.tracker import RedisTracker

@@ -110,7 +110,8 @@ def _preload(pool: str) -> None:
     """Import, before forking, what each worker would import on its way to ready."""
     from celery.concurrency import get_implementation
 
-    from .worker import tasks  # noqa: F401  (the app's tasks, the pipeline, components, savers)
+    # The app's tasks and hooks, and through them the pipeline, components and savers.
+    from .worker import signals, tasks  # noqa: F401
 
     for name in WORKER_MODULES:
         try:

@@ -8,7 +8,8 @@ import time
 from conftest import crawl_settings
 from sitegen import Site, SiteServer
 
-from distscrape_celery.worker.app import SCRAPE_QUEUE, configure_app
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.worker.names import SCRAPE_QUEUE
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager

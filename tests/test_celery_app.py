@@ -8,9 +8,8 @@ import pytest
 
 from conftest import crawl_settings
 
-from distscrape_celery.worker.app import (
-    SAVE_QUEUE, SCRAPE_QUEUE, SAVE_TASK, SCRAPE_TASK, app, celery_config, configure_app,
-)
+from distscrape_celery.worker.app import app, celery_config, configure_app
+from distscrape_celery.worker.names import SAVE_QUEUE, SAVE_TASK, SCRAPE_QUEUE, SCRAPE_TASK
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.errors import ConfigError
 from distscrape_celery.settings import Settings
@@ -91,7 +90,7 @@ def test_a_ready_worker_leaves_its_startup_objects_out_of_garbage_collection(mon
     import gc
     import weakref
 
-    from distscrape_celery.worker import agent
+    from distscrape_celery.worker import signals
 
     class Node:
         pass
@@ -100,10 +99,10 @@ def test_a_ready_worker_leaves_its_startup_objects_out_of_garbage_collection(mon
     cycle.me = cycle
     gone = weakref.ref(cycle)
     del cycle
-    monkeypatch.setattr(agent, "_agent", None)
+    monkeypatch.setattr(signals, "_agent", None)
     gc.unfreeze()  # an in-process worker of an earlier test may have frozen this process
     try:
-        getattr(agent, handler)()
+        getattr(signals, handler)()
         assert gone() is None  # collected, not frozen
         assert gc.get_freeze_count() > 1000
     finally:

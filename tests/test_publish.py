@@ -7,7 +7,8 @@ import redis.connection
 
 from conftest import crawl_settings
 
-from distscrape_celery.worker.app import SAVE_QUEUE, SCRAPE_QUEUE, configure_app
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE
 from distscrape_celery.worker.tasks import publisher
 
 

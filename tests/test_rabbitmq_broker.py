@@ -107,7 +107,8 @@ def test_a_killed_workers_message_is_redelivered_at_once(amqp_settings, workers,
 
 
 def test_the_queue_prefix_names_queues_and_exchanges():
-    from distscrape_celery.worker.app import SAVE_TASK, SCRAPE_TASK, celery_config
+    from distscrape_celery.worker.app import celery_config
+    from distscrape_celery.worker.names import SAVE_TASK, SCRAPE_TASK
     from distscrape_celery.errors import ConfigError
     from distscrape_celery.settings import Settings
 

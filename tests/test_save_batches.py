@@ -14,7 +14,7 @@ import pytest
 
 from distscrape_celery.worker.agent import reserved_items
 from distscrape_celery.core.batching import Batcher
-from distscrape_celery.worker.app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
+from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.tracker import LeaseStatus
 from test_pipeline import ROUTES, pipeline_env, server  # noqa: F401  (server: a fixture)
@@ -155,7 +155,7 @@ def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
         redis_url, server, tmp_path, monkeypatch, batch_size):  # noqa: F811
     """A save message (per page or a batch) that leaves the broker for a worker: its items
     follow that worker's lease at once, not at its next heartbeat."""
-    from distscrape_celery.worker import agent
+    from distscrape_celery.worker import agent, signals
 
     rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=batch_size)
     items = [server.base + "/ok", server.base + "/ok2"]
@@ -166,14 +166,14 @@ def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
     assert all(owner(rt, item).startswith("- ") for item in items)
     receiver = rt.tracker.register_worker("receiver", 2, 4)
     monkeypatch.setattr(rt, "worker_id", receiver)
-    monkeypatch.setattr(agent, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
+    monkeypatch.setattr(signals, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
     if batch_size == 1:
         requests = [FakeRequest(SAVE_TASK, list(entry)) for entry in rec.saves]
     else:
         requests = [FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]])
                     for batch in rec.batches]
     for request in requests:
-        agent._on_task_received(request)
+        signals._on_task_received(request)
     tokens = {item: token for _, item, token, _ in rec.saves}
     for item in items:
         assert owner(rt, item) == f"{receiver} {tokens[item]}"
@@ -285,18 +285,18 @@ def test_without_a_list_of_waiting_messages_a_deferred_save_is_not_taken_on_arri
     a deferred save's item, so it is not taken on arrival: it waits under the save timeout."""
     from celery.worker import state
 
-    from distscrape_celery.worker import agent
+    from distscrape_celery.worker import agent, signals
 
     rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
     item = server.base + "/ok"
     rt.tracker.add("p", [item])
     assert pipe.scrape("p", item) == "scraped"
     [(_, _, token, meta)] = rec.saves
-    monkeypatch.setattr(agent, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
+    monkeypatch.setattr(signals, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
     monkeypatch.delattr(state, "scheduled_requests", raising=False)
-    agent._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta], eta="soon"))
+    signals._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta], eta="soon"))
     assert owner(rt, item) == f"- {token}"
-    agent._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta]))
+    signals._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta]))
     assert owner(rt, item) == f"{rt.worker_id} {token}"
 
 
@@ -574,7 +574,7 @@ def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reser
     as if their messages were coming back from the broker. Only saves whose messages reached the
     worker (and go back to the broker) wait for them; the unsent ones are queued again at once,
     though Celery has forgotten its reserved messages by the time the worker stops."""
-    from distscrape_celery.worker import agent
+    from distscrape_celery.worker import agent, signals
 
     rt, pipe, rec, server = batch_env
     sent = [server.base + "/ok", server.base + "/hostile"]
@@ -584,8 +584,8 @@ def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reser
     assert pipe.flush()
     [batch] = rec.batches
     worker = agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape, held_items=dict)
-    monkeypatch.setattr(agent, "_agent", worker)
-    agent._on_task_received(FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]]))
+    monkeypatch.setattr(signals, "_agent", worker)
+    signals._on_task_received(FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]]))
     tokens = {item: token for item, token, _ in batch}
     assert all(owner(rt, item) == f"{rt.worker_id} {tokens[item]}" for item in sent)
     unsent = server.base + "/ok2"  # found in both; scraped into a batch that is never queued

@@ -26,7 +26,8 @@ from conftest import crawl_settings, expected_files, plugins_path, saved_files
 from plugins.savers import event_counts, instruct, paused_pid, save_events
 from sitegen import SiteServer, generate_site
 
-from distscrape_celery.worker.app import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE, configure_app
+from distscrape_celery.worker.app import configure_app
+from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker.keys import HEARTBEATS, JobKeys
 from distscrape_celery.local.processes import WorkerProcess, wait_for_workers

@@ -13,14 +13,9 @@ also prunes the records of workers dead for longer than ``worker_prune_seconds``
 
 from __future__ import annotations
 
-import atexit
-import functools
-import gc
 import logging
 import os
-import signal
 import socket
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -28,14 +23,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Optional
 
 import redis
-from celery import signals
 
-from ..tracker import checks as redis_checks
+from ..core.runtime import Runtime
 from ..errors import JobNotFound, TrackerUnavailable
 from ..events import job_finished
-from .lost_saves import LostSaves
-from ..core.runtime import Runtime
 from ..tracker import RedisTracker
+from .lost_saves import LostSaves
+from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +61,6 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
     later; the hung run's fencing token is then stale)."""
     from celery.worker import state
 
-    from .app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 
     held: dict[str, Held] = defaultdict(Held)
     active = set(_snapshot(state.active_requests))
@@ -301,133 +294,3 @@ class WorkerAgent:
         except Exception:
             log.exception("could not deregister worker %s", self.rt.worker_id)
         self.rt.close()
-
-
-# -- Celery worker hooks (`celery -A distscrape_celery worker`) ---------------------------------
-
-_agent: Optional[WorkerAgent] = None
-
-
-def _runtime_for_worker() -> Runtime:
-    from .app import current_settings
-    from ..core.runtime import current_runtime
-
-    return current_runtime(current_settings)
-
-
-@signals.worker_init.connect
-def _on_worker_init(sender, **_):
-    """Register before the pool forks, so every pool process inherits the worker ID."""
-    global _agent
-    from .tasks import publisher
-
-    rt = _runtime_for_worker()
-    if rt.in_memory:
-        return
-    concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
-    _agent = WorkerAgent(
-        rt, concurrency=concurrency, publish=publisher.scrape,
-        held_items=functools.partial(reserved_items, max_running=rt.settings.task_time_limit),
-    )
-    _agent.register()
-    # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
-    # still exits through the interpreter, so give back what we hold there too.
-    atexit.register(_agent.stop)
-    _exit_on_stop_signals()
-    tracker = rt.tracker
-    if isinstance(tracker, RedisTracker):
-        # WARNING, Celery's default level for workers: an operator starting a worker sees where
-        # it went whatever the log level (the URL's password is redacted).
-        log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
-        redis_checks.warn_about(tracker.client, tracker.url)
-
-
-def _exit_on_stop_signals() -> None:
-    """Until Celery installs its own handlers (in its start, after its banner), a stop signal
-    would end the registered worker at once, by the signal's default action: no exit handlers,
-    so it would stay listed as alive until its heartbeat ran out. Exit through the interpreter
-    instead, so ``atexit`` deregisters it. Celery replaces these before the pool starts."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def stop(signum: int, _frame: object) -> None:
-        log.warning("stopped by %s before the worker was ready", signal.Signals(signum).name)
-        sys.exit(0)
-
-    for sig in (signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, stop)
-
-
-def freeze_startup_objects() -> None:
-    """Leave what the process holds once it is ready (modules, the app, its tasks: about 100,000
-    objects in a worker) out of every later garbage collection. A worker allocates without end
-    and Python's collector then walks all of them now and again; frozen, the collections of a
-    crawl took about half the time (bench/RESULTS.md, issue 9, stop 26). Garbage there is now
-    is collected first, so nothing unreachable is kept for good."""
-    gc.collect()
-    gc.freeze()
-
-
-@signals.worker_ready.connect
-def _on_worker_ready(**_):
-    freeze_startup_objects()
-    if _agent is not None:
-        _agent.start()
-
-
-@signals.worker_process_init.connect
-def _on_pool_process_init(**_):
-    # A prefork pool process: the worker froze its own objects after the pool had forked.
-    freeze_startup_objects()
-
-
-def _flush_saves() -> None:
-    """Queue the saves this process gathered before it lets go of its items: else they wait in
-    the tracker for a lease (and are downloaded again)."""
-    from .tasks import flush_saves
-
-    if not flush_saves():
-        log.warning("some gathered saves could not be queued; their items are downloaded again")
-
-
-@signals.task_received.connect
-def _on_task_received(request, **_):
-    """A save message just left the broker for this worker: take its items into the worker's
-    hands now rather than at its next heartbeat, so that if the worker dies before then, they
-    come back a lease later, not a save timeout later. One round trip per message: per batch of
-    pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
-    if _agent is None:
-        return
-    from .app import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
-
-    if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
-        return
-    from celery.worker import state
-
-    if request.eta and not hasattr(state, "scheduled_requests"):
-        # A Celery that does not list messages waiting for their ETA: the heartbeat could not
-        # keep the items until then, so they wait for the message under the save timeout.
-        return
-    try:
-        saves = save_pairs(request.name, request.args)
-        _agent.note_received_saves(request.args[0], saves)
-        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
-    except Exception as exc:  # the next heartbeat claims them instead
-        log.warning("could not claim the items of a received save message: %s", exc)
-
-
-@signals.worker_shutdown.connect
-def _on_worker_shutdown(**_):
-    _flush_saves()
-    if _agent is not None:
-        _agent.stop()
-
-
-@signals.worker_process_shutdown.connect
-def _on_pool_process_shutdown(**_):
-    _flush_saves()
-    # Pool processes own their savers; close them so buffered output is flushed.
-    from ..core import runtime
-
-    if runtime._runtime is not None:
-        runtime._runtime.close()

@@ -11,25 +11,9 @@ from typing import Any, Optional
 from celery import Celery
 from kombu import Exchange, Queue
 
-from . import kombu_fixes
 from ..settings import Settings
-
-# The queues' names with the default queue_prefix (settings.scrape_queue and save_queue).
-SCRAPE_QUEUE = "distscrape.scrape"
-SAVE_QUEUE = "distscrape.save"
-SCRAPE_TASK = "distscrape.scrape"
-SAVE_TASK = "distscrape.save"
-# The saves of several pages, scraped by one worker process, in one message.
-SAVE_BATCH_TASK = "distscrape.save_batch"
-
-
-def save_pairs(task: str, args: Any) -> list[tuple[str, int]]:
-    """(item, token) of each save a save task's arguments carry: one for SAVE_TASK (job, item,
-    token, meta), several for SAVE_BATCH_TASK (job, [[item, token, meta], ...])."""
-    if task == SAVE_BATCH_TASK:
-        return [(item, int(token)) for item, token, _ in args[1]]
-    return [(args[1], int(args[2]))]
-
+from . import kombu_fixes
+from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
 # The Redis transport's BRPOP timeout (see broker_transport_options).
 BRPOP_SECONDS = 0.25
@@ -98,7 +82,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
-app = Celery("distscrape_celery")
+# Celery imports the task modules and the worker's signal hooks when a worker starts, before
+# its worker_init signal; a process that only publishes imports worker.tasks itself.
+app = Celery(
+    "distscrape_celery",
+    include=["distscrape_celery.worker.tasks", "distscrape_celery.worker.signals"],
+)
 _settings: Optional[Settings] = None
 
 
@@ -138,6 +127,3 @@ current_settings()
 
 # Before any channel exists: see kombu_fixes for the crash it prevents.
 kombu_fixes.apply()
-
-# Registers the tasks and the worker's lifecycle hooks on `app`.
-from . import agent, tasks  # noqa: E402,F401

@@ -20,6 +20,7 @@ import redis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
 
 from ..tracker import Tracker
+from .names import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,6 @@ def queued_saves(client: redis.Redis, queue: str) -> set[tuple[str, str, int]]:
     """(job, item, token) of every save in the messages waiting in the Redis broker's ``queue``
     (kombu keeps a message of priority p > 0 in the list "<queue><sep><p>"). A message that is
     not one of our save tasks, or cannot be read, is skipped."""
-    from .app import SAVE_BATCH_TASK, SAVE_TASK, save_pairs  # it imports the agent, us
-
     pipe = client.pipeline(transaction=False)
     for p in PRIORITY_STEPS:
         pipe.lrange(f"{queue}{Channel.sep}{p}" if p else queue, 0, -1)

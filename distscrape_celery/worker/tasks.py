@@ -13,10 +13,11 @@ from celery.utils.nodenames import anon_nodename
 from kombu import Producer
 from kombu.utils.uuid import uuid
 
-from .app import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, app, current_settings
-from ..errors import TrackerUnavailable
 from ..core.pipeline import ItemPipeline, left_for_recovery
 from ..core.runtime import current_runtime
+from ..errors import TrackerUnavailable
+from .app import app, current_settings
+from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
 log = logging.getLogger(__name__)
 

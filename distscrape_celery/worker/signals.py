@@ -1,0 +1,144 @@
+"""The Celery worker's signal hooks (``celery -A distscrape_celery worker``): register the
+worker with the tracker before its pool forks, start its agent when it is ready, take received
+save messages into its hands, and give everything back when it stops. The app names this module
+in its ``include``, so Celery imports it before ``worker_init``."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Optional
+
+from celery import signals as celery_signals
+from celery.worker import state
+
+from ..core import runtime
+from ..core.runtime import Runtime, current_runtime
+from ..tracker import RedisTracker
+from ..tracker import checks as redis_checks
+from .agent import WorkerAgent, reserved_items
+from .app import current_settings
+from .names import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
+from .tasks import flush_saves, publisher
+
+log = logging.getLogger(__name__)
+
+_agent: Optional[WorkerAgent] = None
+
+
+def _runtime_for_worker() -> Runtime:
+    return current_runtime(current_settings)
+
+
+@celery_signals.worker_init.connect
+def _on_worker_init(sender, **_):
+    """Register before the pool forks, so every pool process inherits the worker ID."""
+    global _agent
+    rt = _runtime_for_worker()
+    if rt.in_memory:
+        return
+    concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
+    _agent = WorkerAgent(
+        rt, concurrency=concurrency, publish=publisher.scrape,
+        held_items=functools.partial(reserved_items, max_running=rt.settings.task_time_limit),
+    )
+    _agent.register()
+    # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
+    # still exits through the interpreter, so give back what we hold there too.
+    atexit.register(_agent.stop)
+    _exit_on_stop_signals()
+    tracker = rt.tracker
+    if isinstance(tracker, RedisTracker):
+        # WARNING, Celery's default level for workers: an operator starting a worker sees where
+        # it went whatever the log level (the URL's password is redacted).
+        log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
+        redis_checks.warn_about(tracker.client, tracker.url)
+
+
+def _exit_on_stop_signals() -> None:
+    """Until Celery installs its own handlers (in its start, after its banner), a stop signal
+    would end the registered worker at once, by the signal's default action: no exit handlers,
+    so it would stay listed as alive until its heartbeat ran out. Exit through the interpreter
+    instead, so ``atexit`` deregisters it. Celery replaces these before the pool starts."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        log.warning("stopped by %s before the worker was ready", signal.Signals(signum).name)
+        sys.exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, stop)
+
+
+def freeze_startup_objects() -> None:
+    """Leave what the process holds once it is ready (modules, the app, its tasks: about 100,000
+    objects in a worker) out of every later garbage collection. A worker allocates without end
+    and Python's collector then walks all of them now and again; frozen, the collections of a
+    crawl took about half the time (bench/RESULTS.md, issue 9, stop 26). Garbage there is now
+    is collected first, so nothing unreachable is kept for good."""
+    gc.collect()
+    gc.freeze()
+
+
+@celery_signals.worker_ready.connect
+def _on_worker_ready(**_):
+    freeze_startup_objects()
+    if _agent is not None:
+        _agent.start()
+
+
+@celery_signals.worker_process_init.connect
+def _on_pool_process_init(**_):
+    # A prefork pool process: the worker froze its own objects after the pool had forked.
+    freeze_startup_objects()
+
+
+def _flush_saves() -> None:
+    """Queue the saves this process gathered before it lets go of its items: else they wait in
+    the tracker for a lease (and are downloaded again)."""
+    if not flush_saves():
+        log.warning("some gathered saves could not be queued; their items are downloaded again")
+
+
+@celery_signals.task_received.connect
+def _on_task_received(request, **_):
+    """A save message just left the broker for this worker: take its items into the worker's
+    hands now rather than at its next heartbeat, so that if the worker dies before then, they
+    come back a lease later, not a save timeout later. One round trip per message: per batch of
+    pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
+    if _agent is None:
+        return
+    if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
+        return
+    if request.eta and not hasattr(state, "scheduled_requests"):
+        # A Celery that does not list messages waiting for their ETA: the heartbeat could not
+        # keep the items until then, so they wait for the message under the save timeout.
+        return
+    try:
+        saves = save_pairs(request.name, request.args)
+        _agent.note_received_saves(request.args[0], saves)
+        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
+    except Exception as exc:  # the next heartbeat claims them instead
+        log.warning("could not claim the items of a received save message: %s", exc)
+
+
+@celery_signals.worker_shutdown.connect
+def _on_worker_shutdown(**_):
+    _flush_saves()
+    if _agent is not None:
+        _agent.stop()
+
+
+@celery_signals.worker_process_shutdown.connect
+def _on_pool_process_shutdown(**_):
+    _flush_saves()
+    # Pool processes own their savers; close them so buffered output is flushed.
+    if runtime._runtime is not None:
+        runtime._runtime.close()
