@@ -961,7 +961,7 @@ def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
     if alone:
         # A worker process's threads share one GIL: near a whole core, one worker is held by it,
         # and on a machine of 2 cores the 1 -> 2 ratio then measures what the second worker,
-        # Redis and the site find left of them, not the crawler (bench/RESULTS.md, stop 29).
+        # Redis and the site find left of them, not the crawler (docs/performance.md).
         lines.append("\nscale-out: the 1-worker crawl's process used "
                      + " / ".join(f"{x:.2f}" for x in alone) + f" of a core ({os.cpu_count()} here)")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
-"""Issue 10's bound, at 100,000 URLs: a done URL costs at most 16 bytes of Redis (dedup and state).
+"""The seen set's bound, at 100,000 URLs: a done URL costs at most 16 bytes of Redis (dedup and
+state).
 
 Runs bench/bench_seen_memory.py's measurement (real RedisTracker scripts on a real Redis, a job
-with default settings) at a small scale; the 10-million figure is in bench/RESULTS.md.
+with default settings) at a small scale; the 10-million figure is in docs/performance.md.
 """
 
 from __future__ import annotations
