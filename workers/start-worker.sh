@@ -17,7 +17,7 @@ fi
 here=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
 events=()
-# Task events cost about a quarter more CPU per page with the threads pool (bench/RESULTS.md), and
+# Task events cost about a quarter more CPU per page with the threads pool (docs/performance.md), and
 # Flower turns them on in every worker while it runs; WORKER_EVENTS=1 sends them from the start.
 if [[ "${WORKER_EVENTS:-0}" != 0 ]]; then events=(-E); fi
 exec "$python" -m celery -A distscrape_celery worker \
