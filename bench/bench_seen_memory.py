@@ -1,4 +1,4 @@
-"""Redis memory per seen URL (issue 10: at most 16 bytes at 10 million URLs, dedup and state).
+"""Redis memory per seen URL (at most 16 bytes at 10 million URLs, dedup and state).
 
     python bench/bench_seen_memory.py [--urls 10000000] [--domains 10000]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 9's benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
+"""The crawl benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
 
     .venv/bin/python bench/suite.py [--pages 5000] [--peer-pages 2000] [--latency 0.05]
                                     [--only nginx-default,latency-default,...] [--profile DIR]
@@ -911,7 +911,7 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
     return [r]
 
 
-# Issue 9's targets: (what, at least, numerator, denominator), each a (kind, site) of one round.
+# The targets: (what, at least, numerator, denominator), each a (kind, site) of one round.
 TARGETS = [
     ("`distscrape crawl` vs Scrapy", 2.0, ("default", "nginx"), ("scrapy", "nginx")),
     ("`distscrape crawl` vs scrapy-redis", 1.5, ("default", "nginx"), ("scrapy-redis", "nginx")),

@@ -21,7 +21,7 @@ from .redaction import redact
 
 ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
-# threads pool: see crawl_worker_processes). bench/RESULTS.md, issue 9: threads processes did 2.8x
+# threads pool: see crawl_worker_processes). docs/performance.md: threads processes did 2.8x
 # the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
 # (the prefork parent passes every message to a child); 64 tasks keep a site 50 ms away as fast
 # as a local one.
@@ -29,7 +29,7 @@ DEFAULT_CRAWL_CONCURRENCY = 64
 # Worker processes per core. One process holds its GIL for at most about one core, and leaves
 # that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
 # of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site
-# (bench/RESULTS.md, issue 9, stop 16). More (6 or 8 of 8) cost more than they bought.
+# (docs/performance.md). More (6 or 8 of 8) cost more than they bought.
 PROCESSES_PER_CORE = 2
 
 
@@ -99,16 +99,16 @@ class Settings(BaseModel):
         description="With the Redis broker: keep every delivered message in kombu's unacked hash "
         "until its task ends, so that the broker redelivers the messages of a worker that died, "
         "after the visibility timeout. Off (the default: two MULTI blocks per message fewer, "
-        "bench/RESULTS.md), the tracker alone recovers them, within a lease (see the README's "
-        "'Late acknowledgement').",
+        "docs/performance.md), the tracker alone recovers them, within a lease (see docs/architecture.md, "
+        "'Late acknowledgement and ack emulation').",
     )
     save_inline: bool = Field(
         False,
         description="Run each page's save in the scrape task that downloaded it, in the same "
-        "worker, instead of queueing a save task: 11-40 % less CPU per page (bench/RESULTS.md). "
+        "worker, instead of queueing a save task: 11-40 % less CPU per page (docs/performance.md). "
         "Save workers of the save queue then get only deferred saves, Flower shows no save "
-        "tasks, and a page whose worker dies while saving it is downloaded again (see the "
-        "README's 'Saving inline').",
+        "tasks, and a page whose worker dies while saving it is downloaded again (see "
+        "docs/architecture.md, 'Saving inline').",
     )
     save_batch_size: int = Field(
         32,
@@ -117,7 +117,7 @@ class Settings(BaseModel):
         description="Most pages one save task carries. A worker process gathers the saves of the "
         "pages it scraped for up to save_batch_seconds and queues them as one save task, with the "
         "links found in them: one broker message and one delivery for many pages "
-        "(bench/RESULTS.md). 1: a save task per page, sent at once.",
+        "(docs/performance.md). 1: a save task per page, sent at once.",
     )
     save_batch_seconds: float = Field(
         0.05,

@@ -6,7 +6,7 @@
 ``celery -A distscrape_celery worker`` with those options: the same ``app.Worker`` class, its signal
 handling and exit code. What it leaves out is Celery's command line, which loads every subcommand
 and plugin (Flower's web app, click-repl, prompt_toolkit) before it starts a worker: about a
-quarter of a worker's CPU from start to ready (bench/RESULTS.md), paid by every worker of every
+quarter of a worker's CPU from start to ready (docs/performance.md), paid by every worker of every
 crawl. Hosts of a distributed crawl keep using ``celery -A distscrape_celery worker``.
 
 With ``--forks``, this process imports what a worker needs once and then forks one worker per
@@ -168,7 +168,7 @@ def run_forked(args: argparse.Namespace) -> int:
             # A session of its own, as a worker started by itself would have: Linux shares
             # the CPU fairly between sessions (autogroups) first, and four workers in one
             # session would get no more of it than the Redis server beside them (measured:
-            # 8-12 % fewer pages/s; bench/RESULTS.md).
+            # 8-12 % fewer pages/s; docs/performance.md).
             os.setsid()
             if tie_to_us is not None:
                 tie_to_us()  # the supervisor SIGKILLed: a warm shutdown, as for a stop signal

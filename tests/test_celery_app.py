@@ -85,7 +85,7 @@ def test_save_batches_wait_far_less_than_a_lease(redis_url):
 
 @pytest.mark.parametrize("handler", ["_on_worker_ready", "_on_pool_process_init"])
 def test_a_ready_worker_leaves_its_startup_objects_out_of_garbage_collection(monkeypatch, handler):
-    """Issue 9: what a worker (or prefork pool process) holds once ready is frozen, so the
+    """What a worker (or prefork pool process) holds once ready is frozen, so the
     collections of a crawl do not walk it again; garbage there is collected first, not kept."""
     import gc
     import weakref

@@ -340,7 +340,7 @@ def _closed_port() -> int:
 
 
 def test_a_plain_url_goes_to_its_pool_directly_and_sends_what_the_manager_would(monkeypatch) -> None:
-    """Issue 9: a plain URL of the origin a thread asked last skips PoolManager.urlopen; the
+    """A plain URL of the origin a thread asked last skips PoolManager.urlopen; the
     request on the wire is the same, on the same kept-alive connection."""
     import urllib3
 

@@ -105,7 +105,7 @@ def test_scrape_then_save_completes_and_queues_links(env, tmp_path):
 
 
 def test_a_save_reads_its_body_with_begin_save_not_on_its_own(env, tmp_path, monkeypatch):
-    """Issue 9: the staged body comes back with begin_save, one Redis round trip fewer per page."""
+    """The staged body comes back with begin_save, one Redis round trip fewer per page."""
     rt, pipe, rec, server = env
     rt.tracker.add("p", [server.base + "/ok"])
     assert pipe.scrape("p", server.base + "/ok") == "scraped"
@@ -308,7 +308,7 @@ def inline_env(redis_url, server, tmp_path):
 
 
 def test_save_inline_saves_in_the_scrape_and_queues_no_save(inline_env, tmp_path):
-    """Issue 9: with ``save_inline`` the scrape task saves its page itself; no save message."""
+    """With ``save_inline`` the scrape task saves its page itself; no save message."""
     rt, pipe, rec, server = inline_env
     rt.tracker.add("p", [server.base + "/ok"])
     assert pipe.scrape("p", server.base + "/ok") == "saved"
@@ -321,7 +321,7 @@ def test_save_inline_saves_in_the_scrape_and_queues_no_save(inline_env, tmp_path
 
 
 def test_save_inline_stages_no_body_and_needs_no_begin_save(inline_env, monkeypatch):
-    """Issue 9: the body of an inline save never goes through Redis, and the item turns saving in
+    """The body of an inline save never goes through Redis, and the item turns saving in
     the ``scraped`` step: three tracker calls a page, not four."""
     rt, pipe, rec, server = inline_env
     rt.tracker.add("p", [server.base + "/ok"])

@@ -104,7 +104,7 @@ def test_crawl_into_a_separate_redis_through_real_workers(redis_url, output_redi
 
 def test_a_batch_is_written_in_one_transaction_per_group_and_errors_name_their_entries(
         output_redis, monkeypatch):
-    """Found measuring issue 9: a save batch going to the Redis saver cost two round trips a page
+    """Found while measuring: a save batch going to the Redis saver cost two round trips a page
     (its write, and marking it done); now one transaction per group of pages, and the pages are
     marked done together."""
     from distscrape_celery.savers import redis as redis_saver

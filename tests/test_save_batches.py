@@ -1,4 +1,4 @@
-"""Issue 9: a worker process gathers the saves of the pages it scraped into one save task.
+"""A worker process gathers the saves of the pages it scraped into one save task.
 
 The pipeline against a real Redis tracker and real HTTP (no Celery); the crash cases, with real
 worker processes, are in test_save_faults.py (the worker killed before its batch is queued).
@@ -437,7 +437,7 @@ def _scraped_batch(rt, pipe, rec, server, paths=("/ok", "/ok2", "/hostile")):
 def test_a_save_batch_stores_its_items_as_one_group_and_only_then_marks_them_done(
     batch_env, monkeypatch
 ):
-    """Issue 9: the bodies go to the saver in one save_many (the file saver makes them durable
+    """The bodies go to the saver in one save_many (the file saver makes them durable
     together), and no item is done before the whole group is stored; then one round trip
     completes them all and drops their bodies."""
     rt, pipe, rec, server = batch_env
@@ -528,7 +528,7 @@ def test_a_saver_without_group_commits_has_each_item_done_as_soon_as_it_is_store
 
 
 def test_the_file_saver_without_fsync_has_a_batch_done_in_one_round_trip(batch_env, monkeypatch):
-    """Found measuring issue 9: with ``fsync = false`` the file saver did not count as committing
+    """Found while measuring: with ``fsync = false`` the file saver did not count as committing
     groups, so each page of a batch cost a ``complete`` round trip of its own, and the crawl ran
     slower than with fsync on (the job spec said false is faster). It has nothing to flush: its
     pages are written one by one, then marked done together."""

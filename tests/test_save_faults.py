@@ -284,7 +284,7 @@ def test_sigkill_in_save_then_saved_exactly_once(
 def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     redis_url, redis_client, start_worker, tmp_path
 ):
-    """Issue 9, group commit: a save batch's bodies are in their temporary files, and the process
+    """Group commit: a save batch's bodies are in their temporary files, and the process
     is SIGKILLed before they are flushed and renamed (once for each of 5 pages' batches). Nothing
     of that group was marked done: Celery delivers the batch again, the bodies are still staged,
     and every page is saved in the end, none downloaded again after the kill, nothing dead or left
@@ -691,7 +691,7 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
     # The default: the worker keeps the item under its lease until the batch of saves is queued.
     pytest.param(None, id="save-batches"),
     # A save message per page, sent right after scraped: the item is kept the same way until
-    # the message is out (an xfail until stop 26: it then waited the save timeout, 330 s).
+    # the message is out.
     pytest.param(1, id="save-per-page"),
 ])
 def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
@@ -866,7 +866,7 @@ def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start
     assert not [l for l in _worker_logs(procs).splitlines() if "vanished" in l and slow in l]
 
 
-# -- issue 9: saves run inside the scrape task (save_inline) ------------------------------------
+# -- saves run inside the scrape task (save_inline) ------------------------------------
 
 def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
     redis_url, redis_client, start_worker, tmp_path
@@ -910,7 +910,7 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
 def test_a_stopping_worker_queues_the_saves_it_gathered(
     redis_url, redis_client, start_worker, tmp_path, pool
 ):
-    """Issue 9: a worker process holds the saves of the pages it scraped for up to
+    """A worker process holds the saves of the pages it scraped for up to
     save_batch_seconds. A warm shutdown (SIGTERM) must queue them and hand their items over:
     not leave them to be reclaimed a lease later and downloaded again."""
     lease = 8.0

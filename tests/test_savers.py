@@ -324,7 +324,7 @@ def test_fsync_file_and_directory_only_when_asked(tmp_path, monkeypatch, fsync, 
 
 
 def test_a_save_into_an_existing_directory_makes_no_directory(tmp_path, monkeypatch):
-    """Every system call of a save hands the GIL over under load (issue 9): the directory is made
+    """Every system call of a save hands the GIL over under load: the directory is made
     only when it is missing, and the body goes straight to the descriptor."""
     saver = FileItemSaver(tmp_path / "out", fsync=False)
     saver.save("http://h/d/a.html", page(b"a"))  # makes h/d

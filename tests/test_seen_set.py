@@ -1,4 +1,4 @@
-"""The seen set (issue 10): fingerprints in intset buckets grown by linear hashing, on a real Redis.
+"""The seen set: fingerprints in intset buckets grown by linear hashing, on a real Redis.
 
 The tracker contract for done items (they stay seen, leave every per-item structure) is in
 test_tracker.py for both trackers; these tests look at the Redis layout itself.

@@ -291,7 +291,7 @@ def test_scraped_stages_the_body_and_complete_drops_it(tracker_factory):
 
 
 def test_scraped_save_as_turns_the_item_saving_under_the_callers_lease(tracker_factory):
-    """Issue 9, save_inline: ``scraped(save_as=worker)`` stages nothing and leaves the item
+    """Save_inline: ``scraped(save_as=worker)`` stages nothing and leaves the item
     saving under a lease held by the caller, as begin_save would: its heartbeat keeps it, and if
     it vanishes the item is recovered like a save whose process died (one more lease for a save
     message that never comes, then queued again, counting a vanished holder)."""
@@ -335,7 +335,7 @@ def test_scraped_save_as_turns_the_item_saving_under_the_callers_lease(tracker_f
 
 
 def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
-    """Issue 9, save batches: ``scraped(keep_as=worker)`` stages the body and leaves the item
+    """Save batches: ``scraped(keep_as=worker)`` stages the body and leaves the item
     waiting for its save under the keeper's lease, not the save timeout: if the keeper dies before
     it queued the save, the item is reclaimed a lease later. ``handoff`` then gives it the save
     timeout, and only for the keeper's own token; a save that began first is left alone."""
@@ -381,7 +381,7 @@ def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
 
 
 def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
-    """Issue 9, save batches: one round trip begins every save of a batch (in Redis, a pipeline
+    """Save batches: one round trip begins every save of a batch (in Redis, a pipeline
     of begin_save scripts), each with its own answer and body, in order; after Redis lost its
     scripts too."""
     t = tracker_factory(lease_seconds=30, save_timeout=30)
@@ -409,7 +409,7 @@ def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
 
 
 def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
-    """Issue 9, group commit: one round trip completes a save batch's items (in Redis, a
+    """Group commit: one round trip completes a save batch's items (in Redis, a
     pipeline of complete scripts), each with its own answer, dropping each staged body; what
     completing hands out is returned with the item that freed the room; after Redis lost its
     scripts too."""
@@ -825,7 +825,7 @@ def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
 
 
 def test_a_job_deleted_and_made_again_sharded_gets_its_new_keys(redis_url):
-    """Issue 9: a tracker builds a job's script keys once; deleting the job forgets them, so a job
+    """A tracker builds a job's script keys once; deleting the job forgets them, so a job
     of the same name made again with shards uses each shard's own active marker."""
     from distscrape_celery.tracker.keys import ACTIVE_JOBS, JobKeys
 

@@ -1,4 +1,4 @@
-"""RedisTracker's item scripts run on a connection each thread keeps (issue 9: redis-py's pool
+"""RedisTracker's item scripts run on a connection each thread keeps (redis-py's pool
 and command layers cost about as much client CPU as the round trip). Kept connections must be
 as safe as pooled ones: a connection the server closed is made again before it is used, a call
 cut off mid-reply never leaves its late reply for the next call, a forked child never talks on

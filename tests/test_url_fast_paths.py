@@ -1,7 +1,7 @@
 """The link fast paths against the library code they stand in for.
 
 ``Canonicalizer`` hands a URL that is already canonical back without w3lib, and ``SimpleScraper``
-joins a plain href to its page without urljoin (issue 9: the two took most of a page's link work).
+joins a plain href to its page without urljoin (the two took most of a page's link work).
 Each must give exactly what the library would, for any input; anything they cannot vouch for
 must go to the library. Hypothesis builds the inputs from pieces that hit the edges: case, dot
 segments, empty segments, ports, percent signs, queries, fragments, credentials, IPv6, punycode.

@@ -144,7 +144,7 @@ scraper_saver_options = [
                       "redis, a .tar* name tar, a .warc.gz name warc, else files), or a class "
                       "of your own, as for --scraper."),
 ]
-# What a job fetches and how (see the README's Crawl policy).
+# What a job fetches and how (see docs/configuration.md, Crawl policy).
 policy_options = [
     click.option("--ignore-robots", is_flag=True, help="Fetch what robots.txt disallows."),
     click.option("--user-agent", metavar="UA", help="User-Agent header, also matched in robots.txt."),
@@ -157,7 +157,7 @@ policy_options = [
                  help="Let links reach private, loopback and link-local addresses (by default "
                       "only those the seeds give literally: an IP address, or localhost)."),
 ]
-# How hard a job may hit each site, across all workers (see the README's Politeness).
+# How hard a job may hit each site, across all workers (see docs/configuration.md, Politeness).
 politeness_options = [
     click.option("--max-rate", type=click.FloatRange(0, min_open=True), metavar="N",
                  help="Most requests per second to one domain, across all workers."),
@@ -488,7 +488,7 @@ def retry_dead(job, redis_url) -> None:
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
               show_default=True,
-              help="Concurrent tasks (downloads and saves), split over one worker process per "
+              help="Concurrent tasks (downloads and saves), split over two worker processes per "
                    "core, each a threads pool.")
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")

@@ -85,7 +85,7 @@ def register(cli: click.Group, runtime, redis_url_option) -> None:
         if which is None:
             raise ConfigError("export: give --dead (or --done, which is not kept)")
         if which == "done":
-            # Redis keeps only an 8-byte fingerprint of a done item (issue 10), not the item.
+            # Redis keeps only an 8-byte fingerprint of a done item, not the item.
             raise ConfigError(
                 "export --done: done items are not kept in Redis, only their fingerprints; the "
                 "saver's output lists them (its output directory, or `distscrape tar-index "

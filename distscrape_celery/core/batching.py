@@ -1,7 +1,7 @@
 """Gathers what the tasks of one worker process hand over, and passes it on in groups.
 
 A page's save as a Celery task of its own costs about a quarter of the page's CPU (publishing,
-delivery, the worker's request; bench/RESULTS.md, issue 9). Grouped, one message carries the
+delivery, the worker's request; docs/performance.md). Grouped, one message carries the
 saves of many pages.
 """
 

@@ -136,7 +136,7 @@ class ItemPipeline:
         Only where no domain's cap can limit the crawl: a held message counts as in flight, so
         under a cap that the workers could fill, holding it stretches every fetch cycle of the
         domain by the batch's wait. With the default cap (8) the one-site crawl ran at half its
-        pages/s on a 50 ms site and at a quarter on loopback (bench/RESULTS.md, issue 9, stop 23).
+        pages/s on a 50 ms site and at a quarter on loopback (docs/performance.md).
         The cap is compared with the task slots of the live workers (the tracker's dispatch bound
         is that times ``dispatch_factor``)."""
         if self._saves is None:

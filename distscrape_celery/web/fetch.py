@@ -4,7 +4,7 @@ connection and redirect hop past the SSRF guard (and the job's robots.txt, see
 
 urllib3 directly rather than requests: requests' per-request work (merging settings, preparing
 and re-parsing the URL, building its Response) was about half of a download's CPU, and the
-crawl is CPU-bound (bench/RESULTS.md, "Issue 9, CPU per page")."""
+crawl is CPU-bound (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ class Fetcher:
         its body unread. A plain URL (_PLAIN_TARGET) whose origin is the one this thread asked
         last goes straight to that origin's connection pool, which is what PoolManager.urlopen
         would pick after parsing the URL and building a pool key: a thread crawls one site for
-        long stretches, and those two steps were about a fifth of a download's CPU (issue 9)."""
+        long stretches, and those two steps were about a fifth of a download's CPU."""
         manager = self._pool()
         kw = self._request_kw
         plain = _PLAIN_TARGET.match(url)
@@ -298,7 +298,7 @@ def _check_host(url: str) -> None:
     resolver would fail on it later, as if the network were at fault."""
     if ".." not in url and "/." not in url and "@." not in url:
         # Such a label follows "//" or "@", or another dot: no URL without these has one. Most
-        # URLs end here, without a second parse besides urllib3's own (issue 9).
+        # URLs end here, without a second parse besides urllib3's own.
         return
     try:
         host = parse_url(url).host

@@ -28,11 +28,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "result_serializer": "json",
         "event_serializer": "json",
         "accept_content": ["json"],
-        # Results are never read; a result backend costs ~20% throughput (PERF-NOTES).
+        # Results are never read; a result backend costs ~20% throughput.
         "result_backend": None,
         "task_ignore_result": True,
-        # Task events (what Flower lists) cost about 10% of a worker's CPU (PERF-NOTES), so they
-        # are off unless asked for: the README's worker commands pass -E, and Flower turns them
+        # Task events (what Flower lists) cost about 10% of a worker's CPU, so they
+        # are off unless asked for: the documented worker commands pass -E, and Flower turns them
         # on in every worker while it runs.
         "worker_send_task_events": False,
         # A task is acknowledged only after it ran, and re-delivered if its worker died, so the

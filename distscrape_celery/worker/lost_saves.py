@@ -1,5 +1,5 @@
 """Save messages that left the Redis broker with a worker that died before it took their items
-over (ack emulation off: README, "Ack emulation is off by default").
+over (ack emulation off: docs/architecture.md, "Late acknowledgement and ack emulation").
 
 Such an item is save pending with no holder ("- <token>") and its message is in no queue. The
 broker holds few messages (the tracker's dispatch bound), so a live worker reads the save queue

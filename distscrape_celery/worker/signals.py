@@ -81,7 +81,7 @@ def freeze_startup_objects() -> None:
     """Leave what the process holds once it is ready (modules, the app, its tasks: about 100,000
     objects in a worker) out of every later garbage collection. A worker allocates without end
     and Python's collector then walks all of them now and again; frozen, the collections of a
-    crawl took about half the time (bench/RESULTS.md, issue 9, stop 26). Garbage there is now
+    crawl took about half the time (docs/performance.md). Garbage there is now
     is collected first, so nothing unreachable is kept for good."""
     gc.collect()
     gc.freeze()

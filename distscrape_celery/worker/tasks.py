@@ -38,7 +38,7 @@ class CeleryPublisher:
     A message is built by Celery (``app.amqp.as_task_v2``: protocol 2, the same headers, parent
     and root IDs as ``apply_async``) and handed to kombu's producer for the queue's name on the
     default exchange, which is where ``apply_async`` routes a direct queue too. What it skips, at
-    about 45 % of the cost of publishing a page's messages (bench/RESULTS.md, issue 9): Celery's
+    about 45 % of the cost of publishing a page's messages (docs/performance.md): Celery's
     router and option merging, the ``before/after_task_publish`` signals (nothing here listens),
     publish retries (a batch sends nothing until it ends), a ``reply_to`` for results that are
     never kept, and kombu copying and binding the queue for every message only to find it
@@ -74,7 +74,7 @@ class CeleryPublisher:
         """This thread's producer on a broker connection of its own, kept between batches.
 
         Celery's producer pool would hand out a producer per batch and bind it to a connection
-        again each time (a third of the cost of publishing, bench/RESULTS.md). The cost of keeping
+        again each time (a third of the cost of publishing, docs/performance.md). The cost of keeping
         one: a broker connection per publishing thread. It is rebuilt after a fork, and when
         :func:`~.celery_app.configure_app` replaced the app's connections (another broker).
         """
