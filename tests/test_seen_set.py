@@ -34,7 +34,7 @@ def expected_fingerprint(item: str) -> int:
 def test_fingerprints_are_canonical_int64_and_parse_back(redis_url, redis_client):
     t = RedisTracker.from_url(redis_url)
     t.create_job("j", SPEC)
-    lib = resources.files("distscrape_celery.tracker").joinpath("lua", "_lib.lua").read_text()
+    lib = resources.files("distscrape_celery.tracker.redis").joinpath("lua", "_lib.lua").read_text()
     probe = lib + """
 local out = {}
 for i = 1, #ARGV do

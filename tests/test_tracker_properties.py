@@ -1,7 +1,7 @@
 """The tracker contract as a stateful property: random interleavings of every item operation,
 worker deaths, expiries and stale tokens, on InMemoryTracker and on RedisTracker against the real
 Redis from conftest, each step checked against a small Python model of the item life cycle
-(tracker/base.py) that follows the rules of lua/_lib.lua (retry_or_dead) and the item scripts.
+(tracker/base.py) that follows the rules of tracker/redis/lua/_lib.lua (retry_or_dead) and the item scripts.
 
 Politeness is in the model too: items belong to domains with in-flight caps (dispatch never takes
 a domain past its cap, and takes every item it may up to the broker's room), one domain whose fetch
