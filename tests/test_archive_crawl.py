@@ -24,7 +24,7 @@ from distscrape_celery.savers.tar import TarShard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
-from distscrape_celery.tracker.base import LeaseStatus
+from distscrape_celery.tracker.model import LeaseStatus
 
 LEASE = 2.0
 SHARD_ITEMS = 7  # small, so that real crawls rotate shards too

@@ -27,7 +27,7 @@ from distscrape_celery.settings import Settings
 from distscrape_celery.tracker.staging import RedisBodyStaging
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import Fault, JobAction, JobState, LeaseStatus, RedisTracker, SaveStart
-from distscrape_celery.tracker.base import CrawlLimits
+from distscrape_celery.tracker.model import CrawlLimits
 from distscrape_celery.tracker.redis import connect
 
 SPEC = '{"seeds": ["http://a.invalid/"], "tracker": {"shards": 3}}'

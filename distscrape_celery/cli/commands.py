@@ -23,7 +23,7 @@ from ..lifecycle import Terminated, stop_signals
 from ..redaction import redact
 from ..job.seeds import BadLine, SeedFile
 from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings
-from ..tracker.base import JobState
+from ..tracker.model import JobState
 from ..job.urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2

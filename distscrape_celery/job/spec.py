@@ -19,7 +19,7 @@ from ..tracker.keys import NO_DOMAIN, domain_of
 from .patterns import DEFAULT_REGEX_SECONDS, compile_pattern
 from ..redaction import redact
 from ..settings import format_validation_error, is_redis_url
-from ..tracker.base import CrawlLimits, DomainLimits
+from ..tracker.model import CrawlLimits, DomainLimits
 from .urls import (
     DEFAULT_MAX_URL_LENGTH, DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, host_name_error,
     normalize_url,

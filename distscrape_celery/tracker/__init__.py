@@ -1,7 +1,10 @@
-"""Trackers: the central authority on workers, jobs and items (see :mod:`.base` for the contract)."""
+"""Trackers: the central authority on workers, jobs and items.
 
-from .base import (
-    MAX_ADD_BATCH,
+:mod:`.base` holds the contract, :mod:`.model` the values its calls take and return.
+"""
+
+from .base import MAX_ADD_BATCH, Tracker
+from .model import (
     AddResult,
     Checkout,
     CompleteResult,
@@ -21,7 +24,6 @@ from .base import (
     SaveBegin,
     SaveStart,
     ScrapedResult,
-    Tracker,
     WorkerInfo,
 )
 from .memory import InMemoryTracker

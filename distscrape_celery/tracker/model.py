@@ -1,0 +1,246 @@
+"""The tracker's value types: what its calls take and return (see :mod:`.base` for the calls).
+
+Plain data with no I/O: enums of call outcomes, the per-call result records (most carry items to
+publish as tasks, ``dispatch``), a job's limits, state and counts, and a worker's record.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .keys import NO_DOMAIN
+
+
+class LeaseStatus(str, enum.Enum):
+    """Result of :meth:`Tracker.checkout`."""
+
+    OK = "ok"  # the caller holds the lease now
+    BUSY = "busy"  # another worker holds a live lease, or it waits out a backoff
+    THROTTLED = "throttled"  # its domain's fetch slot is not open: it went back to its queue
+    HELD = "held"  # the job is paused or cancelled: it went back to its queue
+    DONE = "done"  # already done: a redelivered duplicate, nothing to do
+    DEAD = "dead"  # given up on
+    UNKNOWN = "unknown"  # never added to this job
+
+
+class FailOutcome(str, enum.Enum):
+    RETRY = "retry"
+    DEAD = "dead"
+    IGNORED = "ignored"  # the caller does not hold the item (stale token), or it is done or dead
+
+
+class Fault(str, enum.Enum):
+    """Whose fault a failed attempt was, which decides what it counts against."""
+
+    ITEM = "item"  # its download or save raised: counts against max_retries
+    LOST = "lost"  # the worker holding it vanished, or its body was lost: counts against max_lost
+    FREE = "free"  # neither (e.g. the broker refused the save message): counts nothing
+
+
+class SaveStart(str, enum.Enum):
+    """Result of :meth:`Tracker.begin_save`."""
+
+    OK = "ok"  # the caller saves under the current token
+    BUSY = "busy"  # a run of this save holds a live lease: a duplicate delivery, try later
+    STALE = "stale"  # the item was handed on since; a save may still complete it
+    DONE = "done"  # already saved: nothing to do
+    DEAD = "dead"  # given up on (perhaps just now: its saves kept killing their worker)
+    UNKNOWN = "unknown"
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life; only running and paused jobs are maintained by workers."""
+
+    RUNNING = "running"
+    PAUSED = "paused"  # nothing is dispatched; what is in flight goes on
+    CANCELLED = "cancelled"  # as paused, for good (until resumed); the job counts as ended
+    FINISHED = "finished"  # nothing was left to do; new items make it run again
+
+
+class JobAction(str, enum.Enum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job's state, its start and end (Unix seconds on the tracker's clock; ``ended`` only
+    for a finished or cancelled job) and its ``final`` figures (seen, done, dead) when it ended."""
+
+    job: str
+    state: JobState
+    started: Optional[float] = None
+    ended: Optional[float] = None
+    final: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state.value, "started": self.started, "ended": self.ended,
+                "final": dict(self.final) or None}
+
+
+@dataclass(frozen=True)
+class Checkout:
+    status: LeaseStatus
+    depth: int
+    failed_attempts: int
+    token: int = 0  # the lease's fencing token (0 unless status is OK)
+    dispatch: list[str] = field(default_factory=list)
+    wait: float = 0.0  # THROTTLED: seconds until the domain's next fetch slot opens
+
+
+@dataclass(frozen=True)
+class Dispatchable:
+    """Result of a tracker call that may also hand out items to publish as tasks."""
+
+    dispatch: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AddResult(Dispatchable):
+    added: int = 0
+
+
+@dataclass(frozen=True)
+class ScrapedResult(Dispatchable):
+    added: int = 0
+    held: bool = False  # False: the caller's lease was stale, the item was left alone
+
+
+@dataclass(frozen=True)
+class SaveBegin(Dispatchable):
+    status: SaveStart = SaveStart.UNKNOWN
+    lost: int = 0  # times the item's holder vanished so far
+    body: Optional[bytes] = None  # with OK or STALE, the body staged for this save; None: gone
+
+
+@dataclass(frozen=True)
+class CompleteResult(Dispatchable):
+    changed: bool = False
+
+
+@dataclass(frozen=True)
+class FailResult(Dispatchable):
+    outcome: FailOutcome = FailOutcome.IGNORED
+
+
+@dataclass(frozen=True)
+class MaintainResult(Dispatchable):
+    reclaimed: int = 0
+    died: int = 0
+    # Seconds until a domain's turn or a backoff ends while the broker has room (None: nothing
+    # waits for time): maintaining again then dispatches more.
+    wake: Optional[float] = None
+    finished: bool = False  # this call found the job finished (exactly one call does)
+
+
+@dataclass(frozen=True)
+class ControlResult(Dispatchable):
+    before: JobState = JobState.RUNNING
+    after: JobState = JobState.RUNNING
+
+
+@dataclass(frozen=True)
+class RetryDeadResult(Dispatchable):
+    requeued: int = 0
+
+
+@dataclass(frozen=True)
+class DomainLimits:
+    """One domain's limits: least seconds between two fetch starts, most items in flight."""
+
+    interval: float = 0.0
+    concurrency: int = 8
+
+
+@dataclass(frozen=True)
+class CrawlLimits:
+    """A job's politeness and size limits, enforced by the tracker across the whole cluster.
+    ``max_pages`` and ``max_pages_per_domain`` count items when they are added (dead ones too)."""
+
+    default: DomainLimits = DomainLimits()
+    overrides: Mapping[str, DomainLimits] = field(default_factory=dict)
+    max_pages: Optional[int] = None
+    max_pages_per_domain: Optional[int] = None
+    id_domain: str = NO_DOMAIN  # the domain of items that are not URLs (IDs)
+    # Hash-tag shards the Redis tracker spreads the job over (a layout matter: the in-memory
+    # tracker has one store). Each shard enforces max_pages / shards (see RedisTracker).
+    shards: int = 1
+
+    def for_domain(self, domain: str) -> DomainLimits:
+        return self.overrides.get(domain, self.default)
+
+    def policy_fields(self) -> dict[str, Any]:
+        """The fields of the Redis ``policy`` hash (see tracker/redis/lua/_lib.lua)."""
+        out: dict[str, Any] = {
+            "interval": self.default.interval, "concurrency": self.default.concurrency,
+            "id_domain": self.id_domain,
+        }
+        for domain, lim in self.overrides.items():
+            out[f"i:{domain}"], out[f"c:{domain}"] = lim.interval, lim.concurrency
+        if self.max_pages is not None:
+            out["max_pages"] = self.max_pages
+        if self.max_pages_per_domain is not None:
+            out["max_pages_per_domain"] = self.max_pages_per_domain
+        return out
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
+    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
+    ``delayed`` items wait out a backoff before they are queued again. ``links_cut`` counts the
+    links pages had past the job's max_links_per_page, which were not added."""
+
+    seen: int
+    frontier: int
+    dispatched: int
+    leased: int
+    done: int
+    dead: int
+    saving: int = 0
+    delayed: int = 0
+    links_cut: int = 0
+
+    @property
+    def queued(self) -> int:
+        return self.frontier + self.dispatched
+
+    @property
+    def started(self) -> bool:
+        return self.seen > 0
+
+    @property
+    def finished(self) -> bool:
+        return (
+            self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
+            and self.delayed == 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seen": self.seen,
+            "queued": self.queued,
+            "frontier": self.frontier,
+            "dispatched": self.dispatched,
+            "leased": self.leased,
+            "saving": self.saving,
+            "delayed": self.delayed,
+            "done": self.done,
+            "dead": self.dead,
+            "links_cut": self.links_cut,
+            "finished": self.finished,
+        }
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    concurrency: int
+    last_seen: Optional[float]
+    alive: bool
