@@ -31,25 +31,16 @@ then records that idle period once in shard 0, and only that caller reports ``fi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import os
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from importlib import resources
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional
 
 import redis
-from redis.client import NEVER_DECODE
-from redis.cluster import RedisCluster
-from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
 
 from .. import keys
 from ...errors import JobNotFound, JobStateError, TrackerUnavailable
-from ...redaction import redact
-from ..staging import body_ttl_ms
 from ..base import (
     ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,
@@ -57,6 +48,13 @@ from ..base import (
     MAX_REASON,
     MAX_RECLAIM_BATCH,
     WAKE_WHILE_LEASED,
+    batches,
+    check_save_as,
+    job_conflict,
+    read_ahead,
+    spec_differences,
+)
+from ..model import (
     AddResult,
     Checkout,
     CompleteResult,
@@ -75,24 +73,14 @@ from ..base import (
     SaveBegin,
     SaveStart,
     ScrapedResult,
-    Tracker,
     WorkerInfo,
-    batches,
-    check_save_as,
-    job_conflict,
-    read_ahead,
-    spec_differences,
 )
+from .connection import UNDECODED, RedisCore, connect, converts_redis_errors
+# bench/bench_crawl.py labels EVALSHA calls with these.
+from .scripts import ITEM_SCRIPTS as _ITEM_SCRIPTS, read_lua as _read_lua  # noqa: F401
 
-if TYPE_CHECKING:
-    from ...settings import Settings
+__all__ = ["RedisTracker", "connect", "shard_policy"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-_ITEM_SCRIPTS = (
-    "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
-    "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
-)
 # Keys (or hash fields, set members) removed per command when a job is deleted: each command
 # stays short, so Redis keeps answering others meanwhile.
 DELETE_BATCH = 200
@@ -100,18 +88,6 @@ DELETE_BATCH = 200
 MAX_PRUNE_BATCH = 100
 # Policy field holding a sharded job's shard count (absent: 1).
 SHARDS_FIELD = "shards"
-
-
-# execute_command's option for a reply read as bytes (bodies are binary).
-_UNDECODED = {NEVER_DECODE: []}
-
-
-def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
-    """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
-    slots from that one node) when ``cluster``, else a plain one."""
-    if cluster:
-        return RedisCluster.from_url(url, decode_responses=decode_responses, **kwargs)
-    return redis.Redis.from_url(url, decode_responses=decode_responses, **kwargs)
 
 
 def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
@@ -128,118 +104,17 @@ def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
     return fields
 
 
-def _read_lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
-def _converts_redis_errors(method: F) -> F:
-    """Turn redis-py connection errors into :class:`TrackerUnavailable` where they enter."""
-
-    @functools.wraps(method)
-    def wrapper(self: "RedisTracker", *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
-        except (ClusterDownError, TryAgainError, SlotNotCoveredError) as exc:
-            # A cluster failing over or resharding: as an outage, the caller retries later.
-            raise TrackerUnavailable(f"Redis Cluster at {self.url} is unavailable: {exc}") from exc
-        except redis.ResponseError as exc:
-            # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
-            reply = str(exc).rpartition("caused error: ")[2]
-            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
-                raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
-            if reply.startswith("JOBSTATE"):  # raised by control.lua
-                raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
-            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
-                raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
-            raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
 
 
-class RedisTracker(Tracker):
+class RedisTracker(RedisCore):
     """Tracker state in Redis; safe for any number of worker processes on any number of hosts."""
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        *,
-        lease_seconds: float = 60.0,
-        dispatch_factor: int = 2,
-        save_timeout: Optional[float] = None,
-        body_ttl: Optional[float] = None,
-        bound_refresh_seconds: Optional[float] = None,
-    ) -> None:
-        super().__init__(
-            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
-            body_ttl=body_ttl,
-        )
-        self._body_ttl_ms = body_ttl_ms(self.body_ttl)
-        if not client.get_connection_kwargs().get("decode_responses"):
-            raise ValueError("RedisTracker needs a client created with decode_responses=True")
-        self.client = client
-        # On a cluster every script's keys must share a slot, and a pipeline may span nodes.
-        self.cluster = isinstance(client, RedisCluster)
-        kw = client.get_connection_kwargs()
-        self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
-        # job -> (shards, id_domain): both fixed when the job is created.
-        self._layouts: dict[str, tuple[int, str]] = {}
-        self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
-        lib = _read_lua("_lib")
-        self._scripts = {
-            name: client.register_script(lib + "\n" + _read_lua(name)) for name in _ITEM_SCRIPTS
-        }
-        self._heartbeat_script = client.register_script(_read_lua("heartbeat"))
-        self._deregister_script = client.register_script(_read_lua("deregister"))
-        self._prune_script = client.register_script(_read_lua("prune_workers"))
-        self._create_job_script = client.register_script(_read_lua("create_job"))
-        self._finish_job_script = client.register_script(_read_lua("finish_job"))
-        self._bound_refresh = (
-            bound_refresh_seconds
-            if bound_refresh_seconds is not None
-            else min(max(self.lease_seconds / 4, 0.2), 2.0)
-        )
-        self._bound: Optional[int] = None
-        self._bound_at = 0.0
-        self._local = threading.local()  # the connection each thread keeps (_thread_connection)
-
-    @classmethod
-    def from_url(cls, url: str, *, cluster: bool = False, **kwargs: Any) -> "RedisTracker":
-        """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
-        answers, so a bad URL fails now, clearly."""
-        try:
-            client = connect(
-                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=30,
-                health_check_interval=30,
-            )
-        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
-            raise TrackerUnavailable(f"Redis Cluster at {redact(url)} is unreachable: {exc}") from exc
-        tracker = cls(client, **kwargs)
-        tracker.url = redact(url)
-        tracker.ping()
-        return tracker
-
-    @classmethod
-    def from_settings(cls, settings: "Settings") -> "RedisTracker":
-        return cls.from_url(
-            settings.redis_url, cluster=settings.redis_cluster, lease_seconds=settings.lease_seconds,
-            dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
-            body_ttl=settings.body_ttl,
-        )
-
-    @_converts_redis_errors
-    def ping(self) -> None:
-        self.client.ping()
 
     # -- workers ---------------------------------------------------------------------------
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def register_worker(self, host: str, pid: int, concurrency: int) -> str:
         worker_id = f"w{self.client.incr(keys.WORKER_SEQ)}"
         info = json.dumps({"host": host, "pid": pid, "concurrency": concurrency})
@@ -250,7 +125,7 @@ class RedisTracker(Tracker):
         self.heartbeat(worker_id)
         return worker_id
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def heartbeat(self, worker_id: str) -> None:
         self._beat(worker_id)
 
@@ -262,18 +137,18 @@ class RedisTracker(Tracker):
         self._bound_at = time.monotonic()
         return self._bound
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def deregister_worker(self, worker_id: str) -> None:
         self._deregister_script(keys=[keys.HEARTBEATS], args=[worker_id, self.lease_seconds])
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def prune_workers(self, max_age: float) -> list[str]:
         return list(self._prune_script(
             keys=[keys.HEARTBEATS, keys.WORKERS, keys.WORKER_CONCURRENCY],
             args=[max_age, MAX_PRUNE_BATCH],
         ))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def workers(self) -> list[WorkerInfo]:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.WORKERS)
@@ -302,13 +177,11 @@ class RedisTracker(Tracker):
             )
         return out
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def dispatch_bound(self) -> int:
         if self._bound is None or time.monotonic() - self._bound_at > self._bound_refresh:
             return self._beat("")
         return self._bound
-
-    # -- jobs ------------------------------------------------------------------------------
 
     # -- layout: shards and the active-jobs mirror ------------------------------------------
 
@@ -385,7 +258,7 @@ class RedisTracker(Tracker):
         if self._marked(job, shards):
             self.client.sadd(keys.ACTIVE_JOBS, job)
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def heal_active_jobs(self) -> int:
         """List every job that has a shard marked active but is not listed (its client died
         between its script and its mirror). Returns how many were listed. Workers run it now and
@@ -438,7 +311,7 @@ class RedisTracker(Tracker):
 
     # -- jobs ------------------------------------------------------------------------------
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
         limits = limits or CrawlLimits()
         shards = limits.shards
@@ -474,22 +347,22 @@ class RedisTracker(Tracker):
             raise job_conflict(job, differences)
         return bool(created)
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def load_spec(self, job: str) -> str:
         spec = self.client.get(keys.JobKeys(job).spec)
         if spec is None:
             raise JobNotFound(f"no job named {job!r} on {self.url}")
         return spec
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def jobs(self) -> list[str]:
         return sorted(self.client.smembers(keys.JOBS))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def active_jobs(self) -> list[str]:
         return sorted(self.client.smembers(keys.ACTIVE_JOBS))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def job_info(self, job: str) -> JobInfo:
         shards = self._shards(job)
         controls = self._shard_controls(job, shards)
@@ -518,7 +391,7 @@ class RedisTracker(Tracker):
         return JobInfo(job=job, state=JobState(head.get("state", "running")),
                        started=number("started"), ended=number("ended"), final=final)
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def control(self, job: str, action: JobAction) -> ControlResult:
         shards = self._shards(job)
         if shards == 1:
@@ -544,7 +417,7 @@ class RedisTracker(Tracker):
                 self._mirror_active(job, range(shards))
         return ControlResult(dispatch=dispatch, before=before, after=after)
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def delete_job(self, job: str) -> int:
         k = keys.JobKeys(job)
         if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
@@ -601,7 +474,7 @@ class RedisTracker(Tracker):
             if cursor == 0:
                 return
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
         shards, _ = self._layout(job)
         policy = keys.JobKeys(job, keys.shard_of(domain, shards)).policy
@@ -640,7 +513,7 @@ class RedisTracker(Tracker):
             out.setdefault(self._shard_of(job, item), []).append(item)
         return out
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
         """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
         on one Redis (one call with no items still tops up dispatch, on every shard). On a
@@ -672,55 +545,11 @@ class RedisTracker(Tracker):
     def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
         return self._eval(name, self._item_keys(job, shard), args)
 
-    def _eval(
-        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
-    ) -> Any:
-        """Run item script ``name``, as ``Script.__call__`` would; ``undecoded``: its reply as
-        bytes, whatever the client decodes. On one Redis, on a connection this thread keeps:
-        taking a connection from redis-py's pool and going through its command layers cost about
-        as much client CPU as the round trip itself (28 of 72 us for a checkout), and a page
-        makes two of these calls. A cluster client routes the call by slot."""
-        script = self._scripts[name]
-        try:
-            return self._send_script(script.sha, script_keys, args, undecoded)
-        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
-            script.sha = self.client.script_load(script.script)
-            return self._send_script(script.sha, script_keys, args, undecoded)
-
-    def _send_script(
-        self, sha: str, script_keys: Sequence[str], args: Sequence[Any], undecoded: bool
-    ) -> Any:
-        command = ("EVALSHA", sha, len(script_keys), *script_keys, *args)
-        if self.cluster:
-            return self.client.execute_command(*command, **(_UNDECODED if undecoded else {}))
-        conn = self._thread_connection()
-        # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own calls do:
-        # its late reply is never read as the next call's.
-        conn.send_command(*command)
-        return conn.read_response(disable_decoding=undecoded)
-
-    def _thread_connection(self) -> "redis.connection.AbstractConnection":
-        """This thread's own connection, checked as redis-py's pool checks one it hands out: a
-        connection with something to read (the server closed it, say) is made again. One that
-        a forked child inherited is its parent's socket: the child makes its own."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.pid != os.getpid():
-            conn = self._local.conn = self.client.connection_pool.make_connection()
-        try:
-            if conn.can_read():  # connects first when it is not connected
-                raise redis.ConnectionError("Connection has data")
-        except (redis.ConnectionError, redis.TimeoutError, OSError):
-            conn.disconnect()
-            conn.connect()
-            if conn.can_read():
-                raise redis.ConnectionError("Connection not ready")
-        return conn
-
     def _run_item(self, name: str, job: str, item: str, args: Sequence[Any]) -> Any:
         """Run an item script on the shard that holds ``item``."""
         return self._run(name, job, args, self._shard_of(job, item))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         bound, max_batch, lease = self._top_up_args(job)
         res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
@@ -742,7 +571,7 @@ class RedisTracker(Tracker):
             return []
         return [keys.body_key(job, token)]
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
@@ -791,7 +620,7 @@ class RedisTracker(Tracker):
             for chunk in _chunks(group, MAX_ADD_BATCH // 2):
                 yield s, [x for item, token in chunk for x in (item, token)]
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
         return sum(int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
                    for s, pairs in self._pairs_by_shard(job, saves))
@@ -811,14 +640,14 @@ class RedisTracker(Tracker):
         return SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
                          lost=int(res[1]), body=res[2])
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
         begin = self._begin_reply(self._eval(
             "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost),
             undecoded=True))
         if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
             # A token of another shard (see _body_keys): its body is read on its own.
-            body = self.client.execute_command("GET", keys.body_key(job, token), **_UNDECODED)
+            body = self.client.execute_command("GET", keys.body_key(job, token), **UNDECODED)
             begin = dataclasses.replace(begin, body=body)
         return begin
 
@@ -829,25 +658,7 @@ class RedisTracker(Tracker):
         return len(saves) > 1 and not self.cluster and all(
             self._token_home(job, item, token) for item, token in saves)
 
-    def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
-        A reply that is an error is raised, after every call has run."""
-        script = self._scripts[name]
-        pipe = self.client.pipeline(transaction=False)
-        for script_keys, args in calls:
-            pipe.execute_command(
-                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **_UNDECODED)
-        replies = pipe.execute(raise_on_error=False)
-        out = []
-        for (script_keys, args), reply in zip(calls, replies):
-            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
-                reply = self._eval(name, script_keys, args, undecoded=True)
-            if isinstance(reply, Exception):
-                raise reply
-            out.append(reply)
-        return out
-
-    @_converts_redis_errors
+    @converts_redis_errors
     def begin_saves(
         self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
     ) -> list[SaveBegin]:
@@ -856,7 +667,7 @@ class RedisTracker(Tracker):
         calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
         return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:
         return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
 
@@ -870,7 +681,7 @@ class RedisTracker(Tracker):
         body_keys = self._body_keys(job, token, home) if token is not None else []
         return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)], body_keys
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
         if not self._pipelined(job, saves):
             return super().complete_many(job, saves)
@@ -878,7 +689,7 @@ class RedisTracker(Tracker):
         return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
                 for res in self._run_all_undecoded("complete", calls)]
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
         script_keys, args, body_keys = self._complete_call(job, item, token)
         res = self._eval("complete", script_keys, args)
@@ -887,7 +698,7 @@ class RedisTracker(Tracker):
             self.client.unlink(keys.body_key(job, token))
         return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def fail(
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
         max_lost: int, retryable: bool = True, delay: float = 0.0,
@@ -899,7 +710,7 @@ class RedisTracker(Tracker):
         )
         return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def extend(
         self, job: str, items: Sequence[str], worker_id: str,
         saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
@@ -916,7 +727,7 @@ class RedisTracker(Tracker):
             n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
         return n
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
         shards = self._shards(job)
         reclaimed = died = 0
@@ -946,7 +757,7 @@ class RedisTracker(Tracker):
             dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
         )
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
         out: list[tuple[str, int]] = []
         for s in range(self._shards(job)):
@@ -954,12 +765,12 @@ class RedisTracker(Tracker):
             out += [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]
         return out
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
         return sum(int(self._run("expire_saves", job, pairs, s))
                    for s, pairs in self._pairs_by_shard(job, saves))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def release(
         self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
     ) -> int:
@@ -971,7 +782,7 @@ class RedisTracker(Tracker):
                                            *(x for pair in by_shard.get(s, ()) for x in pair)], s))
             for s in range(self._shards(job)))
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def stats(self, job: str) -> JobStats:
         try:
             shards = self._shards(job)
@@ -1030,7 +841,7 @@ class RedisTracker(Tracker):
             n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
         return RetryDeadResult(dispatch=dispatch, requeued=n)
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def _retry_dead_batch(
         self, job: str, shard: int, batch: list[str], n: int, dispatch: list[str]
     ) -> tuple[int, list[str]]:
@@ -1039,7 +850,7 @@ class RedisTracker(Tracker):
             self._mirror_active(job, [shard])
         return n + int(res[0]), dispatch + list(res[1:])
 
-    @_converts_redis_errors
+    @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:
         # Owners hold only in-flight items, so the hash stays as small as the broker's bound.
         total: Counter[str] = Counter()

@@ -1,0 +1,203 @@
+"""The shared core of RedisTracker: its client, its scripts, and running them.
+
+Every call of the tracker enters through :func:`converts_redis_errors`, which turns redis-py's
+errors into the tracker's. Item scripts run on a connection each thread keeps
+(:meth:`RedisCore._eval`); the other modules of this package add the calls of the
+:class:`~distscrape_celery.tracker.base.Tracker` contract on top of :class:`RedisCore`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
+
+import redis
+from redis.client import NEVER_DECODE
+from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
+
+from . import scripts
+from ...errors import JobNotFound, JobStateError, TrackerUnavailable
+from ...redaction import redact
+from ..base import Tracker
+from ..staging import body_ttl_ms
+
+if TYPE_CHECKING:
+    from ...settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T", bound="RedisCore")
+
+# execute_command's option for a reply read as bytes (bodies are binary).
+UNDECODED = {NEVER_DECODE: []}
+
+
+def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
+    """A client of the Redis at ``url``: a :class:`RedisCluster` (which follows the cluster's
+    slots from that one node) when ``cluster``, else a plain one."""
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=decode_responses, **kwargs)
+    return redis.Redis.from_url(url, decode_responses=decode_responses, **kwargs)
+
+
+def converts_redis_errors(method: F) -> F:
+    """Turn redis-py connection errors into :class:`TrackerUnavailable` where they enter."""
+
+    @functools.wraps(method)
+    def wrapper(self: "RedisCore", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+        except (ClusterDownError, TryAgainError, SlotNotCoveredError) as exc:
+            # A cluster failing over or resharding: as an outage, the caller retries later.
+            raise TrackerUnavailable(f"Redis Cluster at {self.url} is unavailable: {exc}") from exc
+        except redis.ResponseError as exc:
+            # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
+            reply = str(exc).rpartition("caused error: ")[2]
+            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+                raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
+            if reply.startswith("JOBSTATE"):  # raised by control.lua
+                raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
+            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
+                raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
+            raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class RedisCore(Tracker):
+    """The state every part of RedisTracker shares, and the running of its scripts."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        lease_seconds: float = 60.0,
+        dispatch_factor: int = 2,
+        save_timeout: Optional[float] = None,
+        body_ttl: Optional[float] = None,
+        bound_refresh_seconds: Optional[float] = None,
+    ) -> None:
+        super().__init__(
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
+            body_ttl=body_ttl,
+        )
+        self._body_ttl_ms = body_ttl_ms(self.body_ttl)
+        if not client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("RedisTracker needs a client created with decode_responses=True")
+        self.client = client
+        # On a cluster every script's keys must share a slot, and a pipeline may span nodes.
+        self.cluster = isinstance(client, RedisCluster)
+        kw = client.get_connection_kwargs()
+        self.url = redact(f"redis://{kw.get('host', '?')}:{kw.get('port', '?')}/{kw.get('db', 0)}")
+        # job -> (shards, id_domain): both fixed when the job is created.
+        self._layouts: dict[str, tuple[int, str]] = {}
+        self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._scripts = {name: scripts.register(client, name) for name in scripts.ITEM_SCRIPTS}
+        self._heartbeat_script = scripts.register(client, "heartbeat")
+        self._deregister_script = scripts.register(client, "deregister")
+        self._prune_script = scripts.register(client, "prune_workers")
+        self._create_job_script = scripts.register(client, "create_job")
+        self._finish_job_script = scripts.register(client, "finish_job")
+        self._bound_refresh = (
+            bound_refresh_seconds
+            if bound_refresh_seconds is not None
+            else min(max(self.lease_seconds / 4, 0.2), 2.0)
+        )
+        self._bound: Optional[int] = None
+        self._bound_at = 0.0
+        self._local = threading.local()  # the connection each thread keeps (_thread_connection)
+
+    @classmethod
+    def from_url(cls: type[T], url: str, *, cluster: bool = False, **kwargs: Any) -> T:
+        """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
+        answers, so a bad URL fails now, clearly."""
+        try:
+            client = connect(
+                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=30,
+                health_check_interval=30,
+            )
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
+            raise TrackerUnavailable(f"Redis Cluster at {redact(url)} is unreachable: {exc}") from exc
+        tracker = cls(client, **kwargs)
+        tracker.url = redact(url)
+        tracker.ping()
+        return tracker
+
+    @classmethod
+    def from_settings(cls: type[T], settings: "Settings") -> T:
+        return cls.from_url(
+            settings.redis_url, cluster=settings.redis_cluster, lease_seconds=settings.lease_seconds,
+            dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
+            body_ttl=settings.body_ttl,
+        )
+
+    @converts_redis_errors
+    def ping(self) -> None:
+        self.client.ping()
+
+    def _eval(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
+    ) -> Any:
+        """Run item script ``name``, as ``Script.__call__`` would; ``undecoded``: its reply as
+        bytes, whatever the client decodes. On one Redis, on a connection this thread keeps:
+        taking a connection from redis-py's pool and going through its command layers cost about
+        as much client CPU as the round trip itself (28 of 72 us for a checkout), and a page
+        makes two of these calls. A cluster client routes the call by slot."""
+        script = self._scripts[name]
+        try:
+            return self._send_script(script.sha, script_keys, args, undecoded)
+        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
+            script.sha = self.client.script_load(script.script)
+            return self._send_script(script.sha, script_keys, args, undecoded)
+
+    def _send_script(
+        self, sha: str, script_keys: Sequence[str], args: Sequence[Any], undecoded: bool
+    ) -> Any:
+        command = ("EVALSHA", sha, len(script_keys), *script_keys, *args)
+        if self.cluster:
+            return self.client.execute_command(*command, **(UNDECODED if undecoded else {}))
+        conn = self._thread_connection()
+        # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own calls do:
+        # its late reply is never read as the next call's.
+        conn.send_command(*command)
+        return conn.read_response(disable_decoding=undecoded)
+
+    def _thread_connection(self) -> "redis.connection.AbstractConnection":
+        """This thread's own connection, checked as redis-py's pool checks one it hands out: a
+        connection with something to read (the server closed it, say) is made again. One that
+        a forked child inherited is its parent's socket: the child makes its own."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.pid != os.getpid():
+            conn = self._local.conn = self.client.connection_pool.make_connection()
+        try:
+            if conn.can_read():  # connects first when it is not connected
+                raise redis.ConnectionError("Connection has data")
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise redis.ConnectionError("Connection not ready")
+        return conn
+
+    def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
+        A reply that is an error is raised, after every call has run."""
+        script = self._scripts[name]
+        pipe = self.client.pipeline(transaction=False)
+        for script_keys, args in calls:
+            pipe.execute_command(
+                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **UNDECODED)
+        replies = pipe.execute(raise_on_error=False)
+        out = []
+        for (script_keys, args), reply in zip(calls, replies):
+            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
+                reply = self._eval(name, script_keys, args, undecoded=True)
+            if isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out
