@@ -1,31 +1,7 @@
 """RedisTracker: the tracker for distributed crawls. Each operation is one Lua script call.
 
-Shards and Redis Cluster. A job of ``tracker.shards`` > 1 has one full set of item keys per shard
-(keys.py), each its own hash tag; an item's operations run on the shard of its domain
-(:func:`keys.shard_of`), so per-domain politeness is exact within one shard. Calls on the whole
-job (stats, control, maintain, delete, ...) visit every shard. ``max_pages`` and the broker bound
-are split over the shards (each shard gets ``ceil(bound / n)``, so the broker may hold up to n-1
-messages more than the bound; each shard keeps ``max_pages / n``, so a job whose domains fall
-unevenly stops adding before max_pages).
-
-The active-jobs rule ("a job with unfinished work is always maintained") across slots: on one
-Redis an unsharded job's scripts update ``ds:active-jobs`` atomically, as ever. A sharded job, or
-any job on a cluster, has a marker set per shard (``P active``) that its scripts update instead,
-atomically with the work, and the client mirrors it into ``ds:active-jobs``:
-
-* after a call that may have marked a shard (items added, resume, retry-dead), the client reads
-  the marker and adds the job if it is set (:meth:`RedisTracker._mirror_active`);
-* only maintain (after the job's end is recorded) and cancel take a job out: remove it, then read
-  every marker, and add it back if any is set (:meth:`RedisTracker._unlist_if_idle`). A marker set
-  before that read is seen; one set after it is mirrored by its own caller after the removal.
-* a client that dies between its script and its mirror is covered by the sweep every worker runs
-  now and then (:meth:`RedisTracker.heal_active_jobs`): a listed job with a marked shard is added.
-
-Completion of a sharded job: its shards finish one by one (maintain.lua, per shard). The job is
-finished when every shard was idle at one moment: two reads of every shard's (state, epoch,
-seen) agree and show every shard finished or never given an item. An epoch moves on at every end
-of a shard (_lib.lua record_end), so agreeing reads mean no shard ran in between. finish_job.lua
-then records that idle period once in shard 0, and only that caller reports ``finished``.
+How a job is spread over shards, and how the list of active jobs is kept right across them, is
+told in :mod:`.shards`.
 """
 
 from __future__ import annotations
@@ -44,7 +20,6 @@ from ...errors import JobNotFound, JobStateError, TrackerUnavailable
 from ..base import (
     ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,
-    MAX_DISPATCH_BATCH,
     MAX_REASON,
     MAX_RECLAIM_BATCH,
     WAKE_WHILE_LEASED,
@@ -75,41 +50,18 @@ from ..model import (
     ScrapedResult,
     WorkerInfo,
 )
-from .connection import UNDECODED, RedisCore, connect, converts_redis_errors
+from .connection import UNDECODED, connect, converts_redis_errors
 # bench/bench_crawl.py labels EVALSHA calls with these.
 from .scripts import ITEM_SCRIPTS as _ITEM_SCRIPTS, read_lua as _read_lua  # noqa: F401
+from .shards import DELETE_BATCH, SHARDS_FIELD, ShardLayout, chunks, shard_policy
 
 __all__ = ["RedisTracker", "connect", "shard_policy"]
 
-# Keys (or hash fields, set members) removed per command when a job is deleted: each command
-# stays short, so Redis keeps answering others meanwhile.
-DELETE_BATCH = 200
 # Most dead workers' records pruned per call.
 MAX_PRUNE_BATCH = 100
-# Policy field holding a sharded job's shard count (absent: 1).
-SHARDS_FIELD = "shards"
 
 
-def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
-    """The policy hash of one shard: the job's, with its share of max_pages (an even split,
-    the first shards taking the remainder) and the shard count."""
-    fields = limits.policy_fields()
-    n = limits.shards
-    if n > 1:
-        fields[SHARDS_FIELD] = n
-        if limits.max_pages is not None:
-            share = limits.max_pages // n + (1 if shard < limits.max_pages % n else 0)
-            # A shard whose share is 0 takes nothing (max_pages < shards).
-            fields["max_pages"] = share
-    return fields
-
-
-def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-class RedisTracker(RedisCore):
+class RedisTracker(ShardLayout):
     """Tracker state in Redis; safe for any number of worker processes on any number of hosts."""
 
     # -- workers ---------------------------------------------------------------------------
@@ -182,132 +134,6 @@ class RedisTracker(RedisCore):
         if self._bound is None or time.monotonic() - self._bound_at > self._bound_refresh:
             return self._beat("")
         return self._bound
-
-    # -- layout: shards and the active-jobs mirror ------------------------------------------
-
-    def _layout(self, job: str) -> tuple[int, str]:
-        """The job's shard count and id_domain, read once (neither ever changes)."""
-        layout = self._layouts.get(job)
-        if layout is None:
-            k = keys.JobKeys(job)
-            pipe = self.client.pipeline(transaction=False)
-            pipe.exists(k.spec)
-            pipe.hmget(k.policy, SHARDS_FIELD, "id_domain")
-            exists, (shards, id_domain) = pipe.execute()
-            if not exists:
-                raise JobNotFound(f"no job named {job!r} on {self.url}")
-            layout = (int(shards or 1), id_domain or keys.NO_DOMAIN)
-            self._layouts[job] = layout
-        return layout
-
-    def _shards(self, job: str) -> int:
-        return self._layout(job)[0]
-
-    def _routed(self, shards: int) -> bool:
-        """Whether the job's scripts keep shard-local active markers (see the module doc)."""
-        return self.cluster or shards > 1
-
-    def _shard_of(self, job: str, item: str) -> int:
-        """The shard that holds ``item`` (0 for an unsharded job, without parsing the item)."""
-        shards, id_domain = self._layout(job)
-        if shards == 1:
-            return 0
-        return keys.shard_of(keys.domain_of(item, id_domain), shards)
-
-    def _item_keys(self, job: str, shard: int = 0) -> tuple[str, ...]:
-        # Built once per job and shard: every item call takes them (20 names).
-        found = self._key_lists.get((job, shard))
-        if found is None:
-            found = keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
-            self._key_lists[(job, shard)] = found
-        return found
-
-    def _mirror_active(self, job: str, shards: Iterable[int]) -> None:
-        """List ``job`` as active if one of ``shards`` is marked active (after a call on them
-        that may have marked them). Runs after the script, so an unlisting that ran before this
-        read is undone here, and one that runs after it sees the marker itself."""
-        if not self._routed(self._shards(job)):
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for s in sorted(set(shards)):
-            pipe.sismember(keys.JobKeys(job, s).active, job)
-        if any(pipe.execute()):
-            self.client.sadd(keys.ACTIVE_JOBS, job)
-
-    def _marked(self, job: str, shards: int) -> bool:
-        """Whether a shard of ``job`` that was ever given an item is marked active. A shard never
-        given one has nothing to finish, so its marker (set by a resume) never clears: it does
-        not count. An add that gives it items and reads as unmarked here is caught by
-        :meth:`_unlist_if_idle`'s second read, or mirrored by its own caller after it."""
-        pipe = self.client.pipeline(transaction=False)
-        for s in range(shards):
-            k = keys.JobKeys(job, s)
-            pipe.sismember(k.active, job)
-            pipe.hget(k.stats, "seen")
-        res = pipe.execute()
-        return any(res[2 * s] and int(res[2 * s + 1] or 0) > 0 for s in range(shards))
-
-    def _unlist_if_idle(self, job: str) -> None:
-        """Take ``job`` out of ``ds:active-jobs`` unless a shard is marked. The removal comes
-        first and the markers are read after it, so a shard marked meanwhile is never missed:
-        either this read sees it, or its own caller's mirror runs after the removal."""
-        shards = self._shards(job)
-        if self._marked(job, shards):
-            return
-        self.client.srem(keys.ACTIVE_JOBS, job)
-        if self._marked(job, shards):
-            self.client.sadd(keys.ACTIVE_JOBS, job)
-
-    @converts_redis_errors
-    def heal_active_jobs(self) -> int:
-        """List every job that has a shard marked active but is not listed (its client died
-        between its script and its mirror). Returns how many were listed. Workers run it now and
-        then; on one Redis, unsharded jobs need none of it (their scripts list them)."""
-        listed = set(self.client.smembers(keys.ACTIVE_JOBS))
-        healed = 0
-        for job in self.client.sscan_iter(keys.JOBS, count=DELETE_BATCH):
-            if job in listed:
-                continue
-            try:
-                shards = self._shards(job)
-            except JobNotFound:  # being created or deleted
-                continue
-            if self._routed(shards) and self._marked(job, shards):
-                self.client.sadd(keys.ACTIVE_JOBS, job)
-                healed += 1
-        return healed
-
-    def _shard_controls(self, job: str, shards: int) -> list[dict[str, str]]:
-        """Every shard's control hash plus its ``seen`` counter, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        for s in range(shards):
-            k = keys.JobKeys(job, s)
-            pipe.hgetall(k.control)
-            pipe.hget(k.stats, "seen")
-        res = pipe.execute()
-        return [{**res[2 * s], "seen": res[2 * s + 1] or "0"} for s in range(shards)]
-
-    @staticmethod
-    def _idle(controls: list[dict[str, str]]) -> bool:
-        """Every shard finished or never given an item, and at least one item seen."""
-        return sum(int(c["seen"]) for c in controls) > 0 and all(
-            c.get("state") == JobState.FINISHED.value
-            or (c.get("state", "running") == "running" and c["seen"] == "0")
-            for c in controls
-        )
-
-    def _record_finish(self, job: str, shards: int) -> tuple[bool, bool]:
-        """The double collect (see the module doc): (whether every shard was idle at one
-        moment, whether this caller recorded that moment: True for one caller only)."""
-        first = self._shard_controls(job, shards)
-        if not self._idle(first):
-            return False, False
-        second = self._shard_controls(job, shards)
-        fields = ("state", "epoch", "seen")
-        if [[c.get(f) for f in fields] for c in first] != [[c.get(f) for f in fields] for c in second]:
-            return False, False  # a shard moved in between: the next maintain looks again
-        epochs = ",".join(c.get("epoch", "0") for c in second)
-        return True, bool(self._finish_job_script(keys=[keys.JobKeys(job).control], args=[epochs]))
 
     # -- jobs ------------------------------------------------------------------------------
 
@@ -485,14 +311,6 @@ class RedisTracker(RedisCore):
 
     # -- items -----------------------------------------------------------------------------
 
-    def _top_up_args(self, job: str) -> list[Any]:
-        """The dispatch top-up arguments of one of ``job``'s scripts. Each shard tops up on its
-        own: it gets an even share of the bound, rounded up so that none is starved (the broker
-        may hold up to shards-1 messages over the bound)."""
-        shards = self._shards(job)
-        bound = self.dispatch_bound()
-        return [-(-bound // shards), MAX_DISPATCH_BATCH, self.lease_seconds]
-
     def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
         return self._add_batches(job, list(items), depth)
 
@@ -503,16 +321,6 @@ class RedisTracker(RedisCore):
         for group in read_ahead(batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE)):
             yield len(group), self._add_batches(job, group, depth)
 
-    def _by_shard(self, job: str, items: Iterable[str]) -> dict[int, list[str]]:
-        """``items`` grouped by the shard that holds them, in their order within each."""
-        shards = self._shards(job)
-        if shards == 1:
-            return {0: list(items)}
-        out: dict[int, list[str]] = {}
-        for item in items:
-            out.setdefault(self._shard_of(job, item), []).append(item)
-        return out
-
     @converts_redis_errors
     def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
         """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
@@ -522,7 +330,7 @@ class RedisTracker(RedisCore):
         top_up = self._top_up_args(job)
         groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
         calls = [(s, chunk) for s, group in sorted(groups.items())
-                 for chunk in list(_chunks(group, MAX_ADD_BATCH)) or [[]]]
+                 for chunk in list(chunks(group, MAX_ADD_BATCH)) or [[]]]
         if self.cluster:
             results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
                        for s, chunk in calls]
@@ -542,13 +350,6 @@ class RedisTracker(RedisCore):
             self._mirror_active(job, grew)
         return AddResult(dispatch=dispatch, added=added)
 
-    def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
-        return self._eval(name, self._item_keys(job, shard), args)
-
-    def _run_item(self, name: str, job: str, item: str, args: Sequence[Any]) -> Any:
-        """Run an item script on the shard that holds ``item``."""
-        return self._run(name, job, args, self._shard_of(job, item))
-
     @converts_redis_errors
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         bound, max_batch, lease = self._top_up_args(job)
@@ -557,19 +358,6 @@ class RedisTracker(RedisCore):
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
             token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
         )
-
-    def _token_home(self, job: str, item: str, token: int) -> bool:
-        """Whether lease ``token`` was handed out by the shard that holds ``item`` (see
-        _body_keys)."""
-        return int(token) >> keys.SHARD_TOKEN_BITS == self._shard_of(job, item)
-
-    def _body_keys(self, job: str, token: int, home: int) -> list[str]:
-        """The body key of lease ``token`` as an extra script key, if it is in shard ``home``'s
-        slot. Every token the item's shard hands out is; another cannot hold the item, so the
-        script would stage nothing anyway (and a cluster would refuse the key)."""
-        if token >> keys.SHARD_TOKEN_BITS != home:
-            return []
-        return [keys.body_key(job, token)]
 
     @converts_redis_errors
     def scraped(
@@ -605,20 +393,6 @@ class RedisTracker(RedisCore):
         return ScrapedResult(
             dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
-
-    def _group_pairs(self, job: str, pairs: Sequence[tuple[str, int]]) -> dict[int, list[tuple[str, int]]]:
-        """``pairs`` (item, token) by the shard of their item."""
-        by_shard: dict[int, list[tuple[str, int]]] = {}
-        for item, token in pairs:
-            by_shard.setdefault(self._shard_of(job, item), []).append((item, int(token)))
-        return by_shard
-
-    def _pairs_by_shard(self, job: str, pairs: Sequence[tuple[str, int]]) -> Iterator[tuple[int, list[Any]]]:
-        """(shard, flat item, token, item, token... arguments) for ``pairs``, a script's worth at a
-        time, shard by shard."""
-        for s, group in sorted(self._group_pairs(job, pairs).items()):
-            for chunk in _chunks(group, MAX_ADD_BATCH // 2):
-                yield s, [x for item, token in chunk for x in (item, token)]
 
     @converts_redis_errors
     def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
@@ -719,9 +493,9 @@ class RedisTracker(RedisCore):
         n = 0
         reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
         for s in sorted(set(reserved_by) | set(running_by)):
-            for chunk in _chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
+            for chunk in chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
                 n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
-            for chunk in _chunks(running_by.get(s, []), MAX_ADD_BATCH):
+            for chunk in chunks(running_by.get(s, []), MAX_ADD_BATCH):
                 n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
         for s, pairs in self._pairs_by_shard(job, saves):
             n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
