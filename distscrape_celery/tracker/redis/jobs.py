@@ -1,0 +1,274 @@
+"""RedisTracker's calls on whole jobs: create, control, delete, and report their items."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
+
+import redis
+
+from .. import keys
+from ...errors import JobNotFound, JobStateError, TrackerUnavailable
+from ..base import MAX_ADD_BATCH, job_conflict, spec_differences
+from ..model import (
+    ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
+)
+from .connection import converts_redis_errors
+from .shards import DELETE_BATCH, SHARDS_FIELD, ShardLayout, shard_policy
+
+
+class JobCalls(ShardLayout):
+    """A job's life (create, pause, resume, cancel, delete) and its figures, over every shard."""
+
+    @converts_redis_errors
+    def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
+        limits = limits or CrawlLimits()
+        shards = limits.shards
+        k = keys.JobKeys(job)
+        if not self._routed(shards):
+            policy = limits.policy_fields()
+            created, existing = self._create_job_script(
+                keys=[k.spec, k.policy, k.control, k.stats, keys.JOBS, keys.ACTIVE_JOBS],
+                args=[job, spec_json, 0, keys.JOB_FORMAT,
+                      *(x for pair in policy.items() for x in pair)],
+            )
+        else:
+            # Listed first, so delete finds a job whose creation was cut short. It is not active
+            # yet: it has no work until items come, and their add marks and lists it.
+            self.client.sadd(keys.JOBS, job)
+            created = existing = None
+            # Shard 0 first: a conflicting spec is refused before any other shard is written.
+            for s in range(shards):
+                ks = keys.JobKeys(job, s)
+                policy = shard_policy(limits, s)
+                c, e = self._create_job_script(
+                    keys=[ks.spec, ks.policy, ks.control, ks.stats],
+                    args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT,
+                          *(x for pair in policy.items() for x in pair)],
+                )
+                if s == 0:
+                    created, existing = c, e
+                    if not created and spec_differences(existing, spec_json):
+                        break
+        # A stored spec never changes, so comparing the one the script read is comparing now.
+        differences = [] if created else spec_differences(existing, spec_json)
+        if differences:
+            raise job_conflict(job, differences)
+        return bool(created)
+
+    @converts_redis_errors
+    def load_spec(self, job: str) -> str:
+        spec = self.client.get(keys.JobKeys(job).spec)
+        if spec is None:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        return spec
+
+    @converts_redis_errors
+    def jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.JOBS))
+
+    @converts_redis_errors
+    def active_jobs(self) -> list[str]:
+        return sorted(self.client.smembers(keys.ACTIVE_JOBS))
+
+    @converts_redis_errors
+    def job_info(self, job: str) -> JobInfo:
+        shards = self._shards(job)
+        controls = self._shard_controls(job, shards)
+        head = controls[0]
+        if shards > 1:
+            # Pause and cancel reach every shard, shard 0 first; finished needs all of them
+            # (a shard never given an item has nothing to finish).
+            if head.get("state") in ("paused", "cancelled"):
+                state = head["state"]
+            elif self._idle(controls):
+                state = "finished"
+            else:
+                state = "running"
+            ended = [float(c["ended"]) for c in controls if "ended" in c]
+            head = {"state": state, "started": head.get("started")}
+            if state in ("finished", "cancelled") and ended:
+                head["ended"] = str(max(ended))
+                for n in ("seen", "done", "dead"):
+                    head[f"final_{n}"] = str(sum(int(c.get(f"final_{n}", 0)) for c in controls))
+
+        def number(name: str) -> Optional[float]:
+            return float(head[name]) if head.get(name) is not None else None
+
+        final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead")
+                 if f"final_{n}" in head}
+        return JobInfo(job=job, state=JobState(head.get("state", "running")),
+                       started=number("started"), ended=number("ended"), final=final)
+
+    @converts_redis_errors
+    def control(self, job: str, action: JobAction) -> ControlResult:
+        shards = self._shards(job)
+        if shards == 1:
+            res = self._run("control", job, [JobAction(action).value, *self._top_up_args(job)])
+            before, after = JobState(res[0]), JobState(res[1])
+            dispatch = list(res[2:])
+        else:
+            before = self.job_info(job).state
+            if before is JobState.FINISHED and action != JobAction.RESUME:
+                raise JobStateError(f"job {job!r}: the job is finished")
+            dispatch = []
+            for s in range(shards):  # shard 0 first: it speaks for the job (job_info)
+                res = self._scripts["control"](
+                    keys=self._item_keys(job, s),
+                    args=[JobAction(action).value, *self._top_up_args(job), 1],
+                )
+                dispatch.extend(res[2:])
+            after = self.job_info(job).state
+        if self._routed(shards):
+            if action == JobAction.CANCEL:
+                self._unlist_if_idle(job)
+            else:
+                self._mirror_active(job, range(shards))
+        return ControlResult(dispatch=dispatch, before=before, after=after)
+
+    @converts_redis_errors
+    def delete_job(self, job: str) -> int:
+        k = keys.JobKeys(job)
+        if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        try:
+            shards = self._shards(job)
+        except JobNotFound:  # its spec is gone already (a delete cut short): shard 0 only
+            shards = int(self.client.hget(k.policy, SHARDS_FIELD) or 1)
+        # Without its spec the item scripts refuse the job (NOJOB): a late worker recreates nothing.
+        self.client.srem(keys.ACTIVE_JOBS, job)
+        deleted = sum(int(self.client.unlink(keys.JobKeys(job, s).spec)) for s in range(shards))
+        scans = {"hash": self.client.hscan, "zset": self.client.zscan, "set": self.client.sscan}
+        removes = {"hash": self.client.hdel, "zset": self.client.zrem, "set": self.client.srem}
+        # A cluster client's scan_iter visits every master (SCAN itself covers one node). The
+        # policy of shard 0 (its shard count) goes last, so a delete cut short can be redone.
+        for s in reversed(range(shards)):
+            ks = keys.JobKeys(job, s)
+            seen_buckets: list[str] = []
+            for key in self.client.scan_iter(match=ks.pattern, count=DELETE_BATCH):
+                if s == 0 and key == ks.policy:
+                    continue
+                if key.startswith(ks.seen_buckets):
+                    # A seen-set bucket is one small intset allocation, freed in O(1): a batch of
+                    # them goes in one short UNLINK (a 10M-item job has ~60,000 of them). Keys of
+                    # one shard share a slot, so one UNLINK may take many on a cluster too.
+                    seen_buckets.append(key)
+                    if len(seen_buckets) == DELETE_BATCH:
+                        deleted += int(self.client.unlink(*seen_buckets))
+                        seen_buckets = []
+                    continue
+                kind = self.client.type(key)
+                if kind in scans:
+                    self._empty(key, scans[kind], removes[kind])
+                deleted += int(self.client.unlink(key))
+            if seen_buckets:
+                deleted += int(self.client.unlink(*seen_buckets))
+        deleted += int(self.client.unlink(k.policy))
+        self.client.srem(keys.JOBS, job)
+        self._layouts.pop(job, None)
+        for cached in [k for k in self._key_lists if k[0] == job]:
+            del self._key_lists[cached]
+        return deleted
+
+    @staticmethod
+    def _empty(key: str, scan: Callable[..., Any], remove: Callable[..., Any]) -> None:
+        """Remove a hash's, zset's or set's members a batch at a time, each a short command
+        (members removed behind the cursor do not disturb the scan)."""
+        cursor = 0
+        while True:
+            cursor, batch = scan(key, cursor, count=DELETE_BATCH)
+            members = [m[0] if isinstance(m, tuple) else m for m in batch]
+            if members:
+                remove(key, *members)
+            if cursor == 0:
+                return
+
+    @converts_redis_errors
+    def set_domain_delay(self, job: str, domain: str, seconds: float) -> None:
+        shards, _ = self._layout(job)
+        policy = keys.JobKeys(job, keys.shard_of(domain, shards)).policy
+        if seconds > 0:
+            self.client.hset(policy, f"delay:{domain}", float(seconds))
+        else:
+            self.client.hdel(policy, f"delay:{domain}")
+
+    # -- a job's figures and dead items -----------------------------------------------------
+
+    @converts_redis_errors
+    def stats(self, job: str) -> JobStats:
+        try:
+            shards = self._shards(job)
+        except JobNotFound:
+            raise JobNotFound(f"no job named {job!r} on {self.url}") from None
+        pipe = self.client.pipeline(transaction=not self.cluster)
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            pipe.hgetall(k.stats)
+            pipe.zcard(k.dispatched)
+            pipe.zcard(k.leased)
+            pipe.zcard(k.pending)
+            pipe.zcard(k.delayed)
+        pipe.exists(keys.JobKeys(job).spec)
+        res = pipe.execute()
+        if not res[-1]:
+            raise JobNotFound(f"no job named {job!r} on {self.url}")
+        total = Counter()
+        for s in range(shards):
+            counters, dispatched, leased, pending, delayed = res[5 * s : 5 * s + 5]
+            for name in ("seen", "queued", "done", "dead", "links_cut"):
+                total[name] += int(counters.get(name, 0))
+            total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
+        return JobStats(
+            seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
+            leased=total["leased"], done=total["done"], dead=total["dead"],
+            saving=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
+        )
+
+    def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:
+        """The fields of one of the job's hashes (``name``: a JobKeys property), every shard's,
+        streamed a batch at a time."""
+        self.load_spec(job)  # JobNotFound for a job never seeded
+        try:
+            for s in range(self._shards(job)):
+                yield from self.client.hscan_iter(getattr(keys.JobKeys(job, s), name),
+                                                  count=MAX_ADD_BATCH)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise TrackerUnavailable(f"Redis at {self.url} is unreachable: {exc}") from exc
+
+    def iter_dead(self, job: str) -> Iterator[tuple[str, str]]:
+        yield from self._hscan(job, "dead")
+
+    def retry_dead(self, job: str) -> RetryDeadResult:
+        n, dispatch = 0, []
+        # One pass of HSCAN sees every item dead when it began; each batch is one atomic call on
+        # the item's own shard.
+        for s in range(self._shards(job)):
+            batch: list[str] = []
+            for item, _reason in self.client.hscan_iter(keys.JobKeys(job, s).dead,
+                                                        count=MAX_ADD_BATCH):
+                batch.append(item)
+                if len(batch) == MAX_ADD_BATCH:
+                    n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+                    batch = []
+            n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+        return RetryDeadResult(dispatch=dispatch, requeued=n)
+
+    @converts_redis_errors
+    def _retry_dead_batch(
+        self, job: str, shard: int, batch: list[str], n: int, dispatch: list[str]
+    ) -> tuple[int, list[str]]:
+        res = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
+        if int(res[0]):
+            self._mirror_active(job, [shard])
+        return n + int(res[0]), dispatch + list(res[1:])
+
+    @converts_redis_errors
+    def leased_by_worker(self, job: str) -> dict[str, int]:
+        # Owners hold only in-flight items, so the hash stays as small as the broker's bound.
+        total: Counter[str] = Counter()
+        for s in range(self._shards(job)):
+            owners = (o.split(" ", 1)[0] for o in self.client.hvals(keys.JobKeys(job, s).owners))
+            # "-": a save message waiting in the broker, which nobody holds.
+            total.update(w for w in owners if w != "-")
+        return dict(total)
