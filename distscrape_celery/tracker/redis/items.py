@@ -1,0 +1,187 @@
+"""RedisTracker's calls on items: add, lease, scrape, fail, heartbeat, reclaim, release."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Optional
+
+from ..base import (
+    ADD_STREAM_PIPELINE,
+    MAX_ADD_BATCH,
+    MAX_REASON,
+    MAX_RECLAIM_BATCH,
+    WAKE_WHILE_LEASED,
+    batches,
+    check_save_as,
+    read_ahead,
+)
+from ..model import (
+    AddResult,
+    Checkout,
+    FailOutcome,
+    FailResult,
+    Fault,
+    LeaseStatus,
+    MaintainResult,
+    ScrapedResult,
+)
+from .connection import converts_redis_errors
+from .shards import ShardLayout, chunks
+
+
+class ItemCalls(ShardLayout):
+    """An item's way from added to scraped (or back, or dead), each step one script call."""
+
+    def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
+        return self._add_batches(job, list(items), depth)
+
+    def add_stream(
+        self, job: str, items: Iterable[str], depth: int = 0
+    ) -> Iterator[tuple[int, AddResult]]:
+        # The next group is read (from a seed file: decoded and checked) while Redis adds this one.
+        for group in read_ahead(batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE)):
+            yield len(group), self._add_batches(job, group, depth)
+
+    @converts_redis_errors
+    def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+        """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
+        on one Redis (one call with no items still tops up dispatch, on every shard). On a
+        cluster the calls go one by one: a cluster pipeline does not load missing scripts."""
+        shards = self._shards(job)
+        top_up = self._top_up_args(job)
+        groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
+        calls = [(s, chunk) for s, group in sorted(groups.items())
+                 for chunk in list(chunks(group, MAX_ADD_BATCH)) or [[]]]
+        if self.cluster:
+            results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
+                       for s, chunk in calls]
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            for s, chunk in calls:
+                self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk],
+                                     client=pipe)
+            results = pipe.execute()
+        added, dispatch, grew = 0, [], set()
+        for (s, _), res in zip(calls, results):
+            added += int(res[0])
+            dispatch.extend(res[1:])
+            if int(res[0]):
+                grew.add(s)
+        if grew:
+            self._mirror_active(job, grew)
+        return AddResult(dispatch=dispatch, added=added)
+
+    @converts_redis_errors
+    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
+        bound, max_batch, lease = self._top_up_args(job)
+        res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
+        return Checkout(
+            status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
+            token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
+        )
+
+    @converts_redis_errors
+    def scraped(
+        self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
+        body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
+        cut: int = 0,
+    ) -> ScrapedResult:
+        check_save_as(body, save_as, keep_as)
+        home = self._shard_of(job, item)
+        groups = self._by_shard(job, found)
+        found = groups.pop(home, [])
+        # Finds of other shards, and beyond one batch, go first, through add, while the item is
+        # still leased: its shard cannot be idle before they are queued, so a sharded job is never
+        # seen finished with links still to add. The last batch rides with the state change.
+        later = [x for group in groups.values() for x in group]
+        while len(found) > MAX_ADD_BATCH:
+            later.extend(found[:MAX_ADD_BATCH])
+            found = found[MAX_ADD_BATCH:]
+        added, dispatch = 0, []
+        if later:
+            res = self.add(job, later, depth)
+            added, dispatch = res.added, list(res.dispatch)
+        # The body rides with the state change: one round trip, and staged only if still held.
+        body_keys = self._body_keys(job, token, home) if body is not None else []
+        res = self._eval(
+            "scraped", [*self._item_keys(job, home), *body_keys],
+            [item, token, self.save_timeout, depth, *self._top_up_args(job),
+             self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "", int(cut),
+             *found],
+        )
+        if int(res[1]):
+            self._mirror_active(job, [home])
+        return ScrapedResult(
+            dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
+        )
+
+    @converts_redis_errors
+    def fail(
+        self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
+        max_lost: int, retryable: bool = True, delay: float = 0.0,
+    ) -> FailResult:
+        res = self._run_item(
+            "fail", job, item,
+            [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
+             max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
+        )
+        return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
+
+    @converts_redis_errors
+    def extend(
+        self, job: str, items: Sequence[str], worker_id: str,
+        saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
+    ) -> int:
+        running = list(items) if running is None else list(running)
+        n = 0
+        reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
+        for s in sorted(set(reserved_by) | set(running_by)):
+            for chunk in chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
+            for chunk in chunks(running_by.get(s, []), MAX_ADD_BATCH):
+                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
+        for s, pairs in self._pairs_by_shard(job, saves):
+            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
+        return n
+
+    @converts_redis_errors
+    def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
+        shards = self._shards(job)
+        reclaimed = died = 0
+        dispatch: list[str] = []
+        wake: Optional[float] = None
+        finished = False
+        for s in range(shards):
+            res = self._run(
+                "maintain", job,
+                [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
+            )
+            reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
+            dispatch.extend(res[4:])
+            if res[2] and (wake is None or float(res[2]) < wake):
+                wake = float(res[2])
+            finished = finished or bool(res[3])
+        if self._routed(shards):
+            if shards > 1:
+                idle, finished = self._record_finish(job, shards)
+            else:
+                idle = self._idle(self._shard_controls(job, shards))
+            # Unlisted only once its end is recorded (or seen recorded): the maintain that
+            # records it must still find it listed, even if an earlier one died after its script.
+            if idle:
+                self._unlist_if_idle(job)
+        return MaintainResult(
+            dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
+        )
+
+    @converts_redis_errors
+    def release(
+        self, job: str, worker_id: Optional[str] = None, saves: Sequence[tuple[str, int]] = ()
+    ) -> int:
+        by_shard = self._group_pairs(job, saves)
+        # One call per shard with all its pairs (not chunked): an item the call is not told
+        # about is taken to have no message.
+        return sum(
+            int(self._run("release", job, [worker_id or "", self.save_timeout,
+                                           *(x for pair in by_shard.get(s, ()) for x in pair)], s))
+            for s in range(self._shards(job)))

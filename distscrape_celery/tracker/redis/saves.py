@@ -1,0 +1,109 @@
+"""RedisTracker's calls on saves: hand them to the broker, begin, defer, complete, expire."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from .. import keys
+from ..base import MAX_ADD_BATCH
+from ..model import CompleteResult, SaveBegin, SaveStart
+from .connection import UNDECODED, converts_redis_errors
+from .shards import ShardLayout
+
+
+class SaveCalls(ShardLayout):
+    """A scraped item's save, which carries its lease's token and the body staged for it; a
+    batch of saves goes in one pipelined round trip where it can."""
+
+    @converts_redis_errors
+    def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("handoff", job, [worker_id, self.save_timeout, *pairs], s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
+
+    def _begin_save_call(
+        self, job: str, item: str, token: int, worker_id: str, max_lost: int
+    ) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of begin_save.lua for one save. The staged body comes back in
+        the same round trip (binary: the reply is read undecoded, see _begin_reply)."""
+        bound, max_batch, lease = self._top_up_args(job)
+        home = self._shard_of(job, item)
+        return ([*self._item_keys(job, home), *self._body_keys(job, token, home)],
+                [item, token, worker_id, lease, max_lost, bound, max_batch])
+
+    @staticmethod
+    def _begin_reply(res: list[Any]) -> SaveBegin:
+        return SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
+                         lost=int(res[1]), body=res[2])
+
+    @converts_redis_errors
+    def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
+        begin = self._begin_reply(self._eval(
+            "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost),
+            undecoded=True))
+        if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
+            # A token of another shard (see _body_keys): its body is read on its own.
+            body = self.client.execute_command("GET", keys.body_key(job, token), **UNDECODED)
+            begin = dataclasses.replace(begin, body=body)
+        return begin
+
+    def _pipelined(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
+        """Whether the item scripts of these saves can go in one pipeline: one Redis (a cluster
+        pipeline does not load missing scripts), and every token of its item's shard (see
+        _body_keys)."""
+        return len(saves) > 1 and not self.cluster and all(
+            self._token_home(job, item, token) for item, token in saves)
+
+    @converts_redis_errors
+    def begin_saves(
+        self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
+    ) -> list[SaveBegin]:
+        if not self._pipelined(job, saves):
+            return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
+        calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
+        return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
+
+    @converts_redis_errors
+    def defer_save(self, job: str, item: str, token: int) -> bool:
+        return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
+
+    def _complete_call(
+        self, job: str, item: str, token: Optional[int]
+    ) -> tuple[list[str], list[Any], list[str]]:
+        """The keys and arguments of complete.lua for one item, and its body keys among them:
+        the body key only if the token is of the item's shard (another's body is dropped on its
+        own, see complete)."""
+        home = self._shard_of(job, item)
+        body_keys = self._body_keys(job, token, home) if token is not None else []
+        return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)], body_keys
+
+    @converts_redis_errors
+    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
+        if not self._pipelined(job, saves):
+            return super().complete_many(job, saves)
+        calls = [self._complete_call(job, item, token)[:2] for item, token in saves]
+        return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
+                for res in self._run_all_undecoded("complete", calls)]
+
+    @converts_redis_errors
+    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
+        script_keys, args, body_keys = self._complete_call(job, item, token)
+        res = self._eval("complete", script_keys, args)
+        if token is not None and not body_keys:
+            # A token of another shard (none can hold the item): its body is dropped on its own.
+            self.client.unlink(keys.body_key(job, token))
+        return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
+
+    @converts_redis_errors
+    def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for s in range(self._shards(job)):
+            flat = self._run("unclaimed_saves", job, [age, self.save_timeout, limit], s)
+            out += [(flat[i], int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return out
+
+    @converts_redis_errors
+    def expire_saves(self, job: str, saves: Sequence[tuple[str, int]]) -> int:
+        return sum(int(self._run("expire_saves", job, pairs, s))
+                   for s, pairs in self._pairs_by_shard(job, saves))
