@@ -39,7 +39,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, TypeVar
 
-from ..errors import JobConflict, JobStateError
+from ..errors import JobConflict
 from .model import (
     AddResult,
     Checkout,
@@ -50,7 +50,7 @@ from .model import (
     Fault,
     JobAction,
     JobInfo,
-    JobState,
+    JobState,  # noqa: F401  (memory.py imports it from here)
     JobStats,
     MaintainResult,
     RetryDeadResult,
@@ -154,10 +154,6 @@ def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
         f"job {job!r} already exists with a different spec ({what}); only seeds can be added "
         "to a job: pick another job name"
     )
-
-
-def control_error(job: str, action: JobAction, state: JobState) -> JobStateError:
-    return JobStateError(f"cannot {action.value} job {job!r}: it is {state.value}")
 
 
 class Tracker(ABC):
