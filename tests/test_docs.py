@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from distscrape_celery.cli.metrics import CrawlCollector
+from distscrape_celery.cli.exporter import CrawlCollector
 from distscrape_celery.tracker import InMemoryTracker
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -127,7 +127,7 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
 
 
 def test_metrics_give_the_state_and_skip_a_job_being_deleted(redis_url, redis_client):
-    from distscrape_celery.cli.metrics import crawl_registry, render
+    from distscrape_celery.cli.exporter import crawl_registry, render
 
     t = RedisTracker.from_url(redis_url)
     for job in ("a", "b", "gone"):

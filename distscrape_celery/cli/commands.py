@@ -620,7 +620,7 @@ def metrics(port, bind, once, redis_url) -> None:
 
     Basic auth credentials come from $DISTSCRAPE_METRICS_AUTH (USER:PASSWORD) only.
     """
-    from .metrics import MetricsServer, crawl_registry, render
+    from .exporter import MetricsServer, crawl_registry, render
     from ..tracker import RedisTracker
 
     settings = _settings(redis_url)
