@@ -19,7 +19,7 @@ from conftest import RouteServer, crawl_settings, saved_files
 from test_cli import assert_one_line_error, run
 from test_id_crawl import IdSite
 
-from distscrape_celery.cli import commands as cli
+import distscrape_celery.cli as cli
 from distscrape_celery.tracker import keys
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import JobSpec, build_spec

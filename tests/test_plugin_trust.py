@@ -218,7 +218,7 @@ def test_refused_components_end_items_dead_at_once_in_the_pipeline(redis_url, tm
 
 def test_seed_cli_refuses_a_module_its_settings_do_not_allow(hostile, redis_url, capsys,
                                                             monkeypatch):
-    from distscrape_celery.cli import commands as cli
+    import distscrape_celery.cli as cli
 
     name, marker = hostile
     monkeypatch.delenv("DISTSCRAPE_PLUGIN_MODULES", raising=False)

@@ -1,3 +1,3 @@
-from .commands import main
+from . import main
 
 main()

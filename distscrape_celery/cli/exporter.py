@@ -1,7 +1,8 @@
 """Crawl figures for Prometheus: per job and per worker, read from the tracker at each scrape.
 
 :class:`CrawlCollector` turns the tracker's counts into metric families; :class:`MetricsServer`
-serves them over HTTP (``distscrape metrics``), behind basic auth when credentials are set.
+serves them over HTTP (``distscrape metrics``, in :mod:`.metrics`), behind basic auth when
+credentials are set.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Job control commands of ``distscrape``: list, watch, pause, resume, cancel, export and delete
-jobs, and list the live workers. Registered on the ``cli`` group by :mod:`.cli`."""
+"""Job control commands of ``distscrape``: watch, list, pause, resume, cancel, export and delete
+jobs, list or retry their dead items, and list the live workers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import click
 
 from ..errors import ConfigError, JobNotFound, JobStateError
 from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
+from .group import cli, redis_runtime, redis_url_option, settings_for
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
+# Dead items `status` shows below the figures; `dead` lists them all.
+STATUS_DEAD_SHOWN = 10
 
 
 def job_row(tracker: Tracker, job: str) -> dict[str, Any]:
@@ -32,108 +35,222 @@ def when(ts: Optional[float]) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def register(cli: click.Group, runtime, redis_url_option) -> None:
-    """Add the job control commands to ``cli``; ``runtime(redis_url)`` gives (tracker, manager)."""
+# -- one job's figures ---------------------------------------------------------------------------
 
-    @cli.command()
-    @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
-    @redis_url_option
-    def jobs(as_json, redis_url) -> None:
-        """List every job: state, counts, pages/s, start time."""
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.option("--watch", is_flag=True, help="A live view, refreshed every second until Ctrl-C "
+                                            "or the job ends.")
+@redis_url_option
+def status(job, as_json, watch, redis_url) -> None:
+    """Show how far JOB has got: its state, times and counts."""
+    tracker, manager = redis_runtime(settings_for(redis_url))
+    manager.status(job)  # JobNotFound for a job never seeded
+    if as_json:
+        click.echo(json.dumps(job_row(tracker, job)))
+    elif watch:
+        _watch(tracker, job)
+    else:
         from rich.console import Console
-        from rich.table import Table
 
-        tracker, _ = runtime(redis_url)
-        rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
+        Console().print(_status_view(tracker, job))
+
+
+def _watch(tracker, job: str) -> None:
+    from rich.live import Live
+
+    with Live(_status_view(tracker, job), auto_refresh=False) as live:
+        while tracker.job_info(job).state in (JobState.RUNNING, JobState.PAUSED):
+            time.sleep(1.0)
+            live.update(_status_view(tracker, job), refresh=True)
+
+
+def _status_view(tracker, job: str):
+    """The job's figures as a table, then up to ten dead items and how many more there are."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    row = job_row(tracker, job)
+    table = Table(title=f"job {job}", show_header=False)
+    for key, value in row.items():
+        if key not in ("job", "final"):
+            table.add_row(key, when(value) if key in ("started", "ended") else str(value))
+    dead = tracker.dead_items(job, limit=STATUS_DEAD_SHOWN)
+    lines = [Text.assemble(("dead", "red"), f" {item}: {reason}") for item, reason in dead.items()]
+    if row["dead"] > len(dead):
+        lines.append(Text(f"{row['dead'] - len(dead)} more: see distscrape dead {job}"))
+    return Group(table, *lines)
+
+
+# -- every job, every worker ---------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@redis_url_option
+def jobs(as_json, redis_url) -> None:
+    """List every job: state, counts, pages/s, start time."""
+    from rich.console import Console
+    from rich.table import Table
+
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    table = Table("job", "state", *JOB_COLUMNS, "pages/s", "started")
+    for r in rows:
+        table.add_row(r["job"], r["state"], *(str(r[c]) for c in JOB_COLUMNS),
+                      f"{r['rate']:.1f}", when(r["started"]))
+    Console().print(table)
+
+
+def _exists(tracker: Tracker, job: str) -> bool:
+    """False for a job being deleted (its name goes last)."""
+    try:
+        tracker.job_info(job)
+    except JobNotFound:
+        return False
+    return True
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@redis_url_option
+def workers(as_json, redis_url) -> None:
+    """List the live workers: host, ID, concurrency, items held per job, last heartbeat."""
+    from rich.console import Console
+    from rich.table import Table
+
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    held: dict[str, dict[str, int]] = {}
+    for job in tracker.active_jobs():
+        for wid, n in tracker.leased_by_worker(job).items():
+            held.setdefault(wid, {})[job] = n
+    rows = [
+        {"worker": w.id, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
+         "leased": held.get(w.id, {}), "last_seen": w.last_seen}
+        for w in tracker.workers() if w.alive
+    ]
+    if as_json:
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    table = Table("worker", "host", "pid", "concurrency", "leased", "last seen")
+    for r in rows:
+        leased = ", ".join(f"{j}: {n}" for j, n in r["leased"].items()) or "-"
+        table.add_row(r["worker"], r["host"], str(r["pid"]), str(r["concurrency"]), leased,
+                      when(r["last_seen"]))
+    Console().print(table)
+
+
+# -- pause, resume, cancel -----------------------------------------------------------------------
+
+
+@cli.command()
+@redis_url_option
+@click.argument("job")
+def pause(job, redis_url) -> None:
+    """Hold JOB's new work; what is queued stays, what is in flight ends."""
+    _control(job, JobAction.PAUSE, redis_url)
+
+
+@cli.command()
+@redis_url_option
+@click.argument("job")
+def resume(job, redis_url) -> None:
+    """Let a paused (or cancelled) JOB's work flow again at once."""
+    _control(job, JobAction.RESUME, redis_url)
+
+
+@cli.command()
+@redis_url_option
+@click.argument("job")
+def cancel(job, redis_url) -> None:
+    """Stop JOB for good: nothing more is fetched; its data stays for export."""
+    _control(job, JobAction.CANCEL, redis_url)
+
+
+def _control(job: str, action: JobAction, redis_url: Optional[str]) -> None:
+    """Apply ``action`` to ``job``, send the workers what it lets flow, print the new state."""
+    tracker, manager = redis_runtime(settings_for(redis_url))
+    res = tracker.control(job, action)
+    if res.dispatch:
+        manager.publish(job, res.dispatch)
+    same = " (no change)" if res.before is res.after else ""
+    click.echo(f"job {job}: {res.after.value}{same}")
+
+
+# -- dead items ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object a line: item, reason.")
+@redis_url_option
+def dead(job, as_json, redis_url) -> None:
+    """List every dead item of JOB with the reason it was given up on, one a line."""
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    for item, reason in tracker.iter_dead(job):
         if as_json:
-            for row in rows:
-                click.echo(json.dumps(row))
-            return
-        table = Table("job", "state", *JOB_COLUMNS, "pages/s", "started")
-        for r in rows:
-            table.add_row(r["job"], r["state"], *(str(r[c]) for c in JOB_COLUMNS),
-                          f"{r['rate']:.1f}", when(r["started"]))
-        Console().print(table)
-
-    def control(action: JobAction, verb: str):
-        @redis_url_option
-        @click.argument("job")
-        def command(job, redis_url) -> None:
-            tracker, manager = runtime(redis_url)
-            res = tracker.control(job, action)
-            if res.dispatch:
-                manager.publish(job, res.dispatch)
-            same = " (no change)" if res.before is res.after else ""
-            click.echo(f"job {job}: {res.after.value}{same}")
-
-        command.__doc__ = verb
-        return cli.command(action.value)(command)
-
-    control(JobAction.PAUSE, "Hold JOB's new work; what is queued stays, what is in flight ends.")
-    control(JobAction.RESUME, "Let a paused (or cancelled) JOB's work flow again at once.")
-    control(JobAction.CANCEL, "Stop JOB for good: nothing more is fetched; its data stays for "
-                              "export.")
-
-    @cli.command()
-    @click.argument("job")
-    @click.option("--done", "which", flag_value="done",
-                  help="Not kept: refused with a pointer to the saver's output.")
-    @click.option("--dead", "which", flag_value="dead", help="The dead items, TAB, the reason.")
-    @redis_url_option
-    def export(job, which, redis_url) -> None:
-        """Print JOB's dead items (--dead), one a line with the reason, streamed."""
-        if which is None:
-            raise ConfigError("export: give --dead (or --done, which is not kept)")
-        if which == "done":
-            # Redis keeps only an 8-byte fingerprint of a done item, not the item.
-            raise ConfigError(
-                "export --done: done items are not kept in Redis, only their fingerprints; the "
-                "saver's output lists them (its output directory, or `distscrape tar-index "
-                "OUTPUT` for tar shards)"
-            )
-        tracker, _ = runtime(redis_url)
-        for item, reason in tracker.iter_dead(job):
+            click.echo(json.dumps({"item": item, "reason": reason}))
+        else:
             click.echo(f"{item}\t{reason}")
 
-    @cli.command()
-    @click.argument("job")
-    @click.option("--force", is_flag=True, help="Delete a running or paused job too.")
-    @redis_url_option
-    def delete(job, force, redis_url) -> None:
-        """Remove every key of JOB from Redis, in small batches (saved output is kept)."""
-        tracker, _ = runtime(redis_url)
-        check_deletable(tracker, job, force)
-        n = tracker.delete_job(job)
-        click.echo(f"job {job} deleted ({n} key(s))")
 
-    @cli.command()
-    @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
-    @redis_url_option
-    def workers(as_json, redis_url) -> None:
-        """List the live workers: host, ID, concurrency, items held per job, last heartbeat."""
-        from rich.console import Console
-        from rich.table import Table
+@cli.command()
+@click.argument("job")
+@click.option("--done", "which", flag_value="done",
+              help="Not kept: refused with a pointer to the saver's output.")
+@click.option("--dead", "which", flag_value="dead", help="The dead items, TAB, the reason.")
+@redis_url_option
+def export(job, which, redis_url) -> None:
+    """Print JOB's dead items (--dead), one a line with the reason, streamed."""
+    if which is None:
+        raise ConfigError("export: give --dead (or --done, which is not kept)")
+    if which == "done":
+        # Redis keeps only an 8-byte fingerprint of a done item, not the item.
+        raise ConfigError(
+            "export --done: done items are not kept in Redis, only their fingerprints; the "
+            "saver's output lists them (its output directory, or `distscrape tar-index "
+            "OUTPUT` for tar shards)"
+        )
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    for item, reason in tracker.iter_dead(job):
+        click.echo(f"{item}\t{reason}")
 
-        tracker, _ = runtime(redis_url)
-        held: dict[str, dict[str, int]] = {}
-        for job in tracker.active_jobs():
-            for wid, n in tracker.leased_by_worker(job).items():
-                held.setdefault(wid, {})[job] = n
-        rows = [
-            {"worker": w.id, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
-             "leased": held.get(w.id, {}), "last_seen": w.last_seen}
-            for w in tracker.workers() if w.alive
-        ]
-        if as_json:
-            for row in rows:
-                click.echo(json.dumps(row))
-            return
-        table = Table("worker", "host", "pid", "concurrency", "leased", "last seen")
-        for r in rows:
-            leased = ", ".join(f"{j}: {n}" for j, n in r["leased"].items()) or "-"
-            table.add_row(r["worker"], r["host"], str(r["pid"]), str(r["concurrency"]), leased,
-                          when(r["last_seen"]))
-        Console().print(table)
+
+@cli.command("retry-dead")
+@click.argument("job")
+@redis_url_option
+def retry_dead(job, redis_url) -> None:
+    """Queue every dead item of JOB again, its failure counts reset."""
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    from ..worker.tasks import publisher
+
+    res = tracker.retry_dead(job)
+    if res.dispatch:
+        publisher.scrape(job, res.dispatch)
+    click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
+
+
+# -- delete --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--force", is_flag=True, help="Delete a running or paused job too.")
+@redis_url_option
+def delete(job, force, redis_url) -> None:
+    """Remove every key of JOB from Redis, in small batches (saved output is kept)."""
+    tracker, _ = redis_runtime(settings_for(redis_url))
+    check_deletable(tracker, job, force)
+    n = tracker.delete_job(job)
+    click.echo(f"job {job} deleted ({n} key(s))")
 
 
 def check_deletable(tracker: Tracker, job: str, force: bool) -> None:
@@ -144,12 +261,3 @@ def check_deletable(tracker: Tracker, job: str, force: bool) -> None:
             f"job {job!r} is {state.value}: cancel it first (distscrape cancel {job}), "
             "or give --force"
         )
-
-
-def _exists(tracker: Tracker, job: str) -> bool:
-    """False for a job being deleted (its name goes last)."""
-    try:
-        tracker.job_info(job)
-    except JobNotFound:
-        return False
-    return True

@@ -1,0 +1,158 @@
+"""``distscrape crawl``: crawl a site on this machine in one command, start to finish."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import JobConflict, SaveError
+from ..job.spec import JobSpec
+from ..lifecycle import Terminated, stop_signals
+from ..redaction import redact
+from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings
+from ..tracker.keys import check_job_name
+from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_url_option, settings_for
+from .progress import CrawlProgress
+from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
+
+
+@cli.command()
+@click.argument("seeds", nargs=-1)
+@click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
+@with_spec_options
+@redis_url_option
+@click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
+              show_default=True,
+              help="Concurrent tasks (downloads and saves), split over two worker processes per "
+                   "core, each a threads pool.")
+@click.option("--in-memory", is_flag=True,
+              help="No Redis at all: one process, in-memory tracker and transport.")
+@click.option("--lease-seconds", type=click.FloatRange(0.5), help="Lease length (default 60).")
+@click.option("--state-dir", metavar="DIR",
+              help="Where the embedded Redis keeps the crawl's state, so that running the same "
+                   "command again resumes it (default: OUTPUT.distscrape-state beside the output).")
+@click.option("--fresh", is_flag=True, help="Delete the crawl's state first and start over.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
+          fresh, quiet) -> None:
+    """Crawl from SEED URLs on this machine, start to finish, and exit.
+
+    Without --redis-url an embedded Redis is started and stopped again; real Celery worker
+    processes do the work. The embedded Redis keeps the crawl's state in --state-dir, so the same
+    command, run again after an interruption, resumes the crawl. Exit status: 0 all saved, 1
+    finished with dead items, 2 error, 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP.
+    """
+    with stop_signals():
+        _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds,
+               state_dir, fresh, quiet)
+
+
+def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
+           fresh, quiet) -> None:
+    from ..local.crawl import (
+        archive_shards, check_local_output, default_job_name, default_state_dir, join_archive,
+        run_in_memory_crawl, run_local_crawl, state_directory,
+    )
+
+    data, names = spec_data(seeds, spec_flags)
+    spec = spec_from_data(data, names)
+    if in_memory and redis_url:
+        raise click.UsageError("--in-memory and --redis-url exclude each other")
+    if (state_dir or fresh) and (in_memory or redis_url):
+        raise click.UsageError(
+            "--state-dir and --fresh are for the embedded Redis: with --redis-url the state is in "
+            "that Redis (use another --job to start over), and --in-memory keeps none"
+        )
+    # The user runs their own spec here, on workers this command starts for it: the classes it
+    # names are theirs to load. Its workers get that allow-list; with --redis-url they also take
+    # other jobs of that Redis, which may name these modules and no others.
+    settings = _with_own_plugins(settings_for(redis_url, lease_seconds), spec)
+    check_spec_components(spec, settings, names)
+    job = job or default_job_name(spec)
+    check_job_name(job)
+    check_local_output(spec)
+    embedded = not in_memory and not redis_url
+    state = Path(state_dir or default_state_dir(spec, job)).expanduser().resolve() if embedded else None
+
+    progress = CrawlProgress(quiet)
+    say = progress.say
+    with contextlib.ExitStack() as stack:
+        if state is not None:
+            stack.enter_context(state_directory(state, fresh=fresh))
+        try:
+            with progress as on_progress:
+                if in_memory:
+                    result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
+                                                 on_progress=on_progress)
+                else:
+                    result = run_local_crawl(job, spec, settings, embedded_redis=embedded,
+                                             state_dir=state, concurrency=concurrency,
+                                             on_progress=on_progress, say=say)
+        except JobConflict as exc:
+            hint = (f"; --fresh starts over in {state}" if state is not None
+                    else "; give another --job")
+            raise JobConflict(f"{exc}{hint}") from None
+        except (KeyboardInterrupt, Terminated):
+            if state is not None:
+                say(f"distscrape: the crawl's state is kept in {state}; "
+                    "run the same command again to resume it")
+            shards = archive_shards(spec)
+            if shards:
+                then = ("the resumed crawl joins them into it at its end" if state is not None
+                        else "they were not joined, as the crawl did not finish")
+                say(f"distscrape: the pages saved so far are in {_shard_list(shards)}, "
+                    f"not yet in {spec.saver.output}: {then}")
+            raise
+        # The workers are stopped: join their archive shards into the file the user named,
+        # still holding the state directory, so that no other crawl adds shards meanwhile.
+        output, join_failed = spec.saver.output, None
+        try:
+            join_archive(spec, job)
+        except SaveError as exc:
+            join_failed = exc
+            output = _shard_list(archive_shards(spec)) or output
+    s = result.stats
+    if result.already_finished:
+        click.echo(
+            f"job {job} is already finished: {s.done} saved, {s.dead} dead, {s.seen} seen; "
+            f"output in {redact(output)}"
+        )
+        if state is not None:
+            say(f"(its state is in {state}; --fresh crawls it again)")
+    else:
+        click.echo(
+            f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
+            f"({result.pages_per_second:.1f} pages/s); output in {redact(output)}"
+        )
+    if s.dead:
+        for item, reason in list(result.dead.items())[:10]:
+            click.echo(f"  dead: {item}: {reason}", err=True)
+    if join_failed is not None:
+        click.echo(f"distscrape: error: {join_failed}; the shards are kept", err=True)
+        sys.exit(EXIT_ERROR)
+    if s.dead:
+        sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _with_own_plugins(settings: Settings, spec: JobSpec) -> Settings:
+    """``settings`` that also allow the modules of the classes ``spec`` names: for `distscrape
+    crawl`, whose spec is written by the very user who runs it, on workers of its own."""
+    from ..core.components import spec_plugin_modules
+
+    modules = spec_plugin_modules(spec)
+    if not modules:
+        return settings
+    allowed = tuple(dict.fromkeys((*settings.plugin_modules, *modules)))
+    return Settings.model_validate({**settings.model_dump(), "plugin_modules": allowed})
+
+
+def _shard_list(shards: list[Path], show: int = 10) -> str:
+    """``shards`` for a message: how many, and the names of the first ``show``."""
+    if not shards:
+        return ""
+    names = ", ".join(str(p) for p in shards[:show])
+    more = f" and {len(shards) - show} more beside them" if len(shards) > show else ""
+    return f"{len(shards)} shard(s): {names}{more}"

@@ -1,0 +1,124 @@
+"""``distscrape seed``: create a job in the tracker Redis (or add seeds to it) for the workers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+
+from ..errors import ConfigError, JobNotFound
+from ..job.seeds import BadLine, SeedFile
+from ..job.urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
+from .group import EXIT_DEAD_ITEMS, cli, redis_runtime, redis_url_option, settings_for
+from .progress import SeedProgress
+from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
+
+# Malformed lines of a seed file reported one by one; past this, only counted.
+MAX_BAD_LINES_SHOWN = 20
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("seeds", nargs=-1)
+@with_spec_options
+@click.option("--ids-file", metavar="FILE",
+              help="More seeds, one a line (- for stdin): IDs for the ids scraper, else URLs. "
+                   "Streamed in batches; malformed lines (and lines over 8192 bytes) are "
+                   "reported and skipped.")
+@redis_url_option
+def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
+    """Create JOB (or add seeds to it) and queue its SEEDs for the workers.
+
+    With no option but seeds, a JOB that exists takes them as it is. Exit status: 0 done, 1 done
+    but malformed --ids-file lines were skipped, 2 error."""
+    data, names = spec_data(seeds, spec_flags)
+    settings = settings_for(redis_url)
+    runtime = None
+    if not any(spec_flags.values()):
+        runtime = redis_runtime(settings)
+        stored = _stored_spec(runtime[0], job)
+        if stored is not None:
+            data = {**stored, "seeds": data.get("seeds")}
+    progress = SeedProgress()
+    more: Iterator[str] = iter(())
+    with contextlib.ExitStack() as stack:
+        if ids_file is not None:
+            reader = _open_seed_file(stack, ids_file, data, progress)
+            more = iter(reader)
+            if not data.get("seeds"):
+                # The spec needs a seed: the file's first, which is then not offered again.
+                first = next(more, None)
+                data["seeds"] = [first] if first is not None else None
+        spec = spec_from_data(data, names)
+        check_spec_components(spec, settings, names)
+        tracker, manager = runtime or redis_runtime(settings)
+        live = [w for w in tracker.workers() if w.alive]
+        if live and all(w.host == socket.gethostname() for w in live):
+            # The output is written on this machine: a bad one is refused before anything is
+            # fetched. Workers elsewhere write on their own hosts, which cannot be checked here.
+            from ..local.crawl import check_local_output
+
+            check_local_output(spec)
+        with progress:
+            res = manager.seed(job, spec, more, on_progress=progress.update)
+    verb = "created" if res.created else "exists; seeds added"
+    click.echo(
+        f"job {job} {verb}: {res.added} new item(s), {res.already_seen} already seen; "
+        f"{res.dispatched} sent to workers now"
+    )
+    if res.off_host:
+        click.echo(
+            f"distscrape: {res.off_host} seed(s) are on none of the job's seeds' hosts: they are "
+            "downloaded, but their links are not followed (the job stays on its seeds' hosts)",
+            err=True,
+        )
+    if not any(w.alive for w in tracker.workers()):
+        click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
+    if ids_file is not None and reader.bad:
+        click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)
+        sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _stored_spec(tracker, job: str) -> Optional[dict[str, Any]]:
+    """The spec of ``job`` as data, its seeds left out; None if there is no such job."""
+    try:
+        spec = json.loads(tracker.load_spec(job))
+    except JobNotFound:
+        return None
+    spec.pop("seeds", None)
+    return spec
+
+
+def _open_seed_file(
+    stack: contextlib.ExitStack, path: str, data: dict[str, Any], progress: SeedProgress
+) -> SeedFile:
+    """A reader of the seed file ``path`` (``-``: stdin) for the job ``data`` describes; its
+    malformed lines are reported on stderr, above the progress bar."""
+    if path == "-":
+        stream, size = sys.stdin.buffer, None
+    else:
+        try:
+            stream = stack.enter_context(open(path, "rb"))
+            size = os.fstat(stream.fileno()).st_size if Path(path).is_file() else None
+        except OSError as exc:
+            raise ConfigError(f"--ids-file: cannot read {path!r}: {exc.strerror or exc}") from None
+    scraper = data.get("scraper")
+    scraper = scraper if isinstance(scraper, dict) else {}
+    canonicalizer = Canonicalizer(scraper.get("strip_params", DEFAULT_TRACKING_PARAMS))
+
+    def report(bad: BadLine) -> None:
+        if reader.bad <= MAX_BAD_LINES_SHOWN:
+            progress.say(f"{path}:{bad.number}: {bad.reason}; skipped")
+        if reader.bad == MAX_BAD_LINES_SHOWN:
+            progress.say(f"{path}: further malformed lines are counted, not shown")
+
+    reader = SeedFile(stream, scraper.get("kind"), report, canonicalizer)
+    progress.track(reader, size)
+    return reader
