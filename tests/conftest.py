@@ -49,7 +49,7 @@ def redis_client(redis_url):
 
 def make_tracker(kind: str, redis_url: str | None, **kw):
     if kind == "memory":
-        return InMemoryTracker(**kw)
+        return InMemoryTracker(bound_refresh_seconds=0, **kw)
     return RedisTracker.from_url(redis_url, bound_refresh_seconds=0, **kw)
 
 

@@ -16,6 +16,7 @@ from distscrape_celery.tracker import (
     DomainLimits,
     FailOutcome,
     Fault,
+    InMemoryTracker,
     LeaseStatus,
     RedisTracker,
     SaveStart,
@@ -263,10 +264,10 @@ def test_pending_save_outlives_leases(tracker_factory):
 
 def body_reader(t):
     """The staging that reads what ``t`` stages, as the runtime pairs them."""
-    if isinstance(t, RedisTracker):
-        kw = {**t.client.get_connection_kwargs(), "decode_responses": False}
-        return RedisBodyStaging(redis.Redis(connection_pool=redis.ConnectionPool(**kw)), 60)
-    return t.bodies
+    if isinstance(t, InMemoryTracker):
+        return t.bodies  # a client of its private server
+    kw = {**t.client.get_connection_kwargs(), "decode_responses": False}
+    return RedisBodyStaging(redis.Redis(connection_pool=redis.ConnectionPool(**kw)), 60)
 
 
 def test_scraped_stages_the_body_and_complete_drops_it(tracker_factory):
@@ -887,3 +888,4 @@ def test_unclaimed_saves_are_listed_after_their_age_and_only_they_expire(tracker
     res = t.maintain("j", max_lost=LOST)
     assert res.reclaimed == 1 and t.stats("j").saving == 2
     assert t.checkout("j", "lost", w, max_lost=LOST).status is LeaseStatus.OK
+

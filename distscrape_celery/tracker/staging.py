@@ -8,7 +8,6 @@ gone when its save runs costs a second download, never the item.
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from typing import Optional
 
@@ -82,22 +81,3 @@ class RedisBodyStaging(BodyStaging):
     def discard(self, job: str, token: int) -> None:
         self.client.unlink(body_key(job, token))
 
-
-class InMemoryBodyStaging(BodyStaging):
-    """Bodies in a dict, for single-process crawls: InMemoryTracker stages them here."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._bodies: dict[tuple[str, int], bytes] = {}
-
-    def stage(self, job: str, token: int, body: bytes) -> None:
-        with self._lock:
-            self._bodies[(job, int(token))] = body
-
-    def get(self, job: str, token: int) -> Optional[bytes]:
-        with self._lock:
-            return self._bodies.get((job, int(token)))
-
-    def discard(self, job: str, token: int) -> None:
-        with self._lock:
-            self._bodies.pop((job, int(token)), None)
