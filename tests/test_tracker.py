@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 
 import pytest
 import redis
 
 from distscrape_celery.errors import JobConflict, JobNotFound
+from distscrape_celery.tracker import keys
 from distscrape_celery.tracker.staging import RedisBodyStaging
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
@@ -889,3 +891,99 @@ def test_unclaimed_saves_are_listed_after_their_age_and_only_they_expire(tracker
     assert res.reclaimed == 1 and t.stats("j").saving == 2
     assert t.checkout("j", "lost", w, max_lost=LOST).status is LeaseStatus.OK
 
+
+# -- the in-memory tracker: the same scripts on a fake Redis of its own --------------------------
+
+
+def job_keys(client, job="j") -> dict:
+    """Every key of ``job`` with its type and value, the job's start and end times left out."""
+    read = {"hash": client.hgetall, "set": client.smembers, "string": client.get,
+            "list": lambda k: client.lrange(k, 0, -1),
+            "zset": lambda k: client.zrange(k, 0, -1, withscores=True)}
+    out = {}
+    for key in client.scan_iter(match=keys.JobKeys(job).pattern):
+        kind = client.type(key)
+        value = read[kind](key)
+        if key == keys.JobKeys(job).control:
+            value = {f: v for f, v in value.items() if f not in ("started", "ended")}
+        out[key] = (kind, value)
+    return out
+
+
+def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
+    """The same calls leave the same keys on the in-memory tracker's fake Redis as on a real
+    one: in particular the seen set of done items, whose fingerprints come from redis.sha1hex
+    (which the fake server's scripts get from the tracker). Enough items that the seen buckets
+    split; added again, done items are known by their fingerprint and not added."""
+    items = [f"http://h{i % 3}.invalid/p/{i}" for i in range(380)] + [
+        "12345", "http://ä.invalid/ü?x=1", "x" * 3000, ""]
+    dumps = []
+    for t in (InMemoryTracker(bound_refresh_seconds=0),
+              RedisTracker.from_url(redis_url, bound_refresh_seconds=0)):
+        w = new_job(t)
+        assert t.add("j", items).added == len(items)
+        token = lease(t, items[0], w)
+        assert t.scraped("j", items[0], token, body=b"page").held
+        assert t.begin_save("j", items[0], token, w, max_lost=LOST).status is SaveStart.OK
+        for item in items:
+            assert t.complete("j", item).changed
+        assert t.add("j", items).added == 0
+        assert t.stats("j").done == len(items)
+        dumps.append(job_keys(t.client))
+    memory, real = dumps
+    buckets = [k for k in real if k.startswith(keys.JobKeys("j").seen_buckets)]
+    assert len(buckets) > 1  # the buckets split
+    assert sum(len(real[b][1]) for b in buckets) == len(items)
+    assert memory == real
+
+
+def test_in_memory_tracker_scripts_run_on_its_clock():
+    """``clock`` is the scripts' clock (Redis's TIME): heartbeats and leases follow it."""
+    now = [5_000_000.0]
+    t = InMemoryTracker(lease_seconds=10, bound_refresh_seconds=0, clock=lambda: now[0])
+    w = new_job(t)
+    assert [x.last_seen for x in t.workers()] == [5_000_000.0]
+    t.add("j", ["a"])
+    lease(t, "a", w)
+    now[0] += 9
+    t.heartbeat(w)
+    assert t.maintain("j", max_lost=LOST).reclaimed == 0
+    now[0] += 2  # the lease of a ran out; w's heartbeat is still fresh
+    t.heartbeat(w)
+    assert t.maintain("j", max_lost=LOST).reclaimed == 1
+
+
+def test_in_memory_tracker_is_shared_by_threads():
+    """The threads of an in-memory crawl share one tracker: every item is leased once and done
+    once, whatever the interleaving of their calls."""
+    t = InMemoryTracker(bound_refresh_seconds=0)
+    w = new_job(t, concurrency=1000)
+    items = [f"http://h{i % 5}.invalid/{i}" for i in range(200)]
+    t.add("j", items)
+    leased: list[str] = []
+    errors: list[BaseException] = []
+
+    def work(mine: list[str]) -> None:
+        try:
+            for item in mine:
+                co = t.checkout("j", item, w, max_lost=LOST)
+                if co.status is LeaseStatus.OK:
+                    leased.append(item)
+                    assert t.scraped("j", item, co.token, body=item.encode()).held
+                    begin = t.begin_save("j", item, co.token, w, max_lost=LOST)
+                    assert begin.status is SaveStart.OK and begin.body == item.encode()
+                    t.complete("j", item, co.token)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    # Each thread takes every item, in its own order: all of them race for each one.
+    threads = [threading.Thread(target=work, args=(items[n::-1] + items[n + 1:],))
+               for n in range(0, 200, 50)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors, errors
+    assert sorted(leased) == sorted(items)
+    s = t.stats("j")
+    assert (s.done, s.leased, s.saving, s.frontier) == (len(items), 0, 0, 0)
