@@ -50,7 +50,6 @@ from .model import (
     Fault,
     JobAction,
     JobInfo,
-    JobState,  # noqa: F401  (memory.py imports it from here)
     JobStats,
     MaintainResult,
     RetryDeadResult,
@@ -59,7 +58,6 @@ from .model import (
     WorkerInfo,
 )
 # Not used here: importable from here still, as before model.py held them.
-from .model import FailOutcome, LeaseStatus, SaveStart  # noqa: F401
 
 # A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
 MAX_ADD_BATCH = 500
