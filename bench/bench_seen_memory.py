@@ -153,13 +153,14 @@ def measure(url_redis: str, n: int, domains: int = 10_000, log=None,
 
 
 def bucket_sizes(client: redis.Redis) -> tuple[int, int]:
-    """How many seen-set buckets the job has, and the most members one holds."""
+    """How many seen-set buckets the job has, and the most members one holds (0 and 0 while
+    nothing is done: fingerprints are written at complete)."""
     prefix = keys.JobKeys(JOB).seen_buckets
     names = list(client.scan_iter(match=prefix + "*", count=1000))
     pipe = client.pipeline(transaction=False)
     for name in names:
         pipe.scard(name)
-    return len(names), max(pipe.execute())
+    return len(names), max(pipe.execute(), default=0)
 
 
 def main() -> int:
@@ -191,8 +192,8 @@ def main() -> int:
     if f.done:
         print(f"all done:   {sum(f.done.values()) / n:.2f} bytes/URL in the job's keys "
               f"({per(f.done)}); used_memory delta {f.done_used / n:.2f} bytes/URL")
-    print(f"seen set: {f.buckets:,} buckets, largest {f.largest_bucket} members "
-          f"(intset up to set-max-intset-entries, 512 by default)")
+        print(f"seen set: {f.buckets:,} buckets, largest {f.largest_bucket} members "
+              f"(intset up to set-max-intset-entries, 512 by default)")
     return 0
 
 

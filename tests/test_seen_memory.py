@@ -31,3 +31,10 @@ def test_a_done_url_costs_at_most_16_bytes_of_redis(redis_url, capsys):
     assert done_keys <= BOUND
     assert f.done_used / n <= BOUND  # Redis's own account agrees (nothing hides outside the keys)
     assert f.largest_bucket < 512  # every bucket an intset (set-max-intset-entries)
+
+
+def test_the_queued_only_measurement_reports_an_empty_seen_set(redis_url):
+    # Fingerprints are written at complete: with every URL only queued there is no bucket yet.
+    f = measure(redis_url, 1000, complete=False)
+    assert (f.buckets, f.largest_bucket) == (0, 0)
+    assert f.queued["frontier"] > 0 and f.done == {}
