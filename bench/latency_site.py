@@ -1,13 +1,19 @@
 #!/usr/bin/env python
-"""The benchmark's stand-in for a distant site: serves fixed pages on 127.0.0.1, each answer sent
-``--delay`` seconds after its request arrived (HTTP/1.1, keep-alive), as a network of that latency
-would. Run by ``bench/suite.py`` with the peers' Python (``bench/.venv-peers``, which has uvloop).
+"""The benchmark's stand-in for distant sites: serves fixed pages on loopback addresses, each
+answer sent a fixed delay after its request arrived (HTTP/1.1, keep-alive), as a network of that
+latency would. Run by ``bench/suite.py`` and ``bench/broad.py`` with the peers' Python
+(``bench/.venv-peers``, which has uvloop).
 
     python bench/latency_site.py --port N --delay 0.05 --pages pages.json --log access.log
+    python bench/latency_site.py --port N --sites sites.json --log access.log
 
-``pages.json`` maps each path (``/robots.txt`` included) to its body, decoded as Latin-1. The log
-has a line per answer: ``unix-time path status lag-ms``, the lag being how much later than
-``--delay`` the answer left (a starved event loop would add latency the crawler sees).
+``pages.json`` maps each path (``/robots.txt`` included) to its body, decoded as Latin-1, served
+on 127.0.0.1 after ``--delay`` seconds. ``sites.json`` is a list of hosts, each
+``{"address": "127.0.0.10", "delay": 0.4, "pages": {path: body}}``, all served by this one process
+on ``--port`` of their own address (on Linux every 127.x.y.z is a distinct local address). The log
+has a line per answer: ``unix-time path status lag-ms address``, the lag being how much later than
+the delay the answer left (a starved event loop would add latency the crawler sees): the request
+came at unix-time - delay - lag.
 
 It shares the machine's cores with the crawler, so each ms it spends is one the crawler loses, a
 cost a distant server would not put on the crawler's machine. Hence uvloop when it is installed,
@@ -22,6 +28,16 @@ import asyncio
 import json
 import signal
 import time
+from dataclasses import dataclass
+
+
+@dataclass
+class Host:
+    """One served address: its pages (path to body) and how long each answer waits."""
+
+    address: str
+    delay: float
+    pages: dict[str, bytes]
 
 
 def answer(status: bytes, ctype: bytes, body: bytes) -> bytes:
@@ -29,7 +45,8 @@ def answer(status: bytes, ctype: bytes, body: bytes) -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def serve(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
+def serve(hosts: list[Host], port: int, log: str) -> None:
+    """Serve every host on ``port`` of its address until SIGTERM, logging each answer."""
     try:
         import uvloop
 
@@ -38,8 +55,6 @@ def serve(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
         loop = asyncio.new_event_loop()
     logfh = open(log, "ab")
     lines: list[bytes] = []
-    answers = {path.encode(): answer(b"200 OK", b"text/plain" if path == "/robots.txt"
-                                     else b"text/html", body) for path, body in pages.items()}
     not_found = answer(b"404 Not Found", b"text/plain", b"not found")
 
     def flush() -> None:
@@ -47,36 +62,49 @@ def serve(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
         logfh.flush()
         lines.clear()
 
-    class Http(asyncio.Protocol):
-        def connection_made(self, transport) -> None:
-            self.transport, self.buf = transport, b""
+    def protocol(host: Host) -> type[asyncio.Protocol]:
+        """A protocol class bound to one host's answers and delay."""
+        answers = {path.encode(): answer(b"200 OK", b"text/plain" if path == "/robots.txt"
+                                         else b"text/html", body)
+                   for path, body in host.pages.items()}
+        delay, address = host.delay, host.address.encode()
 
-        def data_received(self, data: bytes) -> None:
-            self.buf += data
-            while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-                head, self.buf = self.buf[:end], self.buf[end + 4:]
-                try:
-                    target = head.split(b" ", 2)[1]
-                except IndexError:
-                    self.transport.close()
+        class Http(asyncio.Protocol):
+            def connection_made(self, transport) -> None:
+                self.transport, self.buf = transport, b""
+
+            def data_received(self, data: bytes) -> None:
+                # Wall clock, not loop.time(): uvloop's is in whole ms, and the log must tell
+                # whether a request came before or after another one's answer.
+                arrived = time.time()
+                self.buf += data
+                while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+                    head, self.buf = self.buf[:end], self.buf[end + 4:]
+                    try:
+                        target = head.split(b" ", 2)[1]
+                    except IndexError:
+                        self.transport.close()
+                        return
+                    loop.call_later(delay, self.respond, target, arrived)
+
+            def respond(self, target: bytes, arrived: float) -> None:
+                if self.transport.is_closing():
                     return
-                loop.call_later(delay, self.respond, target, loop.time())
+                out = answers.get(target)
+                self.transport.write(out or not_found)
+                now = time.time()
+                if not lines:  # the first since the last write: write them all a little later
+                    loop.call_later(0.02, flush)
+                lines.append(b"%.6f %s %s %.3f %s\n" % (
+                    now, target, b"200" if out else b"404", (now - arrived - delay) * 1000,
+                    address))
 
-        def respond(self, target: bytes, asked: float) -> None:
-            if self.transport.is_closing():
-                return
-            out = answers.get(target)
-            self.transport.write(out or not_found)
-            late = (loop.time() - asked - delay) * 1000
-            if not lines:  # the first since the last write: write them all a little later
-                loop.call_later(0.02, flush)
-            lines.append(b"%.3f %s %s %.1f\n" % (time.time(), target, b"200" if out else b"404",
-                                                  late))
+        return Http
 
     async def main() -> None:
-        server = await loop.create_server(Http, "127.0.0.1", port, backlog=1024)
-        async with server:
-            await server.serve_forever()
+        servers = [await loop.create_server(protocol(host), host.address, port, backlog=1024)
+                   for host in hosts]
+        await asyncio.gather(*(server.serve_forever() for server in servers))
 
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
     try:
@@ -90,13 +118,24 @@ def serve(pages: dict[str, bytes], port: int, delay: float, log: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--delay", type=float, required=True)
-    parser.add_argument("--pages", required=True)
+    parser.add_argument("--delay", type=float, help="with --pages: seconds before each answer")
+    parser.add_argument("--pages", help="one host, 127.0.0.1: a JSON object of path to body")
+    parser.add_argument("--sites", help="many hosts: a JSON list of {address, delay, pages}")
     parser.add_argument("--log", required=True)
     args = parser.parse_args()
-    with open(args.pages) as fh:
-        pages = {path: body.encode("latin-1") for path, body in json.load(fh).items()}
-    serve(pages, args.port, args.delay, args.log)
+    if (args.pages is None) == (args.sites is None) or (args.pages and args.delay is None):
+        parser.error("give either --pages and --delay, or --sites")
+
+    def decoded(pages: dict[str, str]) -> dict[str, bytes]:
+        return {path: body.encode("latin-1") for path, body in pages.items()}
+
+    with open(args.pages or args.sites) as fh:
+        data = json.load(fh)
+    if args.pages:
+        hosts = [Host("127.0.0.1", args.delay, decoded(data))]
+    else:
+        hosts = [Host(h["address"], float(h["delay"]), decoded(h["pages"])) for h in data]
+    serve(hosts, args.port, args.log)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import redis
 
@@ -146,8 +147,14 @@ class Site:
 
     url: str
     log: Path
+    expected: int  # the pages a whole crawl fetches, robots.txt not counted
 
     proc: subprocess.Popen
+
+    @property
+    def seeds(self) -> list[str]:
+        """The URLs a crawl of the site starts from."""
+        return [self.url]
 
     def mark(self) -> tuple[int, float]:
         """Where the access log ends now, and the server's CPU seconds so far."""
@@ -180,6 +187,7 @@ class NginxSite(Site):
         conf.write_text(NGINX_CONF.format(dir=self.dir, port=port, root=root))
         self.log = self.dir / "access.log"
         self.url = f"http://127.0.0.1:{port}/"
+        self.expected = sum(1 for path in pages if path != "/robots.txt")
         self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
                                      start_new_session=True)
         wait_port(port)
@@ -197,6 +205,7 @@ class LatencySite(Site):
         port = free_port()
         self.log = workdir / "latency-access.log"
         self.url = f"http://127.0.0.1:{port}/"
+        self.expected = sum(1 for path in pages if path != "/robots.txt")
         pages_file = workdir / "latency-pages.json"
         pages_file.write_text(json.dumps({p: b.decode("latin-1") for p, b in pages.items()}))
         self.proc = subprocess.Popen(
@@ -210,14 +219,14 @@ class LatencySite(Site):
         self.proc.wait(10)
 
 
-def wait_port(port: int, timeout: float = 20) -> None:
+def wait_port(port: int, timeout: float = 20, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+    raise RuntimeError(f"nothing listens on {host}:{port}")
 
 
 # ------------------------------------------------------------------------------ measurement
@@ -293,23 +302,39 @@ def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
                                 stdin=subprocess.DEVNULL)
     probe = None
     status = None
-    while status is None:
-        pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            status = os.waitstatus_to_exitcode(raw)
-            break
-        if probe is None and probe_for is not None:
-            probe = probe_for(proc.pid)
-        if probe is not None:
-            probe.sample()
-        if time.monotonic() - started > timeout:
-            proc.send_signal(signal.SIGTERM)
-            _, raw, usage = os.wait4(proc.pid, 0)
-            status = os.waitstatus_to_exitcode(raw)
-            break
-        time.sleep(0.25)
+    try:
+        while status is None:
+            pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                status = os.waitstatus_to_exitcode(raw)
+                break
+            if probe is None and probe_for is not None:
+                probe = probe_for(proc.pid)
+            if probe is not None:
+                probe.sample()
+            if time.monotonic() - started > timeout:
+                proc.send_signal(signal.SIGTERM)
+                _, raw, usage = os.wait4(proc.pid, 0)
+                status = os.waitstatus_to_exitcode(raw)
+                break
+            time.sleep(0.25)
+    except BaseException:
+        stop_process(proc)  # Ctrl-C or SIGTERM: the command must not outlive the benchmark
+        raise
     proc.returncode = status
     return status, time.monotonic() - started, usage.ru_utime + usage.ru_stime, probe
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM ``proc`` (which stops what it started), SIGKILL after ``grace`` seconds; reap it."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except (ProcessLookupError, ChildProcessError):
+        pass
 
 
 def descendants(pid: int) -> list[int]:
@@ -426,15 +451,10 @@ from scrapy.spiders import CrawlSpider, Rule
 
 class Bench({base}):
     name = "bench"
-    allowed_domains = ["127.0.0.1"]
+    allowed_domains = {domains!r}
     {start}
     rules = (Rule(LinkExtractor(), callback="parse_item", follow=True),)
-    custom_settings = {{
-        "CONCURRENT_REQUESTS": 64, "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
-        "CONCURRENT_REQUESTS_PER_IP": 0, "ROBOTSTXT_OBEY": False, "LOG_LEVEL": "WARNING",
-        "TELNETCONSOLE_ENABLED": False, "COOKIES_ENABLED": False,
-        "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
-    }}
+    custom_settings = {settings!r}
 
     def parse_start_url(self, response, **kwargs):
         return self.parse_item(response)
@@ -447,6 +467,29 @@ class Bench({base}):
 '''
 
 
+# The peers' settings (a crawl may override some): 64 requests in flight, as many to one site.
+PEER_SETTINGS = {
+    "CONCURRENT_REQUESTS": 64, "CONCURRENT_REQUESTS_PER_DOMAIN": 64,
+    "CONCURRENT_REQUESTS_PER_IP": 0, "ROBOTSTXT_OBEY": False, "LOG_LEVEL": "WARNING",
+    "TELNETCONSOLE_ENABLED": False, "COOKIES_ENABLED": False,
+    "REQUEST_FINGERPRINTER_IMPLEMENTATION": "2.7",
+}
+
+
+def write_spider(path: Path, site: Site, settings: dict, redis_key: str = "") -> str:
+    """A CrawlSpider (a RedisCrawlSpider reading ``redis_key``, if given) of ``site``'s hosts
+    into ``path``, with PEER_SETTINGS overridden by ``settings``; returns its label."""
+    merged = {**PEER_SETTINGS, **settings}
+    domains = sorted({urlsplit(url).hostname for url in site.seeds})
+    path.write_text(SPIDER.format(
+        extra_import=("from scrapy_redis.spiders import RedisCrawlSpider" if redis_key else ""),
+        base="RedisCrawlSpider" if redis_key else "CrawlSpider", domains=domains,
+        start=f"redis_key = {redis_key!r}" if redis_key else f"start_urls = {site.seeds!r}",
+        settings=merged))
+    total, per_domain = merged["CONCURRENT_REQUESTS"], merged["CONCURRENT_REQUESTS_PER_DOMAIN"]
+    return f"{total}" + (f", {per_domain} a site" if per_domain < total else "")
+
+
 def ensure_peers() -> None:
     have = (PEERS / "bin" / "scrapy").exists() and (PEERS / "bin" / "py-spy").exists() and any(
         PEERS.glob("lib/python*/site-packages/uvloop"))
@@ -456,66 +499,79 @@ def ensure_peers() -> None:
         subprocess.run([str(PEERS / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True)
 
 
-def crawl_scrapy(site: Site, site_name: str, work: Path, args) -> Result:
+def crawl_scrapy(site: Site, site_name: str, work: Path, args,
+                 settings: Optional[dict] = None) -> Result:
+    """Scrapy, one process, for ``--peer-pages`` pages (0: the whole site), with PEER_SETTINGS
+    overridden by ``settings``."""
     out = work / f"scrapy-out-{next(_RUNS)}"
     out.mkdir()
     spider = work / "scrapy_spider.py"
-    spider.write_text(SPIDER.format(extra_import="", base="CrawlSpider",
-                                    start=f"start_urls = [{site.url!r}]"))
+    label = write_spider(spider, site, settings or {})
     env = dict(clean_env(), BENCH_OUT=str(out))
+    # Scrapy installs its reactor before it reads the spider's settings: that one goes here.
+    reactor = [f"TWISTED_REACTOR={settings['TWISTED_REACTOR']}"] if settings and (
+        "TWISTED_REACTOR" in settings) else []
     mark = site.mark()
     status, wall, cpu, _ = run_measured(
         [str(PEERS / "bin" / "scrapy"), "runspider", str(spider),
-         "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages}"],
+         "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages}", *(["-s", *reactor] if reactor else [])],
         env, args.timeout, work / "scrapy.log")
-    r = Result("Scrapy CrawlSpider, 1 process x 64", site_name, wall=wall, cpu=cpu,
+    r = Result(f"Scrapy CrawlSpider, 1 process x {label}", site_name, wall=wall, cpu=cpu,
                ok=status == 0)
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
     return r
 
 
-def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args) -> Result:
+def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args,
+                       settings: Optional[dict] = None, processes: int = 2) -> Result:
+    """scrapy-redis, ``processes`` processes sharing a throwaway Redis, as crawl_scrapy (each
+    process stops at its share of ``--peer-pages``)."""
     out = work / f"scrapy-redis-out-{next(_RUNS)}"
     out.mkdir()
     spider = work / "scrapy_redis_spider.py"
-    spider.write_text(SPIDER.format(
-        extra_import="from scrapy_redis.spiders import RedisCrawlSpider", base="RedisCrawlSpider",
-        start='redis_key = "bench:start_urls"'))
+    label = write_spider(spider, site, settings or {}, redis_key="bench:start_urls")
     server = ThrowawayRedis(work, f"scrapy-redis-redis-{next(_RUNS)}")
-    server.probe.client.lpush("bench:start_urls", site.url)
+    server.probe.client.lpush("bench:start_urls", *site.seeds)
     env = dict(clean_env(), BENCH_OUT=str(out))
     settings = ["-s", "SCHEDULER=scrapy_redis.scheduler.Scheduler",
                 "-s", "DUPEFILTER_CLASS=scrapy_redis.dupefilter.RFPDupeFilter",
                 "-s", f"REDIS_URL={server.url}", "-s", "MAX_IDLE_TIME_BEFORE_CLOSE=3",
                 # The first process to stop must not flush the queue and the dupefilter.
                 "-s", "SCHEDULER_PERSIST=True",
-                "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages // 2}"]
+                "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages // processes}"]
     mark = site.mark()
     started = time.monotonic()
     procs = []
-    for i in range(2):
-        with (work / f"scrapy-redis-{i}.log").open("ab") as log:
-            procs.append(subprocess.Popen(
-                [str(PEERS / "bin" / "scrapy"), "runspider", str(spider), *settings],
-                env=env, stdout=log, stderr=subprocess.STDOUT))
     cpu, ok = 0.0, True
-    for proc in procs:
-        while True:
-            pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            server.probe.sample()
-            if time.monotonic() - started > args.timeout:
-                proc.terminate()
-            time.sleep(0.25)
-        proc.returncode = os.waitstatus_to_exitcode(raw)
-        ok = ok and proc.returncode == 0
-        cpu += usage.ru_utime + usage.ru_stime
+    try:
+        for i in range(processes):
+            with (work / f"scrapy-redis-{i}.log").open("ab") as log:
+                procs.append(subprocess.Popen(
+                    [str(PEERS / "bin" / "scrapy"), "runspider", str(spider), *settings],
+                    env=env, stdout=log, stderr=subprocess.STDOUT))
+        for proc in procs:
+            while True:
+                pid, raw, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                server.probe.sample()
+                if time.monotonic() - started > args.timeout:
+                    proc.terminate()
+                time.sleep(0.25)
+            proc.returncode = os.waitstatus_to_exitcode(raw)
+            ok = ok and proc.returncode == 0
+            cpu += usage.ru_utime + usage.ru_stime
+    except BaseException:
+        for proc in procs:  # Ctrl-C or SIGTERM: none may outlive the benchmark
+            if proc.returncode is None:
+                stop_process(proc)
+        raise
+    finally:
+        server.stop()
     wall = time.monotonic() - started
-    server.stop()
     cmds, rcpu, reads = server.probe.delta()
-    r = Result("scrapy-redis, 2 processes x 64", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
+    r = Result(f"scrapy-redis, {processes} processes x {label}", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
                redis_reads=reads, redis_cpu=rcpu, ok=ok)
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
@@ -531,7 +587,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     out = work / f"default-{site_name}-{'baseline-' if baseline else ''}{next(_RUNS)}-out"
     mark = site.mark()
     state = Path(str(out) + ".distscrape-state")
-    command = [str(BIN / "distscrape"), "crawl", site.url, "--output", str(out), "--quiet",
+    command = [str(BIN / "distscrape"), "crawl", *site.seeds, "--output", str(out), "--quiet",
                *([] if polite else HIGH_LIMITS), *extra]
     if args.profile:
         # Collapsed stacks of every Python process of the crawl, only samples holding the GIL
@@ -555,7 +611,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     r.cpu -= rcpu
     saved = sum(1 for p in out.rglob("*") if p.is_file())
     r.note = f"{saved} files saved"
-    r.ok = r.ok and saved == r.distinct == len(args.pages_map) - 1
+    r.ok = r.ok and saved == r.distinct == site.expected
     return r
 
 
@@ -566,11 +622,13 @@ _RUNS = itertools.count(1)
 def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
                   worker_env: Optional[dict[str, str]] = None,
-                  worker_groups: Optional[list[tuple[int, list[str]]]] = None) -> Result:
+                  worker_groups: Optional[list[tuple[int, list[str]]]] = None,
+                  polite: bool = False) -> Result:
     """The README's many-host setup on this host: ``celery multi start`` of ``workers`` workers
     with ``-P threads -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with
     options of their own), with ``worker_env`` (BENCH_LAUNCH, BENCH_PIN: see below), then
-    ``distscrape seed``; waits until the tracker says the job is finished."""
+    ``distscrape seed`` (limits set high; with ``polite``, the default ones); waits until the
+    tracker says the job is finished."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     groups = worker_groups or [(workers, worker_args)]
     workers = sum(n for n, _ in groups)
@@ -700,8 +758,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     each_before, seeded = {pid: own_cpu(pid) for pid in worker_pids()}, time.monotonic()
     ticks = [(time.time(), cpu_ticks())]  # sampled as the crawl goes, for its idle time
     limit = ["--max-pages", str(max_pages)] if max_pages else []
-    seed = subprocess.run([str(BIN / "distscrape"), "seed", job, site.url, "--output", str(out),
-                           *HIGH_LIMITS, *limit], env=env, capture_output=True, text=True)
+    seed = subprocess.run([str(BIN / "distscrape"), "seed", job, *site.seeds, "--output", str(out),
+                           *([] if polite else HIGH_LIMITS), *limit], env=env,
+                          capture_output=True, text=True)
     if seed.returncode != 0:
         raise RuntimeError(f"seed failed: {seed.stderr}")
     ok = False
@@ -967,6 +1026,17 @@ def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
     return "\n".join(lines)
 
 
+def unwind_on_sigterm() -> None:
+    """Make a SIGTERM (`timeout`, `kill`) unwind like Ctrl-C, so the sites, the workers and their
+    Redis are stopped (finally blocks, atexit) instead of left running in their own sessions."""
+    def terminate(*_) -> None:
+        # A second one (`timeout` passes its own on) must not cut that clean-up short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000)
@@ -1001,14 +1071,7 @@ def main() -> int:
     parser.add_argument("--crawl-args", default="",
                         help="extra options for `distscrape crawl` (to compare settings)")
     args = parser.parse_args()
-    # A SIGTERM (`timeout`, `kill`) unwinds like Ctrl-C, so the sites, the workers and their
-    # Redis are stopped (finally blocks, atexit) instead of left running in their own sessions;
-    # a second one (`timeout` passes its own on) must not cut that clean-up short.
-    def terminate(*_) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        sys.exit(128 + signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, terminate)
+    unwind_on_sigterm()
     only = args.only.split(",")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
