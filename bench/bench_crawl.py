@@ -6,7 +6,7 @@
 
 One run does everything, so the configurations are compared under the same machine load:
 
-1. generates a site with ``tests/sitegen.py`` (pages padded to about ``--page-bytes``) and serves
+1. generates a site with ``tests/support/sitegen.py`` (pages padded to about ``--page-bytes``) and serves
    it on 127.0.0.1 with ``SiteServer``, by default in a forked child process so that the test
    server's CPU does not share a GIL with the bench driver (``--server-in-process`` to keep it in a
    thread of the driver instead);
@@ -52,10 +52,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # for `import sitegen`
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # for distscrape_celery and tests.support
 
-from sitegen import Site, SiteServer, generate_site  # noqa: E402
+from tests.support.sitegen import Site, SiteServer, generate_site  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

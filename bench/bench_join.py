@@ -18,9 +18,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-from sitegen import generate_site  # noqa: E402
+from tests.support.sitegen import generate_site  # noqa: E402
 
 from distscrape_celery.web.fetch import Download  # noqa: E402
 from distscrape_celery.savers import TarItemSaver, WarcItemSaver  # noqa: E402

@@ -11,7 +11,7 @@ every URL done. Memory is read two ways: MEMORY USAGE (SAMPLES 0, exact) of each
 keys, split into the seen set, the live-items hash, the frontier (domain queues and the domain
 schedule) and the rest; and INFO memory's used_memory before the job and after.
 
-tests/test_seen_memory.py imports :func:`measure` and asserts the bound at 100,000 URLs.
+tests/integration/test_seen_memory.py imports :func:`measure` and asserts the bound at 100,000 URLs.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sitegen import SiteServer, generate_site  # noqa: E402
+from tests.support.sitegen import SiteServer, generate_site  # noqa: E402
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ One run, in this order, so every figure is taken under the same machine load:
 
 1. installs Scrapy, scrapy-redis, py-spy and uvloop into ``bench/.venv-peers`` if they are not
    there;
-2. generates a site with ``tests/sitegen.py`` (``--pages`` pages of about 6 KB, robots.txt
+2. generates a site with ``tests/support/sitegen.py`` (``--pages`` pages of about 6 KB, robots.txt
    allowing everything) and serves it on 127.0.0.1 twice: from static files by nginx (a child
    process with its own config; ``apt-get install nginx-light`` if it is missing) and by
    ``bench/latency_site.py`` (asyncio on uvloop, the peers' Python), which answers every request
@@ -58,11 +58,10 @@ from urllib.parse import urlsplit
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 from bench_crawl import children_of, own_cpu, own_system_cpu  # noqa: E402
-from sitegen import generate_site  # noqa: E402
+from tests.support.sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
 PEER_PACKAGES = ["scrapy", "scrapy-redis", "py-spy", "uvloop"]

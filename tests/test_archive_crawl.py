@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import crawl_settings
-from sitegen import SiteServer, generate_site
+from tests.support.crawl import crawl_settings
+from tests.support.sitegen import SiteServer, generate_site
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.worker.app import configure_app

@@ -11,9 +11,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from sitegen import SiteServer, generate_site
-from test_cli import run
-from test_crawl_command import Crawl, wait_until
+from tests.support.sitegen import SiteServer, generate_site
+from tests.support.cli import run
+from tests.support.crawl_command import Crawl, wait_until
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.savers import FileItemSaver, TarItemSaver, WarcItemSaver

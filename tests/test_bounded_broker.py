@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import crawl_settings
-from sitegen import Site, SiteServer
+from tests.support.crawl import crawl_settings
+from tests.support.sitegen import Site, SiteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SCRAPE_QUEUE

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import crawl_settings
+from tests.support.crawl import crawl_settings
 
 from distscrape_celery.worker.app import app, celery_config, configure_app
 from distscrape_celery.worker.names import SAVE_QUEUE, SAVE_TASK, SCRAPE_QUEUE, SCRAPE_TASK

@@ -3,31 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
-
-def run(
-    *args: str, env: dict | None = None, timeout: float = 120, input: str | None = None
-) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "distscrape_celery.cli", *args], capture_output=True, text=True,
-        env={**base, **(env or {})}, timeout=timeout, input=input,
-    )
-
-
-def assert_one_line_error(res, *fragments: str) -> None:
-    assert res.returncode == 2, (res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert "Traceback" not in res.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+from tests.support.cli import assert_one_line_error, run
 
 
 def closed_port() -> int:

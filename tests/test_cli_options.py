@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RouteServer, crawl_settings, saved_files
-from test_cli import assert_one_line_error, run
-from test_id_crawl import IdSite
+from tests.support.crawl import crawl_settings, saved_files
+from tests.support.http import RouteServer
+from tests.support.cli import assert_one_line_error, run
+from tests.support.http import IdSite
 
 import distscrape_celery.cli as cli
 from distscrape_celery.tracker import keys

@@ -9,12 +9,12 @@ import threading
 import time
 
 import pytest
-from conftest import crawl_settings, expected_files, plugins_path, saved_files
+from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
 from redis.cluster import RedisCluster
-from redis_cluster import RedisClusterProcess
-from sitegen import SiteServer, generate_site
-from test_cli import run
-from test_job_control_workers import wait_until
+from tests.support.redis_cluster import RedisClusterProcess
+from tests.support.sitegen import SiteServer, generate_site
+from tests.support.cli import run
+from tests.support.crawl import wait_until
 
 from distscrape_celery.tracker import keys
 from distscrape_celery.worker.app import configure_app
@@ -285,7 +285,7 @@ def test_crawl_on_a_three_master_cluster(cluster, workers, tmp_path):
                 servers.append(SiteServer(site).__enter__())
             settings = crawl_settings(cluster.url, redis_cluster=True, broker_url=broker.url,
                                       lease_seconds=30)
-            procs = [workers(settings, f"cluster-{i}", include=["plugins.hooks"],
+            procs = [workers(settings, f"cluster-{i}", include=["tests.plugins.hooks"],
                              extra_env={"PYTHONPATH": plugins_path()}) for i in range(2)]
             tracker = RedisTracker.from_url(cluster.url, cluster=True)
             wait_for_workers(tracker, 2, procs=procs)

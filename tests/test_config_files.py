@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import crawl_settings, expected_files, saved_files
-from sitegen import SiteServer, generate_site
-from test_id_crawl import IdSite
+from tests.support.crawl import crawl_settings, expected_files, saved_files
+from tests.support.sitegen import SiteServer, generate_site
+from tests.support.http import IdSite
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec, load_config_file

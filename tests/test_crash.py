@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import crawl_settings, expected_files, saved_files
-from sitegen import SiteServer
+from tests.support.crawl import crawl_settings, expected_files, saved_files
+from tests.support.sitegen import SiteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

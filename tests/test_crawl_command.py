@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RouteServer, crawl_settings, expected_files, saved_files
-from sitegen import SiteServer, generate_site
+from tests.support.crawl import crawl_settings, expected_files, saved_files
+from tests.support.crawl_command import Crawl, as_from_a_terminal, wait_until
+from tests.support.http import RouteServer
+from tests.support.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -27,7 +29,6 @@ from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.settings import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
-TEMP_PREFIXES = ("distscrape-redis-", "distscrape-worker-")
 # Worker processes of `crawl --concurrency 2`: two per core, at most one per task.
 CRAWL_WORKERS = len(crawl_worker_processes(2))
 
@@ -108,71 +109,6 @@ def kill_all(procs: dict[int, int]) -> None:
 
 
 # -- the command -----------------------------------------------------------------------------
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def as_from_a_terminal(then=None):
-    """A preexec_fn: the child starts with the stop signals at their default action and
-    unblocked, as a shell on a terminal starts it, whatever the test process inherited (under
-    xdist, crawls started from one test process once ignored SIGINT), then runs ``then``."""
-    def preexec() -> None:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-        if then is not None:
-            then()
-    return preexec
-
-
-class Crawl:
-    """One `distscrape crawl` subprocess with its own TMPDIR; output goes to files."""
-
-    def __init__(self, tmp_path: Path, url: str, out: Path, *extra: str, tag: str = "run",
-                 preexec_fn=None) -> None:
-        self.tmp = tmp_path / "tmp"
-        self.tmp.mkdir(exist_ok=True)
-        self.stdout_path, self.stderr_path = tmp_path / f"{tag}.out", tmp_path / f"{tag}.err"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-        env["TMPDIR"] = str(self.tmp)
-        with self.stdout_path.open("w") as so, self.stderr_path.open("w") as se:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "distscrape_celery.cli", "crawl", url, "--output", str(out),
-                 "--quiet", "--concurrency", "2", *extra],
-                stdout=so, stderr=se, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=as_from_a_terminal(preexec_fn),
-            )
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"crawl did not exit within {timeout}s; stderr:\n{self.stderr}")
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_path.read_text()
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def temp_dirs(self) -> list[str]:
-        return sorted(p.name for p in self.tmp.iterdir() if p.name.startswith(TEMP_PREFIXES))
-
-
-def wait_until(cond, timeout: float, what: str, crawl: Crawl | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if crawl is not None and crawl.proc.poll() is not None:
-            raise AssertionError(f"crawl exited ({crawl.proc.returncode}) before {what}:\n"
-                                 f"{crawl.stdout}\n{crawl.stderr}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _started_by_the_crawl(command: str) -> bool:
@@ -483,7 +419,7 @@ def _bad_outputs(tmp_path: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("where", ["a file", "under a file"])
 @pytest.mark.parametrize("mode", ["embedded", "in-memory"])
 def test_unwritable_output_is_refused_before_anything_is_fetched(where, mode, small_site, tmp_path):
-    from test_cli import assert_one_line_error
+    from tests.support.cli import assert_one_line_error
 
     output = _bad_outputs(tmp_path)[where]
     extra = ["--in-memory"] if mode == "in-memory" else []
@@ -498,7 +434,7 @@ def test_unwritable_output_is_refused_before_anything_is_fetched(where, mode, sm
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory anyway")
 def test_read_only_output_is_refused(small_site, tmp_path):
-    from test_cli import assert_one_line_error
+    from tests.support.cli import assert_one_line_error
 
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
@@ -510,7 +446,7 @@ def test_read_only_output_is_refused(small_site, tmp_path):
 
 
 def test_seed_checks_the_output_when_the_workers_are_on_this_host(redis_url, workers, tmp_path):
-    from test_cli import assert_one_line_error, run
+    from tests.support.cli import assert_one_line_error, run
 
     bad = _bad_outputs(tmp_path)["under a file"]
     # No worker alive: the output is on hosts we cannot see, so it is not checked here.
@@ -525,7 +461,7 @@ def test_seed_checks_the_output_when_the_workers_are_on_this_host(redis_url, wor
 
 
 def test_the_state_directory_is_guarded(tmp_path):
-    from test_cli import assert_one_line_error, run
+    from tests.support.cli import assert_one_line_error, run
 
     from distscrape_celery.local.embedded import EmbeddedRedis
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from test_cli import assert_one_line_error, run
+from tests.support.cli import assert_one_line_error, run
 
 from distscrape_celery.job.spec import JobSpec
 from distscrape_celery.tracker import Fault, RedisTracker

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from ops_helpers import free_port, metrics_once, wait_for
+from tests.support.ops import free_port, metrics_once, wait_for
 
 from distscrape_celery.worker.app import app, configure_app
 from distscrape_celery.settings import Settings

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import crawl_settings, crawl_site_with_workers, expected_files, saved_files
+from tests.support.crawl import crawl_settings, crawl_site_with_workers, expected_files, saved_files
 
 
 

@@ -6,72 +6,16 @@ import gzip
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from distscrape_celery.errors import FetchError
 from distscrape_celery.web.fetch import Download, Fetcher
 from distscrape_celery.job.spec import FetchSpec
-
-Route = Callable[[BaseHTTPRequestHandler], None]
-
-
-def reply(
-    handler: BaseHTTPRequestHandler,
-    status: int = 200,
-    body: bytes = b"",
-    headers: dict[str, str] | None = None,
-) -> None:
-    handler.send_response(status)
-    headers = dict(headers or {})
-    headers.setdefault("Content-Length", str(len(body)))
-    for name, value in headers.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
-
-
-@contextmanager
-def serve(routes: dict[str, Route]) -> Iterator[tuple[str, threading.Event, list[dict]]]:
-    """Serve ``routes`` (path -> handler) on 127.0.0.1, HTTP/1.1 keep-alive.
-
-    Yields (base URL, an event set at teardown so stalled handlers give up, request log)."""
-    release = threading.Event()
-    log: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self) -> None:
-            log.append({"path": self.path, "port": self.client_address[1], "headers": self.headers})
-            route = routes.get(self.path)
-            if route is None:
-                reply(self, 404, b"not here")
-            else:
-                route(self)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-        def handle(self) -> None:
-            try:
-                super().handle()
-            except OSError:  # the client gave up (as it should, in the timeout tests)
-                pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", release, log
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+from tests.support.http import Route, nested_gzip_bomb, reply, serve
 
 
 def fetcher(**limits: object) -> Fetcher:
@@ -499,16 +443,10 @@ def test_one_watchdog_thread_bounds_every_thread_of_a_pool() -> None:
     assert [t.name for t in threading.enumerate()].count("distscrape-deadlines") == 1
 
 
-def _nested_gzip_bomb() -> bytes:
-    """About 1 kB that decode, through ``Content-Encoding: gzip, gzip``, to 256 MiB of zeros.
-    The inner layer is 256 gzip members of 1 MiB each (cheap to build; one valid gzip body)."""
-    return gzip.compress(gzip.compress(bytes(1 << 20), 9) * 256, 9)
-
-
 def test_nested_gzip_bomb_stops_at_max_bytes_in_bounded_memory() -> None:
     import tracemalloc
 
-    bomb = _nested_gzip_bomb()
+    bomb = nested_gzip_bomb()
     assert len(bomb) < 2048
     routes = {"/bomb": lambda h: reply(h, 200, bomb, {"Content-Encoding": "gzip, gzip"})}
     with serve(routes) as (base, _, _log):

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import crawl_settings
-from ops_helpers import free_port, http_get, wait_for
-from sitegen import SiteServer, generate_site
+from tests.support.crawl import crawl_settings
+from tests.support.ops import free_port, http_get, wait_for
+from tests.support.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from conftest import crawl_settings
+from tests.support.crawl import crawl_settings
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.web.fetch import Fetcher
@@ -33,8 +33,8 @@ from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
-from test_fetch import reply, serve
-from test_policy import public_test_hooks
+from tests.support.http import reply, serve
+from tests.support.guard import public_test_hooks
 
 HTML = {"Content-Type": "text/html"}  # no charset: the body decides
 TRAP_LINKS = 2000
@@ -358,13 +358,13 @@ def trap_routes(release: threading.Event) -> tuple[dict, Counter]:
     """A site whose every page is a trap: a 600 KB robots.txt that disallows /private/ in its
     first rule, headers that drip a byte at a time, a nested gzip bomb, a page of 100 KB links,
     a page of 5,000 links, and a link that makes the job's deny_regex backtrack."""
-    from test_fetch import _nested_gzip_bomb
+    from tests.support.http import nested_gzip_bomb
 
     counts: Counter = Counter()
     filler = b"".join(b"# %06d padding a robots.txt past its 500 KiB head\n" % n for n in range(12_000))
     robots = ROBOTS_HEAD + filler
     assert len(robots) > 600_000
-    bomb = _nested_gzip_bomb()
+    bomb = nested_gzip_bomb()
     long_links = "".join(f'<a href="/long/{n}/{"x" * 100_000}">l</a>' for n in range(60))
     many = "".join(f'<a href="/m/{n}">m</a>' for n in range(MANY_LINKS))
     index = "".join(f'<a href="{p}">x</a>' for p in (
@@ -418,7 +418,7 @@ def test_every_trap_at_once_through_two_real_workers(redis_url, workers, tmp_pat
     """Two real threads-pool workers crawl the trap site: the job finishes, no worker dies or
     grows past a bound, robots.txt's first rule holds although the file is over 500 KiB, and the
     job holds at most the per-page cap of the many-links page."""
-    from test_cli import run
+    from tests.support.cli import run
 
     settings = crawl_settings(redis_url, lease_seconds=10)
     procs = [workers(settings, f"traps-{i}", concurrency=4, pool="threads") for i in range(2)]

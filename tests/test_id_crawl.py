@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
-import threading
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from conftest import RouteServer, crawl_settings
+from tests.support.crawl import crawl_settings
+from tests.support.http import IdSite, RouteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -19,56 +16,6 @@ from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
-
-
-class IdSite:
-    """``/list/<n>`` pages name some IDs; ``/item/<id>.json`` names related IDs. Some IDs are
-    reachable only through other items, some from nowhere."""
-
-    def __init__(self, n_ids: int = 150, seed: int = 3) -> None:
-        rng = random.Random(seed)
-        self.ids = [f"{rng.randrange(10**6, 10**7)}" for _ in range(n_ids)]
-        self.related = {i: rng.sample(self.ids, 3) for i in self.ids}
-        self.lists = {n: self.ids[n * 10:n * 10 + 3] for n in range(3)}
-        reach, todo = set(), [i for ids in self.lists.values() for i in ids]
-        while todo:
-            i = todo.pop()
-            if i not in reach:
-                reach.add(i)
-                todo.extend(self.related[i])
-        self.reachable = reach
-        self.hits: Counter = Counter()
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                site.hits[self.path] += 1
-                body, status = b"", 404
-                if self.path.startswith("/list/") and int(self.path[6:]) in site.lists:
-                    ids = site.lists[int(self.path[6:])]
-                    body, status = json.dumps([{"id": i} for i in ids]).encode(), 200
-                elif self.path.startswith("/item/") and self.path.endswith(".json"):
-                    i = self.path[6:-5]
-                    if i in site.related:
-                        doc = {"id": i, "related": [{"id": r} for r in site.related[i]]}
-                        body, status = json.dumps(doc).encode(), 200
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_every_reachable_id_downloaded_once(redis_url, workers, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import expected_files, saved_files
+from tests.support.crawl import expected_files, saved_files
 
 from distscrape_celery.worker.agent import WorkerAgent
 from distscrape_celery.worker.app import app, configure_app

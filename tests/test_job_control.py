@@ -147,7 +147,7 @@ def test_watch_ends_with_the_job_and_the_cli_reads_states(redis_url):
     import subprocess
     import sys
 
-    from test_cli import assert_one_line_error, run
+    from tests.support.cli import assert_one_line_error, run
 
     t = RedisTracker.from_url(redis_url)
     w, sent = new_job(t, ITEMS[:2])

@@ -11,8 +11,9 @@ import time
 import pytest
 import redis
 
-from conftest import RouteServer, crawl_settings, plugins_path
-from test_cli import run
+from tests.support.crawl import crawl_settings, plugins_path, wait_until
+from tests.support.http import RouteServer
+from tests.support.cli import run
 
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.tracker import JobAction, JobState, RedisTracker
@@ -33,16 +34,6 @@ def fan_out(delay: float):
     return respond
 
 
-def wait_until(what: str, cond, timeout: float = 90.0, procs=()):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        for p in procs:
-            p.check()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def two_workers(redis_url, workers):
     settings = crawl_settings(redis_url, lease_seconds=5, worker_prune_seconds=6)
@@ -50,7 +41,7 @@ def two_workers(redis_url, workers):
     tracker = RedisTracker.from_url(redis_url)
     ghost = tracker.register_worker("ghost.invalid", 1, 1)  # never beats again
     procs = [
-        workers(settings, f"jc{i}", concurrency=2, include=["plugins.hooks"],
+        workers(settings, f"jc{i}", concurrency=2, include=["tests.plugins.hooks"],
                 extra_env={"PYTHONPATH": path})
         for i in range(2)
     ]

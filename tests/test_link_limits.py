@@ -15,7 +15,8 @@ import tracemalloc
 
 import pytest
 
-from conftest import RouteServer, crawl_settings
+from tests.support.crawl import crawl_settings
+from tests.support.http import RouteServer
 
 from distscrape_celery.cli.jobs import job_row
 from distscrape_celery.errors import ConfigError
@@ -24,8 +25,8 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.core.runtime import Runtime
 from distscrape_celery.scrapers import SimpleScraper
-from test_cli import run
-from test_pipeline import Recorder
+from tests.support.cli import run
+from tests.support.pipeline import Recorder
 
 MB = 1024 * 1024
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import RouteServer, crawl_settings
+from tests.support.crawl import crawl_settings
+from tests.support.http import RouteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

@@ -17,7 +17,7 @@ from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.worker.lost_saves import LostSaves, queued_saves
 from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.worker.tasks import publisher
-from test_pipeline import pipeline_env, server  # noqa: F401  (server: a fixture)
+from tests.support.pipeline import pipeline_env
 
 
 @pytest.fixture

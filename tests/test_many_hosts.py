@@ -21,14 +21,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import saved_files
-from sitegen import generate_site
+from tests.support.crawl import plugins_path, saved_files
+from tests.support.sitegen import generate_site
 
 from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.savers import FileItemSaver
 from distscrape_celery.settings import Settings
 
-TESTS = Path(__file__).resolve().parent
 NET = "10.213.7"
 ADDRESS = {"redis": f"{NET}.1", "w1": f"{NET}.11", "w2": f"{NET}.12", "mgr": f"{NET}.21"}
 PREFIX = "dsnt"  # namespaces are named dsnt<pid of the test process>-<host>
@@ -179,9 +178,10 @@ def test_crawl_across_namespaces_survives_a_cut_off_worker_host(tmp_path):
         net.build()
         log_path = tmp_path / "requests.json"
         site_proc = subprocess.Popen(
-            [*net.on("redis"), sys.executable, str(TESTS / "site_process.py"), ADDRESS["redis"],
+            [*net.on("redis"), sys.executable, "-m", "tests.support.site_process", ADDRESS["redis"],
              str(PAGES), str(SEED), str(DELAY), str(log_path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": plugins_path()},
         )
         started.append(site_proc)
         base = f"http://{ADDRESS['redis']}:{site_proc.stdout.readline().strip()}"

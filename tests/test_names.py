@@ -7,7 +7,7 @@ import io
 import tracemalloc
 
 import pytest
-from test_cli import assert_one_line_error, run
+from tests.support.cli import assert_one_line_error, run
 
 from distscrape_celery.errors import ConfigError
 from distscrape_celery.job.spec import build_spec

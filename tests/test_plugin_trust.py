@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import crawl_settings, plugins_path, stop_all
+from tests.support.crawl import crawl_settings, plugins_path, stop_all
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.core.components import (
@@ -177,8 +177,8 @@ def test_refused_components_end_items_dead_at_once_in_the_pipeline(redis_url, tm
     """A refused scraper ends its item dead before anything is fetched; a refused output ends a
     whole save batch dead (the pipeline returns, it does not raise), with the reason, never
     retried, though the job allows retries."""
-    from conftest import RouteServer
-    from test_pipeline import Recorder
+    from tests.support.http import RouteServer
+    from tests.support.pipeline import Recorder
 
     from distscrape_celery.core.pipeline import ItemPipeline
     from distscrape_celery.core.runtime import Runtime
@@ -238,7 +238,7 @@ def test_seed_cli_refuses_a_module_its_settings_do_not_allow(hostile, redis_url,
 def test_local_crawl_loads_the_modules_of_its_own_job_file(tmp_path):
     """`distscrape crawl` runs the user's own spec on workers of its own: what its job file names
     is allowed there, without DISTSCRAPE_PLUGIN_MODULES."""
-    from sitegen import SiteServer, generate_site
+    from tests.support.sitegen import SiteServer, generate_site
 
     marker = tmp_path / "imported.marker"
     plugin_dir = tmp_path / "mine"
@@ -269,7 +269,7 @@ def _seed_as_anyone(tracker, job: str, spec) -> None:
 
 
 def test_worker_ends_refused_items_dead_and_stays_alive(redis_url, tmp_path):
-    from sitegen import SiteServer, generate_site
+    from tests.support.sitegen import SiteServer, generate_site
 
     marker = tmp_path / "imported.marker"
     plugin_dir = tmp_path / "mod"
@@ -277,7 +277,7 @@ def test_worker_ends_refused_items_dead_and_stays_alive(redis_url, tmp_path):
     name = hostile_module(plugin_dir, marker)
     root, outside = tmp_path / "allowed", tmp_path / "outside"
     root.mkdir()
-    settings = crawl_settings(redis_url, lease_seconds=2, plugin_modules="plugins",
+    settings = crawl_settings(redis_url, lease_seconds=2, plugin_modules="tests.plugins",
                               output_roots=str(root))
     tracker = RedisTracker.from_url(redis_url)
     worker = WorkerProcess(settings, name="trust", concurrency=2, log_dir=str(tmp_path),

@@ -21,8 +21,9 @@ from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.web.ssrf import AddressGuard, AddressRefused, address_kind
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.job.urls import Canonicalizer, normalize_url
-from test_cli import assert_one_line_error, run
-from test_fetch import reply, serve
+from tests.support.cli import assert_one_line_error, run
+from tests.support.guard import public_test_hooks, resolver
+from tests.support.http import reply, serve
 
 
 # -- canonical URLs -------------------------------------------------------------------------------
@@ -158,15 +159,6 @@ def test_scope_spec_errors_name_the_field() -> None:
 
 
 # -- SSRF guard -----------------------------------------------------------------------------------
-
-def resolver(table: dict[str, list[str]]):
-    def resolve(host: str) -> list[str]:
-        if host not in table:
-            raise socket.gaierror(socket.EAI_NONAME, "unknown name")
-        return table[host]
-
-    return resolve
-
 
 @pytest.mark.parametrize(
     ("address", "kind"),
@@ -334,15 +326,6 @@ def test_the_fetcher_never_reaches_an_internal_answer_of_the_seed_name() -> None
             internal.shutdown()
             internal.server_close()
     assert secret_hits == [] and [e["path"] for e in log] == ["/"]
-
-
-def public_test_hooks(port_hosts: dict[str, str]) -> dict:
-    """Guard hooks under which each name in ``port_hosts`` resolves to 127.0.0.1 but counts as a
-    public address: a "public" site that is really served on loopback."""
-    def classify(host: str, ip) -> str | None:
-        return None if host in port_hosts else address_kind(host, ip)
-
-    return {"resolver": resolver({h: ["127.0.0.1"] for h in port_hosts}), "classify": classify}
 
 
 def test_guarded_fetcher_connects_to_the_checked_address_and_refuses_every_hop() -> None:

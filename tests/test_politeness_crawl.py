@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from conftest import RouteServer, crawl_settings, plugins_path
+from tests.support.crawl import crawl_settings, plugins_path
+from tests.support.http import RouteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

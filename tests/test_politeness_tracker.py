@@ -205,7 +205,7 @@ def test_the_domain_rule_is_the_same_in_python_and_lua(redis_url):
 
 @pytest.mark.parametrize("kind", ["memory", "redis"])
 def test_job_limits_are_kept_when_the_job_exists(kind, request):
-    from conftest import make_tracker
+    from tests.conftest import make_tracker
 
     url = request.getfixturevalue("redis_url") if kind == "redis" else None
     t = make_tracker(kind, url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.connection
 
-from conftest import crawl_settings
+from tests.support.crawl import crawl_settings
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE

@@ -14,7 +14,8 @@ import time
 import uuid
 
 import pytest
-from conftest import RouteServer, crawl_settings, crawl_site_with_workers, expected_files, saved_files
+from tests.support.crawl import crawl_settings, crawl_site_with_workers, expected_files, saved_files
+from tests.support.http import RouteServer
 from kombu import Connection
 
 from distscrape_celery.worker.app import configure_app

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import redis
-from conftest import RouteServer
-from test_cli import run
+from tests.support.http import RouteServer
+from tests.support.cli import run
 
 from distscrape_celery.redaction import redact
 from distscrape_celery.errors import ConfigError

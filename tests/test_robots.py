@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import redis
 
-from conftest import crawl_settings
+from tests.support.crawl import crawl_settings
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.errors import FetchError
@@ -22,8 +22,8 @@ from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.web.robots import DISALLOWED, MemoryRobotsStore, RedisRobotsStore, RobotsCache
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
-from test_fetch import reply, serve
-from test_policy import public_test_hooks
+from tests.support.http import reply, serve
+from tests.support.guard import public_test_hooks
 
 HEAD = 500 * 1024  # what Google reads of a robots.txt
 TEXT = {"Content-Type": "text/plain"}

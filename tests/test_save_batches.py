@@ -17,7 +17,7 @@ from distscrape_celery.core.batching import Batcher
 from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.tracker import LeaseStatus
-from test_pipeline import ROUTES, pipeline_env, server  # noqa: F401  (server: a fixture)
+from tests.support.pipeline import ROUTES, pipeline_env
 
 
 def wait_for(check, timeout=5.0):
@@ -470,7 +470,7 @@ def test_a_group_entry_that_fails_is_retried_alone_and_the_others_are_done(batch
     full disk: that one is kept and retried later, the failing one counts an attempt, the rest
     are done."""
     from distscrape_celery.errors import SaveError
-    from test_pipeline import full_disk_save
+    from tests.support.pipeline import full_disk_save
 
     rt, pipe, rec, server = batch_env
     items, batch = _scraped_batch(rt, pipe, rec, server)

@@ -22,9 +22,9 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import crawl_settings, expected_files, plugins_path, saved_files
-from plugins.savers import event_counts, instruct, paused_pid, save_events
-from sitegen import SiteServer, generate_site
+from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
+from tests.plugins.savers import event_counts, instruct, paused_pid, save_events
+from tests.support.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE
@@ -40,13 +40,13 @@ from distscrape_celery.job.urls import normalize_url
 
 LEASE = 2.0
 DEFAULT_SAVE_BATCH = Settings.model_fields["save_batch_size"].default
-SAVER = "plugins.savers:CrashingSaver"
+SAVER = "tests.plugins.savers:CrashingSaver"
 # The tests' own savers and scrapers: workers, and the checks of seeding, must allow them.
-PLUGIN_MODULES = "plugins"
+PLUGIN_MODULES = "tests.plugins"
 
 
 class PluginWorker(WorkerProcess):
-    """A worker that can import ``plugins`` and may consume only some of the queues."""
+    """A worker that can import ``tests.plugins`` and may consume only some of the queues."""
 
     def __init__(self, *args, queues=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -298,7 +298,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
         victims = {_item(server, p): p for p in _pages(site, 5, seed=3)}
         stats, elapsed, fetched, fetch_times = _crawl_with_victims(
             server, tracker, procs, job,
-            _spec(server, out, saver="plugins.savers:GroupCrashingSaver"), victims)
+            _spec(server, out, saver="tests.plugins.savers:GroupCrashingSaver"), victims)
 
     kills, calls = event_counts(out, "kill"), event_counts(out, "call")
     _report("sigkill-in-group-commit", elapsed=f"{elapsed:.1f}s", kills=sum(kills.values()),
@@ -715,7 +715,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         instruct(out, "die_before_save_publish", [doomed])
         manager = _manager(tracker)
         manager.seed(job, build_spec({
-            "seeds": [server.url("/")], "scraper": {"kind": "plugins.scrapers:DyingScraper"},
+            "seeds": [server.url("/")], "scraper": {"kind": "tests.plugins.scrapers:DyingScraper"},
             "saver": {"kind": SAVER, "output": str(out)}, "max_retries": 0,
         }))
         deadline = time.monotonic() + 30

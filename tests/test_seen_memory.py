@@ -7,12 +7,7 @@ with default settings) at a small scale; the 10-million figure is in docs/perfor
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-
-from bench_seen_memory import measure  # noqa: E402
+from bench.bench_seen_memory import measure  # bench/ is a namespace package under the root
 
 BOUND = 16  # bytes of Redis per seen (done) URL
 

@@ -13,7 +13,7 @@ from collections import Counter, deque
 
 import pytest
 
-from sitegen import Site, SiteServer, generate_site, resolve
+from tests.support.sitegen import Site, SiteServer, generate_site, resolve
 
 _HREF_RE = re.compile(rb'<a href="([^"]*)"')
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import crawl_settings, expected_files, plugins_path, saved_files
-from sitegen import SiteServer, _Handler, generate_site
+from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
+from tests.support.sitegen import SiteServer, _Handler, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -24,14 +24,15 @@ from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-FULL_DISK_SAVER = "plugins.full_disk:FullDiskSaver"
-PLUGIN_MODULES = "plugins.full_disk"  # what the workers (and the seeding checks) must allow
+FULL_DISK_SAVER = "tests.plugins.full_disk:FullDiskSaver"
+PLUGIN_MODULES = "tests.plugins.full_disk"  # what the workers (and the seeding checks) must allow
 
 
 @pytest.fixture
 def start_worker(tmp_path):
-    """Start a real `celery worker` that can import ``plugins`` (tests/ on its PYTHONPATH);
-    every one is stopped, whole process group, at the end. ``path_first`` goes before tests/."""
+    """Start a real `celery worker` that can import ``tests.plugins`` (the repository root on its
+    PYTHONPATH); every one is stopped, whole process group, at the end. ``path_first`` goes
+    before the repository root."""
     started: list[WorkerProcess] = []
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -306,7 +307,7 @@ class _SlowPaths(SiteServer):
 
 def _first_child(site) -> str:
     """A page that "/" links to (so it is scraped early)."""
-    from sitegen import resolve
+    from tests.support.sitegen import resolve
 
     return next(p for h in site.links["/"] if (p := resolve("/", h)) not in (None, "/"))
 
@@ -419,7 +420,7 @@ def test_workers_with_skewed_clocks_steal_and_strand_nothing(
     leases follow Redis's clock, so no lease expires early (nothing is reclaimed, no page is
     downloaded twice) and none is stranded (the crawl finishes). The worker that is ahead starts
     after the crawl began, while the other holds unacknowledged messages."""
-    from plugins.full_disk import events
+    from tests.plugins.full_disk import events
 
     custom = _sitecustomize_dir(tmp_path)
 
@@ -518,7 +519,7 @@ def test_full_output_disk_defers_saves_without_redownloading(
     heartbeat thread pauses 0.1 s between reading which requests its worker holds and extending
     their leases, as a thread descheduled on a busy host would: a save that is deferred in that
     pause is then certain to be among those the heartbeat extends."""
-    from plugins.full_disk import event_counts, events, marker_path
+    from tests.plugins.full_disk import event_counts, events, marker_path
 
     probe = tmp_path / "extend.patched"
     if variant == "prompt":

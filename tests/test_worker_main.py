@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import plugins_path
+from tests.support.crawl import plugins_path
 
 from distscrape_celery.errors import EmbeddedServiceError
 from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
@@ -36,7 +36,7 @@ def test_a_started_worker_runs_without_celerys_command_line(redis_url, tmp_path)
     settings = Settings(redis_url=redis_url)
     worker = WorkerProcess(
         settings, name="lean", concurrency=2, pool="threads", loglevel="INFO", log_dir=str(tmp_path),
-        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.loaded_modules"],
+        extra_env={"PYTHONPATH": plugins_path()}, include=["tests.plugins.loaded_modules"],
     ).start()
     try:
         m = wait_for_line(worker, r"command-line modules loaded: (\d+) (.*)")
@@ -63,7 +63,7 @@ def test_the_options_are_celery_workers_own():
 
 
 @contextlib.contextmanager
-def forked(redis_url: str, tmp_path, forks: list[int], include: str = "plugins.loaded_modules"):
+def forked(redis_url: str, tmp_path, forks: list[int], include: str = "tests.plugins.loaded_modules"):
     """``worker_main --forks FORKS`` on ``redis_url``, once every worker has registered: (its
     WorkerProcess, the tracker, the forked workers' pids). Stopped on the way out."""
     settings = Settings(redis_url=redis_url)
@@ -166,7 +166,7 @@ def test_a_worker_stopped_before_it_is_ready_deregisters(redis_url, tmp_path):
     tracker = RedisTracker.from_settings(settings)
     worker = WorkerProcess(
         settings, name="early", pool="threads", concurrency=1, log_dir=str(tmp_path),
-        extra_env={"PYTHONPATH": plugins_path()}, include=["plugins.slow_start"],
+        extra_env={"PYTHONPATH": plugins_path()}, include=["tests.plugins.slow_start"],
     ).start()
     try:
         wait_for_workers(tracker, 1, procs=[worker])
@@ -180,7 +180,7 @@ def test_a_worker_stopped_before_it_is_ready_deregisters(redis_url, tmp_path):
 
 
 def test_forked_workers_stopped_before_they_are_ready_deregister(redis_url, tmp_path):
-    with forked(redis_url, tmp_path, [1, 1], include="plugins.slow_start") as (
+    with forked(redis_url, tmp_path, [1, 1], include="tests.plugins.slow_start") as (
             worker, tracker, pids):
         wait_for_line(worker, "slow start: pausing(.|\n)*slow start: pausing")
         os.kill(worker.proc.pid, signal.SIGKILL)  # the supervisor: each worker gets a SIGTERM

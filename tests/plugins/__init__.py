@@ -1,2 +1,3 @@
 """Test-only scraper and saver plugins, loaded by worker processes by dotted path
-(``plugins.savers:CrashingSaver``); the tests put ``tests/`` on the workers' PYTHONPATH."""
+(``tests.plugins.savers:CrashingSaver``); the tests put the repository root on the workers'
+PYTHONPATH."""

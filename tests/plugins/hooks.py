@@ -1,4 +1,4 @@
-"""A job_finished receiver, loaded with ``celery worker -I plugins.hooks``: it logs one line
+"""A job_finished receiver, loaded with ``celery worker -I tests.plugins.hooks``: it logs one line
 per event, which the tests count in the workers' logs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loaded with ``-I plugins.slow_start``: the worker pauses in its start, after it has registered
+"""Loaded with ``-I tests.plugins.slow_start``: the worker pauses in its start, after it has registered
 and before Celery has installed its signal handlers, and logs that it does."""
 
 from __future__ import annotations

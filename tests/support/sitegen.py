@@ -1,7 +1,7 @@
 """Deterministic synthetic web sites and a tiny local HTTP server for them.
 
-Standard library only.  Imported by tests and benchmarks as ``from sitegen import ...``
-(with ``tests/`` on ``sys.path``), so no package-relative imports here.
+Standard library only.  Imported by tests and benchmarks as
+``from tests.support.sitegen import ...`` (with the repository root on ``sys.path``).
 
 * :func:`generate_site` builds a :class:`Site`: a dict ``path -> HTML bytes`` plus the
   set of paths reachable from ``"/"`` and the set of orphan pages nothing links to.

@@ -1,6 +1,6 @@
 """Serve a generated site from its own process (run inside a test's network namespace).
 
-    python tests/site_process.py HOST PAGES SEED DELAY LOG_JSON
+    python -m tests.support.site_process HOST PAGES SEED DELAY LOG_JSON   (from the repository root)
 
 Prints the port once it listens; serves until its stdin closes, then writes the request log
 (paths in arrival order) to LOG_JSON as JSON.
@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from sitegen import SiteServer, generate_site  # noqa: E402
+from tests.support.sitegen import SiteServer, generate_site
 
 
 def main() -> None:

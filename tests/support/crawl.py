@@ -1,0 +1,85 @@
+"""Crawls with real worker processes: settings, the workers' PYTHONPATH, seeding a generated
+site and waiting for it, stopping workers, and comparing what was saved with the site."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from distscrape_celery.settings import Settings
+from distscrape_celery.tracker import RedisTracker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def plugins_path(*first: str) -> str:
+    """PYTHONPATH for a worker that imports the tests' plug-ins (``tests.plugins.*``): ``first``,
+    the repository root, then the caller's own PYTHONPATH, so that it works from any cwd."""
+    return os.pathsep.join(filter(None, [*first, str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+
+
+def crawl_settings(redis_url: str, **overrides) -> Settings:
+    # An empty environ: tests must not depend on the shell's DISTSCRAPE_* variables.
+    return Settings.from_env({}, redis_url=redis_url, **overrides)
+
+
+def crawl_site_with_workers(settings: Settings, workers, site_server, out, job: str,
+                            n_workers: int = 2, timeout: float = 120):
+    """Start ``n_workers`` real workers, seed ``job`` with the site's root (the files saver into
+    ``out``) and wait until it finishes, failing at once if a worker dies. Returns its stats."""
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.job.spec import build_spec
+    from distscrape_celery.local.processes import wait_for_workers
+    from distscrape_celery.core.manager import CrawlManager
+    from distscrape_celery.worker.tasks import publisher
+
+    procs = [workers(settings, f"{job}-{i}") for i in range(n_workers)]
+    tracker = RedisTracker.from_url(settings.redis_url)
+    wait_for_workers(tracker, n_workers, procs=procs)
+    configure_app(settings)
+    manager = CrawlManager(tracker, publisher.scrape)
+    manager.seed(job, build_spec({"seeds": [site_server.url("/")], "saver": {"output": str(out)}}))
+
+    def check():
+        for p in procs:
+            p.check()
+
+    return manager.wait(job, timeout=timeout, check=check)
+
+
+def stop_all(procs, timeout: float) -> None:
+    """Stop every worker of ``procs`` at once: each warm shutdown spends ~1.5 s closing its
+    prefork pool, which would add up, worker after worker, at the end of every crawl test."""
+    threads = [threading.Thread(target=w.stop, kwargs={"timeout": timeout}) for w in procs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def saved_files(output) -> dict[str, bytes]:
+    """Every file under ``output`` (relative path -> content), temp files of the saver excluded."""
+    out = {}
+    for path in Path(output).rglob("*"):
+        if path.is_file() and not path.name.startswith(".~tmp-"):
+            out[str(path.relative_to(output))] = path.read_bytes()
+    return out
+
+
+def expected_files(server, site, output) -> dict[str, bytes]:
+    from distscrape_celery.savers import FileItemSaver
+
+    saver = FileItemSaver(output)
+    return {str(saver.name_for(server.url(p))): site.pages[p] for p in site.reachable}
+
+
+def wait_until(what: str, cond, timeout: float = 90.0, procs=()):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        for p in procs:
+            p.check()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
