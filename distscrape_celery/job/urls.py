@@ -39,7 +39,7 @@ DEFAULT_TRACKING_PARAMS: tuple[str, ...] = (
 # lower-case host name or IPv4 address, a port (dropped below if it is the default), a path
 # (maybe none) of unreserved characters with no empty, "." or ".." segment, and no query. Most
 # links of a site look like this, and w3lib takes several times as long to hand them back
-# unchanged. Anything else goes to w3lib; tests/test_url_fast_paths.py checks that both agree.
+# unchanged. Anything else goes to w3lib; tests/unit/test_url_fast_paths.py checks that both agree.
 PLAIN_SEGMENT = r"(?!\.\.?(?:[/#]|\Z))[A-Za-z0-9._~-]+"
 PLAIN_PATH = rf"(?:(?:/{PLAIN_SEGMENT})+/?|/)"
 # Its scheme, host and port (groups 1-3; the port may still be over 65535).

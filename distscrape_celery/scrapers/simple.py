@@ -30,7 +30,7 @@ _MISSING = object()
 # An href that urljoin resolves without its parsing: a path from the root ("/a/b.html") or one
 # relative to the page's directory, maybe behind "./" and "../" ("../a/b.html"), of unreserved
 # characters with no empty, "." or ".." segment after those, no query, maybe a fragment.
-# tests/test_url_fast_paths.py checks the result against urljoin's.
+# tests/unit/test_url_fast_paths.py checks the result against urljoin's.
 _PLAIN_HREF = re.compile(
     rf"(/|(?:\.\.?/)*)((?:{PLAIN_SEGMENT}(?:/{PLAIN_SEGMENT})*/?)?)(?:#[!-~]*)?\Z"
 )

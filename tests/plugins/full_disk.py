@@ -1,4 +1,5 @@
-"""A saver whose output disk is full while a marker file exists, for tests/test_worker_faults.py.
+"""A saver whose output disk is full while a marker file exists, for
+tests/faults/test_worker_faults.py.
 
 Workers are separate processes, so the test switches the "disk" between full and not full with a
 marker file next to the output directory (``<output>.disk-full``), never inside it: the output

@@ -1,6 +1,6 @@
-"""Loaded with ``-I tests.plugins.loaded_modules``: when the worker is ready it logs which modules of
-Celery's command line (and the plugins that loads) the process holds, and, in a worker forked by
-``worker_main --forks``, which modules it imported itself after the fork."""
+"""Loaded with ``-I tests.plugins.loaded_modules``: when the worker is ready it logs which
+modules of Celery's command line (and the plugins that loads) the process holds, and, in a worker
+forked by ``worker_main --forks``, which modules it imported itself after the fork."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Savers that misbehave on request, for the save fault tests (tests/test_save_faults.py).
+"""Savers that misbehave on request, for the save fault tests (tests/faults/test_save_faults.py).
 
 Workers are separate processes, so a test instructs them through files in a control directory
 next to the output directory (``<output>.ctl``), never inside it: the output must hold exactly the

@@ -1,5 +1,5 @@
-"""Scrapers that misbehave on request, for tests/test_save_faults.py (see plugins/savers.py for
-the control directory ``<output>.ctl`` next to the saver's output).
+"""Scrapers that misbehave on request, for tests/faults/test_save_faults.py (see plugins/savers.py
+for the control directory ``<output>.ctl`` next to the saver's output).
 
 Control file ``die_before_save_publish`` (one item per line): once the pipeline has made that item
 save-pending (``scraped``), the process group of the worker that scraped it is SIGKILLed (a power

@@ -1,5 +1,5 @@
-"""Loaded with ``-I tests.plugins.slow_start``: the worker pauses in its start, after it has registered
-and before Celery has installed its signal handlers, and logs that it does."""
+"""Loaded with ``-I tests.plugins.slow_start``: the worker pauses in its start, after it has
+registered and before Celery has installed its signal handlers, and logs that it does."""
 
 from __future__ import annotations
 

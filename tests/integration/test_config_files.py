@@ -25,7 +25,7 @@ from distscrape_celery.savers.warc import warc_shards
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-CONFIG = Path(__file__).resolve().parent.parent / "config"
+CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIG.glob("*.toml")))

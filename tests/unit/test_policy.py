@@ -1,5 +1,6 @@
-"""Crawl policy, unit by unit: canonical URLs, page encodings, link scope, the SSRF guard, failure
-classification and the policy options of the command line. Fast; HTTP only on 127.0.0.1."""
+"""Crawl policy, unit by unit: canonical URLs, page encodings, link scope, the SSRF guard and
+failure classification (the command line's policy options: integration/test_policy_cli.py).
+Fast; HTTP only on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -15,13 +16,11 @@ import pytest
 from distscrape_celery.web.encoding import decode_html
 from distscrape_celery.errors import ConfigError, FetchError
 from distscrape_celery.web.fetch import Download, Fetcher, retry_after
-from distscrape_celery.job.spec import FetchSpec, JobSpec, build_spec
+from distscrape_celery.job.spec import FetchSpec, build_spec
 from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.web.ssrf import AddressGuard, AddressRefused, address_kind
-from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.job.urls import Canonicalizer, normalize_url
-from tests.support.cli import assert_one_line_error, run
 from tests.support.guard import public_test_hooks, resolver
 from tests.support.http import reply, serve
 
@@ -437,32 +436,3 @@ def test_allowed_content_types_are_checked_before_the_body_is_read() -> None:
 
 # -- command line ---------------------------------------------------------------------------------
 
-def test_policy_options_reach_the_spec(redis_url, tmp_path) -> None:
-    config = tmp_path / "job.toml"
-    config.write_text('[fetch]\nuser_agent = "from-file/1"\n[scraper]\nmax_depth = 5\n')
-    common = ["http://www.site.invalid/", "--output", str(tmp_path / "o"), "--config", str(config),
-              "--redis-url", redis_url]
-    res = run("seed", "flags", *common, "--ignore-robots", "--user-agent", "bot/2 (+x)",
-              "--max-depth", "2", "--allow-domain", "site.invalid", "--allow-domain",
-              "other.invalid", "--allow-private")
-    assert res.returncode == 0, res.stderr
-    tracker = RedisTracker.from_url(redis_url)
-    spec = JobSpec.from_json(tracker.load_spec("flags"))
-    assert (spec.fetch.obey_robots, spec.fetch.user_agent, spec.fetch.allow_private) == (
-        False, "bot/2 (+x)", True)
-    assert (spec.scraper.max_depth, spec.scraper.allowed_domains) == (
-        2, ["site.invalid", "other.invalid"])
-    assert run("seed", "file", *common).returncode == 0
-    spec = JobSpec.from_json(tracker.load_spec("file"))  # without flags, the file's values stand
-    assert (spec.fetch.obey_robots, spec.fetch.user_agent, spec.scraper.max_depth) == (
-        True, "from-file/1", 5)
-    assert spec.fetch.allow_private is False and spec.scraper.allowed_domains is None
-
-
-def test_bad_policy_options_are_one_line_errors(redis_url) -> None:
-    for args, fragment in [
-        (["--allow-domain", "http://x.invalid/"], "--allow-domain: 'http://x.invalid/' is not a domain name"),
-        (["--allow-domain", "x.invalid", "--all-hosts"], "exclude each other"),
-    ]:
-        res = run("seed", "bad", "http://x.invalid/", *args, "--redis-url", redis_url)
-        assert_one_line_error(res, fragment)

@@ -1,5 +1,6 @@
 """Names and hosts a user gives: job names, the queue prefix, allowed domains, the hosts of seed
-URLs, and the lines of a seed file. Each bad one is refused with an error naming the field."""
+URLs, and the lines of a seed file. Each bad one is refused with an error naming the field (as
+`distscrape seed` shows it: integration/test_names_cli.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import io
 import tracemalloc
 
 import pytest
-from tests.support.cli import assert_one_line_error, run
 
 from distscrape_celery.errors import ConfigError
 from distscrape_celery.job.spec import build_spec
@@ -31,11 +31,6 @@ def test_a_queue_prefix_with_a_line_break_is_refused(prefix: str) -> None:
     with pytest.raises(ConfigError, match="DISTSCRAPE_QUEUE_PREFIX"):
         Settings.from_env({"DISTSCRAPE_QUEUE_PREFIX": prefix})
     assert Settings.from_env({"DISTSCRAPE_QUEUE_PREFIX": "crawl-2.a"}).queue_prefix == "crawl-2.a"
-
-
-def test_the_seed_command_refuses_a_job_name_ending_in_a_newline(redis_url) -> None:
-    res = run("seed", "job\n", "http://127.0.0.1:9/", "--redis-url", redis_url)
-    assert_one_line_error(res, "invalid job name 'job\\n'")
 
 
 # -- allowed domains --------------------------------------------------------------------------
@@ -74,12 +69,6 @@ def test_allowed_domains_are_kept_in_the_form_link_hosts_take() -> None:
     assert scope.accept("http://www.bücher.de/a") == "http://www.xn--bcher-kva.de/a"
 
 
-def test_the_allow_domain_option_is_named_in_its_error(redis_url) -> None:
-    res = run("seed", "bad", "http://x.invalid/", "--allow-domain", "x.invalid:8080",
-              "--redis-url", redis_url)
-    assert_one_line_error(res, "--allow-domain: 'x.invalid:8080' is not a domain name", "no port")
-
-
 # -- hosts of seed URLs -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", [
@@ -98,11 +87,6 @@ def test_a_seed_with_an_invalid_host_is_refused_by_name(seed: str) -> None:
 ])
 def test_valid_seed_hosts_are_taken(seed: str, item: str) -> None:
     assert build_spec({"seeds": [seed]}).seeds == [item]
-
-
-def test_the_seed_command_names_a_seed_with_a_bad_host(redis_url) -> None:
-    res = run("seed", "j", "http://a..b/", "--redis-url", redis_url)
-    assert_one_line_error(res, "malformed seed URL 'http://a..b/'", "invalid host name")
 
 
 # -- lines of a seed file ---------------------------------------------------------------------
@@ -131,13 +115,3 @@ def test_a_seed_file_line_is_bounded_and_a_longer_one_skipped_by_number() -> Non
     assert peak < huge // 8, peak
 
 
-def test_the_seed_command_reports_a_too_long_line_and_seeds_the_rest(redis_url, tmp_path) -> None:
-    path = tmp_path / "ids.txt"
-    path.write_bytes(b"1\n" + b"7" * (4 * 1024 * 1024) + b"\n2\n")
-    res = run("seed", "ids", "--ids-file", str(path), "--scraper", "ids", "--id-regex", "x",
-              "--download-url-fmt", "http://127.0.0.1:9/{}", "--output", str(tmp_path / "o"),
-              "--redis-url", redis_url)
-    assert res.returncode == 1, res.stderr
-    assert "created: 2 new item(s)" in res.stdout
-    assert f"{path}:2: longer than {MAX_LINE_BYTES} bytes; skipped" in res.stderr
-    assert "1 malformed line(s)" in res.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 from distscrape_celery.cli.exporter import CrawlCollector
 from distscrape_celery.tracker import InMemoryTracker
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 220
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")

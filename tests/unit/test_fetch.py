@@ -479,7 +479,7 @@ def test_installed_urllib3_is_one_that_bounds_decompression() -> None:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     (requirement,) = [r for r in map(Requirement, declared) if r.name == "urllib3"]
     floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]

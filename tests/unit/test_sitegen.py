@@ -1,4 +1,4 @@
-"""Tests for the synthetic site generator and its local server (tests/sitegen.py)."""
+"""Tests for the synthetic site generator and its local server (tests/support/sitegen.py)."""
 
 from __future__ import annotations
 

@@ -501,7 +501,7 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
     env["TMPDIR"] = str(tmp)
     out = tmp_path / "crawl-output"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     with (tmp_path / "err").open("w") as err:
         proc = subprocess.Popen(
             [sys.executable, str(root / "bench" / "local_site.py"), "--pages", "80", "--delay", "0.2",

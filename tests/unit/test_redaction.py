@@ -1,12 +1,10 @@
 """No password or token of a configured URL is ever printed: one redaction for every URL shown,
-the forms a password takes in it, and the messages of `distscrape` that show such URLs."""
+and the forms a password takes in it (the messages of `distscrape` that show such URLs:
+integration/test_redaction_cli.py)."""
 
 from __future__ import annotations
 
 import pytest
-import redis
-from tests.support.http import RouteServer
-from tests.support.cli import run
 
 from distscrape_celery.redaction import redact
 from distscrape_celery.errors import ConfigError
@@ -61,38 +59,6 @@ def test_a_raw_slash_in_a_redis_password_is_named_not_shown(url: str) -> None:
         check_redis_url(url)
     message = str(info.value)
     assert "cret" not in message and "percent-encode" in message, message
-
-
-def test_seed_urls_with_credentials_are_refused_without_showing_them(redis_url) -> None:
-    res = run("seed", "j", "http://user:s3cret@127.0.0.1:9/", "--redis-url", redis_url)
-    assert res.returncode == 2 and "carries credentials" in res.stderr, res.stderr
-    assert SECRET not in res.stderr + res.stdout
-
-
-def test_an_output_url_for_the_wrong_saver_is_shown_redacted(tmp_path) -> None:
-    res = run("crawl", "--in-memory", "http://127.0.0.1:9/", "--saver", "files",
-              "--output", "redis://:s3cret@127.0.0.1:9/2")
-    assert res.returncode == 2 and "redis://:***@127.0.0.1:9/2" in res.stderr, res.stderr
-    assert SECRET not in res.stderr + res.stdout
-
-
-def test_the_crawl_summary_never_shows_the_output_password(redis_server_url, tmp_path) -> None:
-    """A real crawl saving to the test Redis (which has a password) at database 2."""
-    password = redis.connection.parse_url(redis_server_url)["password"]
-    assert password
-    output = redis_server_url.rsplit("/", 1)[0] + "/2"
-    with RouteServer({"/": (200, b"<html>hello</html>")}) as server:
-        res = run("crawl", "--in-memory", server.base + "/", "--output", output)
-    assert res.returncode == 0, (res.stdout, res.stderr)
-    assert "1 saved, 0 dead" in res.stdout
-    assert f"output in {output.replace(password, '***')}" in res.stdout
-    assert password not in res.stdout + res.stderr
-    client = redis.Redis.from_url(output)
-    try:
-        assert client.dbsize() >= 1  # the page went there
-        client.flushdb()
-    finally:
-        client.close()
 
 
 @pytest.mark.parametrize("url", [

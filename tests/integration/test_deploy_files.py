@@ -22,7 +22,7 @@ from tests.support.ops import free_port, metrics_once, wait_for
 from distscrape_celery.worker.app import app, configure_app
 from distscrape_celery.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 UNIT = ROOT / "workers" / "distscrape-worker@.service"
 SETTINGS_VARS = {"DISTSCRAPE_" + name.upper() for name in Settings.model_fields}
