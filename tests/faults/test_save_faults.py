@@ -468,6 +468,8 @@ def test_hung_save_in_a_threads_pool_gives_its_item_up_after_the_time_limit(
         manager.seed(job, _spec(server, out))
         stats = manager.wait(job, timeout=hang - 10, check=_check_all([proc]))
         took = time.monotonic() - started
+    # The hung run would hold the worker's warm shutdown until the fixture's timeout: end it now.
+    proc.stop(timeout=0)
     _report("hung-save", took=f"{took:.1f}s", limit=limit, hang=hang)
     assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
     assert event_counts(out, "pause")[hung] == 1
