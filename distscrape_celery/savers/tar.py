@@ -173,15 +173,7 @@ class TarShard:
                 )
                 return
             size = os.fstat(fh.fileno()).st_size
-            while True:
-                try:
-                    info = tar.next()
-                except (tarfile.ReadError, EOFError):
-                    self.torn = True
-                    return
-                if info is None:
-                    break
-                tar.members.clear()  # stream mode keeps every member otherwise
+            for info in self._stream_members(tar):
                 if not info.isfile():
                     continue
                 try:
@@ -197,6 +189,8 @@ class TarShard:
                 record = _record(info, str(self.path), body)
                 if record is not None:
                     yield record
+            if self.torn:
+                return
             # tar.next() gave None: an end-of-archive marker, or the data simply ended (tarfile
             # cannot tell those apart from a torn header, so look at what is left).
             if self.compression:
@@ -210,6 +204,19 @@ class TarShard:
                 self.finished = rest == _END_OF_ARCHIVE
                 self.torn = bool(rest) and not self.finished
 
+    def _stream_members(self, tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+        """The members of stream-mode ``tar`` in order, none kept (stream mode keeps every one
+        otherwise); a header that cannot be read sets ``torn`` and ends them."""
+        while True:
+            try:
+                info = tar.next()
+            except (tarfile.ReadError, EOFError):
+                self.torn = True
+                return
+            if info is None:
+                return
+            tar.members.clear()
+            yield info
 
     def units(self, max_unit: Optional[int] = None) -> Iterator[tuple[bytes, Optional[str]]]:
         """Each complete member as (its bytes in the file, its item or None), in order, up to
@@ -250,15 +257,7 @@ class TarShard:
             except tarfile.ReadError:
                 self.torn = True
                 return
-            while True:
-                try:
-                    info = tar.next()
-                except (tarfile.ReadError, EOFError):
-                    self.torn = True
-                    return
-                if info is None:
-                    break
-                tar.members.clear()
+            for info in self._stream_members(tar):
                 end = info.offset_data + _padded(info.size)
                 if end > size:
                     self.torn = True  # its data or padding was cut short: never saved
@@ -267,6 +266,8 @@ class TarShard:
                     raise NotAUnit(f"a member larger than {max_unit} bytes")
                 item = info.pax_headers.get(PAX_ITEM) if info.isfile() else None
                 yield os.pread(fd, end - info.offset, info.offset), item
+            if self.torn:
+                return
             rest = os.pread(fd, len(_END_OF_ARCHIVE), tar.offset)
             self.finished = rest == _END_OF_ARCHIVE
             self.torn = bool(rest) and not self.finished
