@@ -34,6 +34,14 @@ def settings_for(redis_url: Optional[str], lease_seconds: Optional[float] = None
     return Settings.from_env(redis_url=redis_url, lease_seconds=lease_seconds)
 
 
+def redis_tracker(settings: Settings):
+    """The tracker on the Redis of ``settings``, for a command that sends no tasks: it loads no
+    Celery (the slowest import of a command)."""
+    from ..tracker import RedisTracker
+
+    return RedisTracker.from_settings(settings)
+
+
 def redis_runtime(settings: Settings):
     """(tracker, manager) on the tracker Redis of ``settings``, the Celery app configured."""
     from ..worker.app import configure_app

@@ -11,7 +11,7 @@ import click
 
 from ..errors import ConfigError, JobNotFound, JobStateError
 from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
-from .group import cli, redis_runtime, redis_url_option, settings_for
+from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
 # Dead items `status` shows below the figures; `dead` lists them all.
@@ -46,8 +46,8 @@ def when(ts: Optional[float]) -> str:
 @redis_url_option
 def status(job, as_json, watch, redis_url) -> None:
     """Show how far JOB has got: its state, times and counts."""
-    tracker, manager = redis_runtime(settings_for(redis_url))
-    manager.status(job)  # JobNotFound for a job never seeded
+    tracker = redis_tracker(settings_for(redis_url))
+    tracker.load_spec(job)  # JobNotFound for a job never seeded
     if as_json:
         click.echo(json.dumps(job_row(tracker, job)))
     elif watch:
@@ -96,7 +96,7 @@ def jobs(as_json, redis_url) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    tracker, _ = redis_runtime(settings_for(redis_url))
+    tracker = redis_tracker(settings_for(redis_url))
     rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
     if as_json:
         for row in rows:
@@ -126,7 +126,7 @@ def workers(as_json, redis_url) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    tracker, _ = redis_runtime(settings_for(redis_url))
+    tracker = redis_tracker(settings_for(redis_url))
     held: dict[str, dict[str, int]] = {}
     for job in tracker.active_jobs():
         for wid, n in tracker.leased_by_worker(job).items():
@@ -194,7 +194,7 @@ def _control(job: str, action: JobAction, redis_url: Optional[str]) -> None:
 @redis_url_option
 def dead(job, as_json, redis_url) -> None:
     """List every dead item of JOB with the reason it was given up on, one a line."""
-    tracker, _ = redis_runtime(settings_for(redis_url))
+    tracker = redis_tracker(settings_for(redis_url))
     for item, reason in tracker.iter_dead(job):
         if as_json:
             click.echo(json.dumps({"item": item, "reason": reason}))
@@ -219,7 +219,7 @@ def export(job, which, redis_url) -> None:
             "saver's output lists them (its output directory, or `distscrape tar-index "
             "OUTPUT` for tar shards)"
         )
-    tracker, _ = redis_runtime(settings_for(redis_url))
+    tracker = redis_tracker(settings_for(redis_url))
     for item, reason in tracker.iter_dead(job):
         click.echo(f"{item}\t{reason}")
 
@@ -229,12 +229,10 @@ def export(job, which, redis_url) -> None:
 @redis_url_option
 def retry_dead(job, redis_url) -> None:
     """Queue every dead item of JOB again, its failure counts reset."""
-    tracker, _ = redis_runtime(settings_for(redis_url))
-    from ..worker.tasks import publisher
-
+    tracker, manager = redis_runtime(settings_for(redis_url))
     res = tracker.retry_dead(job)
     if res.dispatch:
-        publisher.scrape(job, res.dispatch)
+        manager.publish(job, res.dispatch)
     click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
 
 
@@ -247,7 +245,7 @@ def retry_dead(job, redis_url) -> None:
 @redis_url_option
 def delete(job, force, redis_url) -> None:
     """Remove every key of JOB from Redis, in small batches (saved output is kept)."""
-    tracker, _ = redis_runtime(settings_for(redis_url))
+    tracker = redis_tracker(settings_for(redis_url))
     check_deletable(tracker, job, force)
     n = tracker.delete_job(job)
     click.echo(f"job {job} deleted ({n} key(s))")

@@ -20,8 +20,8 @@ from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings
 from ..tracker.staging import BodyStaging, RedisBodyStaging
-from ..tracker import InMemoryTracker, RedisTracker, Tracker
-from ..tracker.redis import connect
+from ..tracker import Tracker
+from ..tracker.redis import RedisTracker, connect
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class Runtime:
 
     @classmethod
     def in_memory_runtime(cls, settings: Settings) -> "Runtime":
+        from ..tracker import InMemoryTracker  # a fake Redis with Lua: only an in-memory crawl
+
         tracker = InMemoryTracker(
             lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor,
             save_timeout=settings.save_timeout,

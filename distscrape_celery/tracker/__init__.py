@@ -26,8 +26,21 @@ from .model import (
     ScrapedResult,
     WorkerInfo,
 )
-from .memory import InMemoryTracker
-from .redis import RedisTracker
+
+# The two trackers are imported on first use: the Redis client and, for InMemoryTracker, its
+# fake Redis server with a Lua runtime are the slowest imports of a worker or a command that
+# only needs the model or the key names.
+_LAZY = {"InMemoryTracker": ".memory", "RedisTracker": ".redis"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",

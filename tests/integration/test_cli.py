@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -112,3 +114,26 @@ def test_malformed_redis_url_is_one_line(source, url, why):
 def test_malformed_broker_url_is_one_line():
     res = run("status", "j", env={"DISTSCRAPE_BROKER_URL": "redis://127.0.0.1:notaport/0"}, timeout=30)
     assert_one_line_error(res, "DISTSCRAPE_BROKER_URL", "port")
+
+
+# Commands that only read or delete load neither Celery nor the in-memory tracker's fake Redis:
+# those two imports were most of such a command's start-up.
+READ_ONLY = [("status", "j"), ("status", "j", "--json"), ("jobs",), ("workers",), ("dead", "j"),
+             ("export", "j", "--dead"), ("delete", "j", "--force")]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=lambda a: " ".join(a))
+def test_read_only_commands_load_no_celery(redis_url, args):
+    from distscrape_celery.tracker import RedisTracker
+
+    RedisTracker.from_url(redis_url).create_job("j", json.dumps({"seeds": ["http://127.0.0.1/"]}))
+    code = (
+        "import sys\n"
+        "from distscrape_celery.cli import main\n"
+        f"sys.argv = ['distscrape', *{list(args)!r}, '--redis-url', {redis_url!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exc:\n    status = exc.code\nelse:\n    status = 0\n"
+        "print('STATUS', status, sorted(m for m in ('celery', 'fakeredis', 'lupa') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "STATUS 0 []", (res.stdout, res.stderr)
