@@ -58,7 +58,7 @@ def tracker_factory(request):
 
 from distscrape_celery.local.processes import WorkerProcess  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
-from tests.support.crawl import stop_all  # noqa: E402
+from tests.support.crawl import kill_all  # noqa: E402
 from tests.support.http import RouteServer  # noqa: E402
 from tests.support.pipeline import ROUTES  # noqa: E402
 from tests.support.sitegen import SiteServer, generate_site  # noqa: E402
@@ -77,7 +77,7 @@ def site_server(site):
 
 @pytest.fixture
 def workers(tmp_path):
-    """Start real `celery worker` processes; every one is stopped (its whole group) at the end."""
+    """Start real `celery worker` processes; every one is killed (its whole group) at the end."""
     started: list[WorkerProcess] = []
 
     def start(settings: Settings, name: str, concurrency: int = 3, **kw) -> WorkerProcess:
@@ -87,7 +87,7 @@ def workers(tmp_path):
         return w
 
     yield start
-    stop_all(started, timeout=10)
+    kill_all(started)
 
 
 @pytest.fixture

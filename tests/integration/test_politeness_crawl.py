@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.crawl import crawl_settings, plugins_path
+from tests.support.crawl import crawl_settings, kill_all, plugins_path
 from tests.support.http import RouteServer
 
 from distscrape_celery.worker.app import configure_app
@@ -77,8 +77,7 @@ def crawl(redis_url, tmp_path):
         return manager.wait(job, timeout=timeout, check=check)
 
     yield run
-    for p in procs:
-        p.stop(timeout=10)
+    kill_all(procs)
 
 
 def test_rate_limit_holds_across_two_workers(sites, crawl):
