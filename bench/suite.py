@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_crawl import children_of, own_cpu, own_system_cpu  # noqa: E402
+from sim_hosts import CgroupError, HostCgroups  # noqa: E402
 from tests.support.sitegen import generate_site  # noqa: E402
 
 PEERS = ROOT / "bench" / ".venv-peers"
@@ -246,6 +247,7 @@ class Result:
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     middle: float = 0.0  # pages/s between the first and the last 5 % of the pages
     busiest: float = 0.0  # workers: the busiest worker process's share of a core, seed to finish
+    seed_cpu: float = 0.0  # workers: their CPU seconds from seed to finish (start-up excluded)
     # From the site's log: how long the first and last 5 % of the pages took and the rate in
     # between, and (the latency site) how late its answers left, median and 90th percentile.
     timeline: str = ""
@@ -622,15 +624,17 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   max_pages: Optional[int] = None, worker_args: Optional[list[str]] = None,
                   worker_env: Optional[dict[str, str]] = None,
                   worker_groups: Optional[list[tuple[int, list[str]]]] = None,
-                  polite: bool = False) -> Result:
+                  polite: bool = False, group_prefix: Optional[list[list[str]]] = None) -> Result:
     """The README's many-host setup on this host: ``celery multi start`` of ``workers`` workers
     with ``-P threads -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with
     options of their own), with ``worker_env`` (BENCH_LAUNCH, BENCH_PIN: see below), then
     ``distscrape seed`` (limits set high; with ``polite``, the default ones); waits until the
-    tracker says the job is finished."""
+    tracker says the job is finished. ``group_prefix``: a command prefix for each group, which
+    its ``celery multi start`` (or each of its workers' commands) runs under."""
     worker_args = README_WORKER_ARGS if worker_args is None else worker_args
     groups = worker_groups or [(workers, worker_args)]
     workers = sum(n for n, _ in groups)
+    prefix = group_prefix or [[] for _ in groups]
     from distscrape_celery.settings import Settings
     from distscrape_celery.tracker import RedisTracker
 
@@ -659,6 +663,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
             or (pin and launch != "sessions")):
         raise SystemExit(f"BENCH_LAUNCH={launch!r}: multi, sessions, loop, forks or mains "
                          "(BENCH_PIN: sessions)")
+    if group_prefix and launch in ("loop", "forks"):
+        raise SystemExit(f"BENCH_LAUNCH={launch}: its workers cannot each have a prefix")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url, **worker_env)
     settings = Settings(redis_url=server.url)
     tracker = RedisTracker.from_settings(settings)
@@ -667,20 +673,21 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     started = time.monotonic()
     queues = ["-Q", "distscrape.scrape,distscrape.save"]
     commands = [
-        [*(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
+        [*before, *(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
          *([str(BIN / "python"), "-m", "distscrape_celery.worker_main"] if launch == "mains"
            else [str(BIN / "celery"), "-A", "distscrape_celery", "worker"]), *queues, *opts,
          "-n", f"distscrape-{i}@%h", "--loglevel", "WARNING"]
-        for i, opts in enumerate(opts for n, opts in groups for _ in range(n))]
+        for i, (before, opts) in enumerate(
+            (before, opts) for before, (n, opts) in zip(prefix, groups) for _ in range(n))]
     procs = []
     multi_files = [f"--pidfile={work}/{job}-%n.pid", f"--logfile={work}/{job}-%n.log"]
     multi_groups = [([f"g{g}w{i}" for i in range(n)], opts) for g, (n, opts) in enumerate(groups)]
     multi_names = [name for names, _ in multi_groups for name in names]
     if launch == "multi":
-        for names, opts in multi_groups:
-            subprocess.run([str(BIN / "celery"), "multi", "start", *names, "-A", "distscrape_celery",
-                            *queues, *opts, "--loglevel=WARNING", *multi_files], env=env,
-                           check=True, capture_output=True)
+        for before, (names, opts) in zip(prefix, multi_groups):
+            subprocess.run([*before, str(BIN / "celery"), "multi", "start", *names, "-A",
+                            "distscrape_celery", *queues, *opts, "--loglevel=WARNING",
+                            *multi_files], env=env, check=True, capture_output=True)
     elif launch == "loop":
         script = " ".join(f"{shlex.join(c)} >{shlex.quote(str(work / f'{job}-worker{i}.log'))} "
                           f"2>&1 &" for i, c in enumerate(commands)) + " wait"
@@ -816,7 +823,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, busiest=busiest,
-               ok=ok and stats.dead == 0)
+               seed_cpu=crawl_cpu, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
@@ -836,6 +843,38 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                    f"{switches[1] / r.pages:.1f} involuntary")
     r.ok = r.ok and r.pages == r.distinct
     return r
+
+
+HOST_COUNTS = (1, 2, 4)
+
+
+def crawl_hosts(site: Site, site_name: str, work: Path, args) -> list[Result]:
+    """``--only scale-hosts``: 1, 2 and 4 simulated hosts (4, 2, 1 every other round) crawl
+    ``--scale-pages`` pages of ``site``, sharing one Redis. Each host is one worker of
+    ``--scale-args`` started by its own ``celery multi start`` inside a CPU cgroup capped at
+    ``--host-cpu`` of a core (``sim_hosts.HostCgroups``); the bench, Redis and the site stay
+    outside. Each row's note adds the machine's load average before and after the crawl and how
+    often the hosts' quota ran out."""
+    counts = HOST_COUNTS if args.round % 2 == 0 else HOST_COUNTS[::-1]
+    opts = args.scale_args.split()
+    out = []
+    for n in counts:
+        load = os.getloadavg()[0]
+        with HostCgroups(args.host_cpu) as cgroups:
+            run = next(_RUNS)
+            groups = [cgroups.make(f"{run}-{i}") for i in range(n)]
+            r = crawl_workers(site, site_name, work, args, n, max_pages=args.scale_pages,
+                              worker_groups=[(1, opts)] * n,
+                              group_prefix=[cgroups.enter_command(g) for g in groups])
+            periods = [cgroups.throttling(g) for g in groups]
+        r.kind = f"hosts-{n}"
+        r.name = (f"{n} simulated host{'s' * (n > 1)} at {args.host_cpu:g} of a core, each "
+                  f"celery multi start: 1 x celery {' '.join(opts)}")
+        ran, throttled = sum(p for p, _ in periods), sum(t for _, t in periods)
+        r.note += (f"; load average {load:.2f} -> {os.getloadavg()[0]:.2f}; quota used up in "
+                   f"{throttled / max(ran, 1):.0%} of the hosts' {ran} periods")
+        out.append(r)
+    return out
 
 
 class Occupancy:
@@ -901,6 +940,8 @@ def machine() -> str:
 
 ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-default",
        "latency-workers", "scale", "variants"]
+# Not in ALL either: scale-hosts (bench/sim_hosts.py), which needs root and a cgroup cpu
+# controller.
 # Not in ALL: nginx-polite and latency-polite, `distscrape crawl` with its default politeness
 # (8 requests in flight to one site: at most 160 pages/s from the 50 ms site).
 # With --baseline DIR (a directory holding another version's distscrape_celery, e.g. from
@@ -936,6 +977,8 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
                                          worker_groups=groups))
                 out[-1].kind = "variant"
         return out
+    if what == "scale-hosts":
+        return crawl_hosts(latency, "latency", work, args)
     if what == "scale":
         out = []
         for n in (1, 2, 4):
@@ -978,6 +1021,8 @@ TARGETS = [
     ("50 ms site / loopback, crawl", 0.9, ("default", "latency"), ("default", "nginx")),
     ("50 ms site / loopback, README workers", 0.9, ("workers", "latency"), ("workers", "nginx")),
     ("scale-out, 1 -> 2 workers", 1.8, ("scale-2", "latency"), ("scale-1", "latency")),
+    ("scale-out on simulated hosts, 1 -> 2", 1.8, ("hosts-2", "latency"), ("hosts-1", "latency")),
+    ("scale-out on simulated hosts, 1 -> 4", 3.2, ("hosts-4", "latency"), ("hosts-1", "latency")),
     # Not targets. The 50 ms ratios between the first and the last 5 % of the pages: the steady
     # crawl, without the start, where each of the site's first levels of links costs a round
     # trip of 50 ms whatever the concurrency (about 0.15 s of a 4,000-page crawl).
@@ -1022,7 +1067,29 @@ def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
         # Redis and the site find left of them, not the crawler (docs/performance.md).
         lines.append("\nscale-out: the 1-worker crawl's process used "
                      + " / ".join(f"{x:.2f}" for x in alone) + f" of a core ({os.cpu_count()} here)")
+    hosts = hosts_summary(rounds)
+    if hosts:
+        lines.append("\n" + hosts)
     return "\n".join(lines)
+
+
+def hosts_summary(rounds: list[tuple[list[Result], dict]]) -> str:
+    """The simulated hosts' pages/s and workers' CPU a page (from seed to finish) in every
+    round, and their medians."""
+    lines = []
+    for n in HOST_COUNTS:
+        found = [r for results, _ in rounds for r in results if r.kind == f"hosts-{n}"]
+        if not found:
+            continue
+        rates = [r.rate for r in found]
+        cpu = [1000 * r.per_page(r.seed_cpu) for r in found]
+        lines.append(f"| {n} | {' / '.join(f'{x:.0f}' for x in rates)} | "
+                     f"{statistics.median(rates):.0f} | {' / '.join(f'{x:.2f}' for x in cpu)} | "
+                     f"{statistics.median(cpu):.2f} |")
+    if not lines:
+        return ""
+    return "\n".join(["| simulated hosts | pages/s, per round | median | workers' CPU ms a page "
+                      "from seed to finish, per round | median |", "|---|---|---|---|---|", *lines])
 
 
 def unwind_on_sigterm() -> None:
@@ -1036,7 +1103,7 @@ def unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
-def main() -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000)
     parser.add_argument("--page-bytes", type=int, default=6000)
@@ -1045,9 +1112,14 @@ def main() -> int:
     parser.add_argument("--scale-args", default=" ".join(README_WORKER_ARGS),
                         help="celery worker options of each scale-out worker (default: the "
                              "README's)")
+    parser.add_argument("--host-cpu", type=float, default=0.3,
+                        help="scale-hosts: each simulated host's share of a core")
     parser.add_argument("--latency", type=float, default=0.05)
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
-    parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
+    parser.add_argument("--only", default=",".join(ALL),
+                        help=f"some of {','.join(ALL)}; also nginx-polite, latency-polite, "
+                        "scale-hosts (1, 2, 4 workers each in a CPU cgroup of --host-cpu of a "
+                        "core: needs root), nginx-baseline, latency-baseline")
     parser.add_argument("--sample", action="store_true",
                         help="README workers' crawls: poll the tracker every 30 ms and report the "
                         "items in flight and the broker's queues (slows the driver a little)")
@@ -1069,9 +1141,16 @@ def main() -> int:
                         "celery` workers import the tree in the current directory instead")
     parser.add_argument("--crawl-args", default="",
                         help="extra options for `distscrape crawl` (to compare settings)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     unwind_on_sigterm()
     only = args.only.split(",")
+    if "scale-hosts" in only:
+        # Before the sites are made: without root or a cpu controller, say so at once.
+        try:
+            with HostCgroups(args.host_cpu) as cgroups:
+                cgroups.make("check")
+        except (CgroupError, ValueError) as exc:
+            raise SystemExit(f"scale-hosts: {exc}") from exc
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
     print(header, flush=True)
@@ -1080,7 +1159,10 @@ def main() -> int:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     args.pages_map = site_pages(args.pages, args.page_bytes)
     work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
-    nginx = NginxSite(args.pages_map, work)
+    # nginx only for the crawls of it (the scale-out ones use the 50 ms site alone).
+    needs_nginx = any(w.startswith(("scrapy", "nginx")) for w in only) or (
+        "variants" in only and args.variant_sites != "latency")
+    nginx = NginxSite(args.pages_map, work) if needs_nginx else None
     latency = LatencySite(args.pages_map, work, args.latency)
     rounds: list[tuple[list[Result], dict]] = []
     extra = args.crawl_args.split()
@@ -1091,6 +1173,7 @@ def main() -> int:
             results: list[Result] = []
             peers: dict = {}
             rounds.append((results, peers))
+            args.round = number
             if args.rounds > 1:
                 print(f"\nround {number + 1} of {args.rounds}: {','.join(order)}", flush=True)
             for what in order:
@@ -1098,7 +1181,8 @@ def main() -> int:
                     results.append(r)
                     print(table([r], peers), flush=True)
     finally:
-        nginx.stop()
+        if nginx is not None:
+            nginx.stop()
         latency.stop()
     print(f"\n{header}; site {args.pages} pages, {args.page_bytes} bytes each; "
           f"latency site {args.latency * 1000:.0f} ms per response\n")
