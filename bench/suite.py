@@ -248,6 +248,7 @@ class Result:
     middle: float = 0.0  # pages/s between the first and the last 5 % of the pages
     busiest: float = 0.0  # workers: the busiest worker process's share of a core, seed to finish
     seed_cpu: float = 0.0  # workers: their CPU seconds from seed to finish (start-up excluded)
+    seed_wall: float = 0.0  # workers: seconds from seed to finish
     # From the site's log: how long the first and last 5 % of the pages took and the rate in
     # between, and (the latency site) how late its answers left, median and 90th percentile.
     timeline: str = ""
@@ -784,8 +785,9 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         time.sleep(0.03 if occupancy is not None else 0.25)
     server.probe.sample()
     crawl_cpu, crawl_system = worker_cpu() - cpu_before, worker_system_cpu() - system_before
+    seed_wall = time.monotonic() - seeded
     busiest = max((own_cpu(pid) - cpu for pid, cpu in each_before.items()), default=0.0) / max(
-        time.monotonic() - seeded, 1e-9)
+        seed_wall, 1e-9)
     for spy in spies:
         spy.send_signal(signal.SIGINT)
     for spy in spies:
@@ -823,7 +825,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, busiest=busiest,
-               seed_cpu=crawl_cpu, ok=ok and stats.dead == 0)
+               seed_cpu=crawl_cpu, seed_wall=seed_wall, ok=ok and stats.dead == 0)
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
@@ -872,7 +874,8 @@ def crawl_hosts(site: Site, site_name: str, work: Path, args) -> list[Result]:
                   f"celery multi start: 1 x celery {' '.join(opts)}")
         ran, throttled = sum(p for p, _ in periods), sum(t for _, t in periods)
         r.note += (f"; load average {load:.2f} -> {os.getloadavg()[0]:.2f}; quota used up in "
-                   f"{throttled / max(ran, 1):.0%} of the hosts' {ran} periods")
+                   f"{throttled / max(ran, 1):.0%} of the hosts' {ran} periods; the hosts used "
+                   f"{cap_used(r, n, args.host_cpu):.0%} of their cap")
         out.append(r)
     return out
 
@@ -1030,12 +1033,20 @@ TARGETS = [
      ("default", "nginx"), "middle"),
     ("50 ms site / loopback, README workers, middle (not a target)", 0.9, ("workers", "latency"),
      ("workers", "nginx"), "middle"),
+    # The same between the first and the last 5 % of the pages: without the start, whose
+    # levels of links cost the 50 ms site a round trip each, and the end, where the frontier
+    # runs dry; times that hardly shrink with more hosts and so weigh more in their shorter
+    # crawls.
+    ("scale-out on simulated hosts, 1 -> 2, middle (not a target)", 1.8, ("hosts-2", "latency"),
+     ("hosts-1", "latency"), "middle"),
+    ("scale-out on simulated hosts, 1 -> 4, middle (not a target)", 3.2, ("hosts-4", "latency"),
+     ("hosts-1", "latency"), "middle"),
     # This code against --baseline's, for a change's effect.
     ("`distscrape crawl` / --baseline, loopback", 1.0, ("default", "nginx"), ("baseline", "nginx")),
 ]
 
 
-def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
+def target_table(rounds: list[tuple[list[Result], dict]], host_cpu: float = 0.3) -> str:
     """Each target's ratio in each round (pages/s of two crawls of the same round) and the
     median over the rounds; only targets whose crawls ran."""
     ratios: list[tuple[str, float, list[Optional[float]]]] = []
@@ -1067,15 +1078,22 @@ def target_table(rounds: list[tuple[list[Result], dict]]) -> str:
         # Redis and the site find left of them, not the crawler (docs/performance.md).
         lines.append("\nscale-out: the 1-worker crawl's process used "
                      + " / ".join(f"{x:.2f}" for x in alone) + f" of a core ({os.cpu_count()} here)")
-    hosts = hosts_summary(rounds)
+    hosts = hosts_summary(rounds, host_cpu)
     if hosts:
         lines.append("\n" + hosts)
     return "\n".join(lines)
 
 
-def hosts_summary(rounds: list[tuple[list[Result], dict]]) -> str:
-    """The simulated hosts' pages/s and workers' CPU a page (from seed to finish) in every
-    round, and their medians."""
+def cap_used(r: Result, hosts: int, share: float) -> float:
+    """How much of their caps ``hosts`` hosts of ``share`` of a core used from seed to finish:
+    near 1, each got its share and pages/s measure the crawler; well under it, the hosts waited
+    for pages or for a machine too busy to give them their share."""
+    return r.seed_cpu / max(r.seed_wall * hosts * share, 1e-9)
+
+
+def hosts_summary(rounds: list[tuple[list[Result], dict]], share: float) -> str:
+    """The simulated hosts' pages/s, workers' CPU a page (from seed to finish) and the share of
+    their cap they used, in every round, and the medians."""
     lines = []
     for n in HOST_COUNTS:
         found = [r for results, _ in rounds for r in results if r.kind == f"hosts-{n}"]
@@ -1083,13 +1101,15 @@ def hosts_summary(rounds: list[tuple[list[Result], dict]]) -> str:
             continue
         rates = [r.rate for r in found]
         cpu = [1000 * r.per_page(r.seed_cpu) for r in found]
+        used = [cap_used(r, n, share) for r in found]
         lines.append(f"| {n} | {' / '.join(f'{x:.0f}' for x in rates)} | "
                      f"{statistics.median(rates):.0f} | {' / '.join(f'{x:.2f}' for x in cpu)} | "
-                     f"{statistics.median(cpu):.2f} |")
+                     f"{statistics.median(cpu):.2f} | {' / '.join(f'{x:.0%}' for x in used)} |")
     if not lines:
         return ""
-    return "\n".join(["| simulated hosts | pages/s, per round | median | workers' CPU ms a page "
-                      "from seed to finish, per round | median |", "|---|---|---|---|---|", *lines])
+    return "\n".join([f"| simulated hosts ({share:g} of a core each) | pages/s, per round | median "
+                      "| workers' CPU ms a page from seed to finish, per round | median "
+                      "| of their cap used, per round |", "|---|---|---|---|---|---|", *lines])
 
 
 def unwind_on_sigterm() -> None:
@@ -1190,7 +1210,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.rounds > 1:
             print(f"\nround {number}:")
         print(table(results, peers))
-    summary = target_table(rounds)
+    summary = target_table(rounds, args.host_cpu)
     if summary:
         print("\n" + summary)
     shutil.rmtree(work, ignore_errors=True)
