@@ -19,7 +19,8 @@ One run, in this order, so every figure is taken under the same machine load:
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
    multi-worker command (``celery multi start`` of two ``-P threads -c 16`` workers per core,
    then ``distscrape seed``) for the whole site; the scale-out runs (1, 2, 4 README workers)
-   against the latency site.
+   against the latency site; with ``--only scale-hosts`` (``bench/sim_hosts.py``), the same
+   with each worker a simulated host, in a CPU cgroup capped at ``--host-cpu`` of a core.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
