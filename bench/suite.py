@@ -255,7 +255,8 @@ class Result:
     timeline: str = ""
     note: str = ""
     ok: bool = True
-    kind: str = ""  # what main ran: scrapy, scrapy-redis, default, baseline, workers, scale-N, variant
+    # What main ran: scrapy, scrapy-redis, default, baseline, workers, scale-N, hosts-N, variant.
+    kind: str = ""
 
     @property
     def rate(self) -> float:

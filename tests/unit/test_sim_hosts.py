@@ -26,8 +26,8 @@ class FakeKernel(CgroupFiles):
     """The kernel's part of a cgroup hierarchy over a plain directory: a new cgroup comes with
     its control files; a PID written to a cgroup.procs leaves every other one (ESRCH for a PID
     not in ``alive``); rmdir fails with EBUSY while cgroup.procs lists a live PID (and
-    ``busy_rmdirs`` more times: an exiting process that keeps it). ``deny`` refuses every mkdir, as for a user
-    who is not root."""
+    ``busy_rmdirs`` more times: an exiting process that keeps it). ``deny`` refuses every
+    mkdir, as for a user who is not root."""
 
     def __init__(self, root: Path, version: int = 1, alive=(), deny=False, busy_rmdirs=0):
         self.root, self.version, self.alive, self.deny = root, version, set(alive), deny
