@@ -72,6 +72,14 @@ class Settings(BaseModel):
         description="How long a worker may hold an item without a heartbeat before it is handed "
         "to another worker. Sets how fast work of a dead worker is recovered.",
     )
+    redis_socket_timeout: float = Field(
+        30.0,
+        ge=1,
+        le=3600,
+        description="Seconds a read from Redis (tracker and Redis broker) may hang before the "
+        "connection is dropped and made again: how long a frozen or cut-off Redis can block a "
+        "worker before it notices.",
+    )
     task_time_limit: float = Field(
         300.0,
         ge=5,

@@ -50,7 +50,7 @@ class Runtime:
         # Each body and robots key is used alone, so a cluster client routes it by its slot.
         bodies = connect(
             settings.redis_url, cluster=settings.redis_cluster, decode_responses=False,
-            socket_connect_timeout=5, socket_timeout=30,
+            socket_connect_timeout=5, socket_timeout=settings.redis_socket_timeout,
         )
         return cls(
             settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),

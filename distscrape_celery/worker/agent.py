@@ -183,7 +183,7 @@ class WorkerAgent:
             tracker = self.rt.tracker
             broker = (tracker.client if settings.effective_broker_url == tracker.url
                       and not tracker.cluster else redis.Redis.from_url(
-                          settings.effective_broker_url, socket_timeout=30,
+                          settings.effective_broker_url, socket_timeout=settings.redis_socket_timeout,
                           socket_connect_timeout=10))
             self._lost_saves = LostSaves(tracker, broker, settings.save_queue,
                                          age=settings.lease_seconds)

@@ -60,7 +60,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
             # out, dead peers are found by keepalive and health checks, and the consumer then
             # reconnects. Well above the BRPOP timeout (polling_interval, below).
-            "socket_timeout": 30,
+            "socket_timeout": settings.redis_socket_timeout,
             "socket_connect_timeout": 10,
             "socket_keepalive": True,
             "health_check_interval": 25,

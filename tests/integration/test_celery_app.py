@@ -38,6 +38,16 @@ def test_default_visibility_is_far_below_celerys_hour():
     assert conf["broker_transport_options"]["visibility_timeout"] == 300 + 2 * 60
 
 
+def test_redis_socket_timeout_reaches_the_broker_and_the_tracker(redis_url):
+    assert celery_config(Settings.from_env({}))["broker_transport_options"]["socket_timeout"] == 30
+    s = Settings.from_env({"DISTSCRAPE_REDIS_SOCKET_TIMEOUT": "4.5"}, redis_url=redis_url)
+    assert celery_config(s)["broker_transport_options"]["socket_timeout"] == 4.5
+    tracker = RedisTracker.from_settings(s)
+    assert tracker.client.connection_pool.connection_kwargs["socket_timeout"] == 4.5
+    with pytest.raises(ConfigError, match="DISTSCRAPE_REDIS_SOCKET_TIMEOUT"):
+        Settings.from_env({"DISTSCRAPE_REDIS_SOCKET_TIMEOUT": "0"})
+
+
 def test_separate_broker_url():
     s = Settings.from_env({"DISTSCRAPE_BROKER_URL": "amqp://guest@127.0.0.1//"})
     assert celery_config(s)["broker_url"] == "amqp://guest@127.0.0.1//"

@@ -113,12 +113,13 @@ class RedisCore(Tracker):
         self._local = threading.local()  # the connection each thread keeps (_thread_connection)
 
     @classmethod
-    def from_url(cls: type[T], url: str, *, cluster: bool = False, **kwargs: Any) -> T:
+    def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = 30.0,
+                 **kwargs: Any) -> T:
         """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
         answers, so a bad URL fails now, clearly."""
         try:
             client = connect(
-                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=30,
+                url, cluster=cluster, socket_connect_timeout=5, socket_timeout=socket_timeout,
                 health_check_interval=30,
             )
         except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.RedisClusterException) as exc:
@@ -131,7 +132,8 @@ class RedisCore(Tracker):
     @classmethod
     def from_settings(cls: type[T], settings: "Settings") -> T:
         return cls.from_url(
-            settings.redis_url, cluster=settings.redis_cluster, lease_seconds=settings.lease_seconds,
+            settings.redis_url, cluster=settings.redis_cluster,
+            socket_timeout=settings.redis_socket_timeout, lease_seconds=settings.lease_seconds,
             dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
             body_ttl=settings.body_ttl,
         )
