@@ -234,7 +234,8 @@ def test_dashboard_queries_name_only_metrics_the_exporter_serves(redis_url):
 
 
 def test_start_script_gives_two_workers_on_one_host_distinct_names(redis_url, tmp_path):
-    """The issue: two workers started with the README's command both came up as celery@HOST."""
+    """Two workers started with the README's command on one host get distinct names (they
+    once both came up as celery@HOST)."""
     env_path = tmp_path / "worker.env"
     env_path.write_text(f"DISTSCRAPE_REDIS_URL={redis_url}\nWORKER_CONCURRENCY=1\nWORKER_LOGLEVEL=WARNING\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTSCRAPE_", "WORKER_"))}

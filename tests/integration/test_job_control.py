@@ -105,7 +105,8 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
     t.control("big", JobAction.CANCEL)
     # Redis's own timing of every command the delete sends (SLOWLOG), not a ping loop's: a ping
     # from this process also waits for the GIL and the scheduler, which a loaded machine
-    # stretches past any bound. 10 ms at 200,000 items is the issue's 50 ms at a million: with
+    # stretches past any bound. 10 ms at 200,000 items is 50 ms at a million (the bound a delete
+    # must keep to stay out of other clients' way): with
     # DEL freeing in the foreground (as Redis does by default), one DEL of this job's
     # 200,000-field items hash takes about 48 ms here, and fails it.
     saved = redis_client.config_get("slowlog-log-slower-than")
