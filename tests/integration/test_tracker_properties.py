@@ -909,16 +909,16 @@ class TrackerMachine(RuleBasedStateMachine):
 
 # Both kinds run the same Lua scripts; the in-memory tracker's fake Redis takes 2-4 times as long
 # a step as a real Redis. The in-memory run adds exact deadlines (its fake clock).
-SETTINGS = {
-    "memory": settings(max_examples=150, stateful_step_count=50, deadline=None, database=None,
-                       suppress_health_check=[HealthCheck.too_slow]),
-    "redis": settings(max_examples=150, stateful_step_count=50, deadline=None, database=None,
-                      suppress_health_check=[HealthCheck.too_slow]),
-}
+# 150 runs of the machine a kind, in PARTS tests of their own (each with its own random seed) so
+# that the test processes share them instead of one process waiting on all of them.
+EXAMPLES, PARTS = 150, 3
+SETTINGS = settings(max_examples=EXAMPLES // PARTS, stateful_step_count=50, deadline=None,
+                    database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@pytest.mark.parametrize("part", range(PARTS))
 @pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_tracker_follows_the_model(kind, request):
+def test_tracker_follows_the_model(kind, part, request):
     url = request.getfixturevalue("redis_url") if kind == "redis" else None
     machine = type(f"{kind.title()}TrackerMachine", (TrackerMachine,), {"redis_url": url})
-    run_state_machine_as_test(machine, settings=SETTINGS[kind])
+    run_state_machine_as_test(machine, settings=SETTINGS)
