@@ -6,10 +6,18 @@ Job keys share the hash tag ``{job}`` so that all keys a Lua script touches live
 ================================  ======  ===================================================
 key                               type    holds
 ================================  ======  ===================================================
-``P items``                       hash    live item -> state letter + depth (``q``ueued,
+``P i:<n>``                       hash    live-item bucket ``n``: 63-bit fingerprints of the
+                                          items added and not done -> state and depth packed
+                                          in one integer (depth * 8 + the code of ``q``ueued,
                                           ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
-                                          ``s``ave pending, ``S``aving, ``X`` dead); a done item
-                                          is removed (only its fingerprint stays, in ``P f:<n>``)
+                                          ``s``ave pending, ``S``aving, ``X`` dead: 0 .. 6),
+                                          listpack encoded; :meth:`JobKeys.item_bucket`,
+                                          addressed by linear hashing in tracker/lua/_lib.lua.
+                                          An item's name is kept only where its state puts it
+                                          (its domain's queue, ``delayed``, ``dispatched``,
+                                          ``leased``, ``pending``, ``dead``); a done item
+                                          leaves its bucket for the seen set
+``P f:<n>``)
 ``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of the
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
@@ -33,7 +41,8 @@ key                               type    holds
 ``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on
 ``P stats``                       hash    counters: seen, queued, done, dead, tokens; the
-                                          seen set's level and split pointer (fl, fs)
+                                          seen set's size, level and split pointer (fn, fl,
+                                          fs) and the live-item buckets' (seen - done, il, is)
 ``P spec``                        string  the job spec as JSON
 ``P control``                     hash    the job's state (running, paused, cancelled,
                                           finished), its name, started and ended (Redis clock),
@@ -77,6 +86,7 @@ tracker/lua/_lib.lua.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import zlib
 from dataclasses import dataclass
@@ -94,8 +104,9 @@ _AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
 # The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
 NO_DOMAIN = "-"
 # The layout of a job's keys. A job whose control hash records another (or none: created before
-# the seen set) is refused by the item scripts (JOBFORMAT), not mixed with this layout.
-JOB_FORMAT = 2
+# the seen set; 2: live items by name in one hash) is refused by the item scripts (JOBFORMAT),
+# not mixed with this layout.
+JOB_FORMAT = 3
 # One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
 WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
@@ -131,6 +142,22 @@ def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
         return id_domain
     # bytes.lower() folds ASCII only, as Lua's string.lower does in Redis.
     return m.group(1).rsplit("@", 1)[-1].encode().lower().decode()
+
+
+def fingerprint(item: str) -> int:
+    """The 63-bit fingerprint that knows ``item`` in the live-item buckets and the seen set: the
+    same number as ``fingerprint`` in tracker/lua/_lib.lua (a * 10**9 + b from the item's
+    SHA-1)."""
+    h = hashlib.sha1(item.encode()).hexdigest()
+    return (int(h[:9], 16) % 2**33) * 10**9 + int(h[9:17], 16) % 10**9
+
+
+def bucket_of(fp: int, level: int, split: int) -> int:
+    """The bucket of fingerprint ``fp`` in a set of buckets at ``level`` and ``split`` (linear
+    hashing, as ``bucket_of`` in tracker/lua/_lib.lua)."""
+    a = fp // 10**9
+    n = a % 2**level
+    return a % 2 ** (level + 1) if n < split else n
 
 
 # Shard i of a sharded job hands out fencing tokens from i << SHARD_TOKEN_BITS on (create_job.lua):
@@ -174,8 +201,12 @@ class JobKeys:
         return self.prefix + "*"
 
     @property
-    def items(self) -> str:
-        return self.prefix + "items"
+    def item_buckets(self) -> str:
+        """The prefix of every live-item bucket key (the scripts append the bucket number)."""
+        return self.prefix + "i:"
+
+    def item_bucket(self, n: int) -> str:
+        return self.item_buckets + str(n)
 
     @property
     def queues(self) -> str:
@@ -267,7 +298,7 @@ class JobKeys:
         ``ds:active-jobs``, or with ``local_active`` the shard's :attr:`active` marker, which
         shares the shard's slot (a cluster refuses a script whose keys span slots)."""
         return (
-            self.items, self.queues, self.dispatched, self.leased, self.owners, self.stats,
+            self.item_buckets, self.queues, self.dispatched, self.leased, self.owners, self.stats,
             self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
             self.slots, self.domain_seen, self.delayed, self.policy, self.control,
             self.active if local_active else ACTIVE_JOBS, self.seen_buckets,

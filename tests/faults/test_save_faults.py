@@ -22,9 +22,11 @@ import time
 from collections import Counter
 
 import pytest
+import redis
 from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
 from tests.plugins.savers import event_counts, instruct, paused_pid, save_events
 from tests.support.sitegen import SiteServer, generate_site
+from tests.support.tracker_state import item_state, live_items
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE
@@ -487,13 +489,18 @@ def test_every_scrape_message_delivered_twice(redis_url, redis_client, start_wor
     _, tracker, procs = _setup(redis_url, start_worker, ["dup-a", "dup-b"])
     out, job = tmp_path / "out", "dup-scrape"
     n = len(site.reachable)
-    items_key = JobKeys(job).items
     duplicated: set[str] = set()
     stop = threading.Event()
 
+    def live() -> list[str]:
+        try:
+            return list(live_items(redis_client, job))
+        except redis.ResponseError:  # NOJOB: not seeded yet
+            return []
+
     def duplicate():
         while not stop.is_set():
-            new = [i for i in redis_client.hkeys(items_key) if i not in duplicated]
+            new = [i for i in live() if i not in duplicated]
             if new:
                 publisher.scrape(job, new)
                 duplicated.update(new)
@@ -559,7 +566,7 @@ def _unreserved_saves(redis_client, job, worker_id) -> set[str]:
     ("-", the message is in the broker or was never sent) or held by ``worker_id``."""
     k = JobKeys(job)
     return {i for i, w in _holders(redis_client, job).items()
-            if w in ("-", worker_id) and (redis_client.hget(k.items, i) or "").startswith("s")}
+            if w in ("-", worker_id) and (item_state(redis_client, job, i) or "").startswith("s")}
 
 
 def _diagnose(redis_client, job, worker_id) -> dict:
@@ -572,7 +579,7 @@ def _diagnose(redis_client, job, worker_id) -> dict:
     for item, w in _holders(redis_client, job).items():
         if w in ("-", worker_id):
             out[item] = {
-                "state": redis_client.hget(k.items, item), "owner": redis_client.hget(k.owners, item),
+                "state": item_state(redis_client, job, item), "owner": redis_client.hget(k.owners, item),
                 "leased": redis_client.zscore(k.leased, item),
                 "pending": redis_client.zscore(k.pending, item),
                 "dispatched": redis_client.zscore(k.dispatched, item),
@@ -728,12 +735,12 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         [survivor] = [p for p in procs if p.alive]
         dead_id = next(w.id for w in tracker.workers() if not w.alive or w.pid not in
                        {p.proc.pid for p in procs if p.alive})
-        state_after_death = redis_client.hget(JobKeys(job).items, doomed)
+        state_after_death = item_state(redis_client, job, doomed)
         recovered = None
         while time.monotonic() - died_at < lease + 8:
             survivor.check()
             # Done: out of the live items (into the seen set).
-            if redis_client.hget(JobKeys(job).items, doomed) is None:
+            if item_state(redis_client, job, doomed) is None:
                 recovered = time.monotonic() - died_at
                 break
             time.sleep(0.05)
@@ -786,7 +793,7 @@ def test_save_message_delivered_twice_while_its_save_runs(
             time.sleep(0.005)
         # The first save runs (it is in the saver): send the same save message again.
         owner = redis_client.hget(JobKeys(job).owners, slow)
-        assert redis_client.hget(JobKeys(job).items, slow).startswith("S"), "not saving"
+        assert item_state(redis_client, job, slow).startswith("S"), "not saving"
         token = int(owner.split()[1])
         meta = {"url": slow, "status": 200, "content_type": "text/html; charset=utf-8",
                 "fetched_at": time.time()}
@@ -932,7 +939,7 @@ def test_a_stopping_worker_queues_the_saves_it_gathered(
         def kept():
             owners = redis_client.hgetall(k.owners)
             return [i for i, o in owners.items() if not o.startswith("- ")
-                    and (redis_client.hget(k.items, i) or "").startswith("s")]
+                    and (item_state(redis_client, job, i) or "").startswith("s")]
 
         while len(kept()) < 3:
             assert time.monotonic() < deadline, "no scraped page waits in the worker"

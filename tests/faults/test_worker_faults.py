@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
 from tests.support.sitegen import SiteServer, _Handler, generate_site
+from tests.support.tracker_state import live_items_call, parse_live_items
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -75,9 +76,10 @@ def _snapshot(redis_client, job: str) -> dict[str, tuple[str, str]]:
     """In-flight items -> (state letter, holder worker id), read atomically."""
     keys = JobKeys(job)
     pipe = redis_client.pipeline(transaction=True)
-    pipe.hgetall(keys.items)
+    live_items_call(pipe, job)
     pipe.hgetall(keys.owners)
     items, owners = pipe.execute()
+    items = parse_live_items(items)
     return {item: (items.get(item, "?")[:1], owner.split()[0]) for item, owner in owners.items()}
 
 
@@ -92,16 +94,21 @@ def _leased_to(redis_client, job: str, worker_id: str) -> dict[str, str]:
 def _unfinished(redis_client, job: str) -> dict[str, str]:
     """Items neither done nor dead: item -> "<state> <holder> <set> <seconds to its deadline>"."""
     keys = JobKeys(job)
-    secs, usecs = redis_client.time()
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.time()
+    live_items_call(pipe, job)
+    pipe.hgetall(keys.owners)
+    for name in ("dispatched", "leased", "pending"):
+        pipe.zrange(getattr(keys, name), 0, -1, withscores=True)
+    (secs, usecs), items, owners, *deadlines = pipe.execute()
     now = secs + usecs / 1e6
-    owners = redis_client.hgetall(keys.owners)
     out = {}
-    for item, v in redis_client.hgetall(keys.items).items():
-        if v[:1] in ("D", "X"):
+    for item, v in parse_live_items(items).items():
+        if v[:1] == "X":
             continue
         where = ""
-        for name in ("dispatched", "leased", "pending"):
-            score = redis_client.zscore(getattr(keys, name), item)
+        for name, scores in zip(("dispatched", "leased", "pending"), deadlines):
+            score = dict(scores).get(item)
             if score is not None:
                 where += f" {name} {score - now:+.1f}s"
         out[item] = f"{v[:1]} {owners.get(item, '-')}{where}"

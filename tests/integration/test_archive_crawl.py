@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from tests.support.crawl import crawl_settings
 from tests.support.sitegen import SiteServer, generate_site
+from tests.support.tracker_state import live_items
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.worker.app import configure_app
@@ -194,9 +195,10 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
 
     # Every item the tracker marks done is in some shard, and every reachable page is there,
     # with its bytes (a duplicate, if any, holds the same bytes).
-    # Done items leave the live items hash (only the seen set remembers them): nothing is left
+    # Done items leave the live items (only the seen set remembers them): nothing is left
     # live, and a checkout of every reachable page says it is done.
-    assert redis_client.hlen(JobKeys(job).items) == 0
+    assert live_items(redis_client, job) == {}
+    assert not list(redis_client.scan_iter(match=JobKeys(job).item_buckets + "*"))
     done = {item for item in expected
             if tracker.checkout(job, item, "probe", max_lost=10).status is LeaseStatus.DONE}
     assert done == set(expected)

@@ -18,6 +18,7 @@ import redis
 from tests.support.crawl import crawl_settings, saved_files
 from tests.support.http import RouteServer
 from tests.support.cli import assert_one_line_error, run
+from tests.support.tracker_state import live_items
 from tests.support.http import IdSite
 
 import distscrape_celery.cli as cli
@@ -258,7 +259,7 @@ def test_a_url_file_is_normalised_and_bad_urls_reported(redis_url, tmp_path, red
     assert "job u created: 2 new item(s), 1 already seen" in res.stdout
     assert f"{path}:4: malformed seed URL 'ftp://127.0.0.1/x'" in res.stderr
     assert f"{path}:6: malformed seed URL 'not a url'" in res.stderr
-    items = redis_client.hkeys(keys.JobKeys("u").items)
+    items = list(live_items(redis_client, "u"))
     assert sorted(items) == ["http://127.0.0.1/a", "http://127.0.0.1/b"]
     # The first seed of the file is the new job's seed.
     assert stored_spec(redis_url, "u").seeds == ["http://127.0.0.1/a"]

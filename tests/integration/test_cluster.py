@@ -15,6 +15,7 @@ from tests.support.redis_cluster import RedisClusterProcess
 from tests.support.sitegen import SiteServer, generate_site
 from tests.support.cli import run
 from tests.support.crawl import wait_until
+from tests.support.tracker_state import item_state
 
 from distscrape_celery.tracker import keys
 from distscrape_celery.worker.app import configure_app
@@ -87,10 +88,10 @@ def test_items_live_in_their_domains_shard_and_dedup_holds_across_shards(tracker
     w, res = new_job(t)
     assert res.added == len(ITEMS)
     assert len(set(shard_items(t).values())) == 3  # the test's items reach every shard
-    # Every item's state is in its own shard's items hash, and only there.
+    # Every item's state is in its own shard's live items, and only there.
     for item, shard in shard_items(t).items():
         for s in range(3):
-            assert (t.client.hget(keys.JobKeys("j", s).items, item) is not None) == (s == shard)
+            assert (item_state(t.client, "j", item, s) is not None) == (s == shard)
     assert t.add("j", ITEMS + [ITEMS[0]]).added == 0  # dedup within and across calls
     # Each shard tops up to its share of the bound (ceil(6 / 3) = 2 each).
     assert len(res.dispatch) == 6
@@ -102,13 +103,13 @@ def test_items_live_in_their_domains_shard_and_dedup_holds_across_shards(tracker
     other = next(f"http://n{i}.invalid/" for i in range(100)
                  if keys.shard_of(f"n{i}.invalid", 3) != shard_items(t)[item])
     assert t.scraped("j", item, co.token, [other, ITEMS[1]], depth=1).added == 1
-    assert t.client.hget(keys.JobKeys("j", keys.shard_of(keys.domain_of(other), 3)).items, other)
+    assert item_state(t.client, "j", other, keys.shard_of(keys.domain_of(other), 3))
     assert t.stats("j").seen == 13
     assert t.checkout("j", item, w, max_lost=3).status is LeaseStatus.BUSY
     t.begin_save("j", item, co.token, w, max_lost=3)
     t.complete("j", item)
     # Done: gone from its shard's live items, remembered by its shard's seen set.
-    assert t.client.hget(keys.JobKeys("j", shard_items(t)[item]).items, item) is None
+    assert item_state(t.client, "j", item, shard_items(t)[item]) is None
     assert t.checkout("j", item, w, max_lost=3).status is LeaseStatus.DONE
     assert t.add("j", [item]).added == 0 and t.stats("j").done == 1
     assert t.leased_by_worker("j") == {}
@@ -264,7 +265,7 @@ def masters_of(c: RedisClusterProcess, job: str, shards: int) -> dict[int, int]:
     """Shard -> port of the master holding it."""
     client = RedisCluster.from_url(c.url)
     try:
-        return {s: int(client.get_node_from_key(keys.JobKeys(job, s).items).port)
+        return {s: int(client.get_node_from_key(keys.JobKeys(job, s).spec).port)
                 for s in range(shards)}
     finally:
         client.close()
@@ -312,7 +313,7 @@ def test_crawl_on_a_three_master_cluster(cluster, workers, tmp_path):
                 assert set(counts) == site.reachable
                 assert max(counts.values()) == 1  # every page fetched (and saved) once
             # The job's items really live on more than one master: each shard that was given
-            # items keeps their fingerprints in its seen-set buckets (done items leave `items`).
+            # items keeps their fingerprints in its seen-set buckets (done items leave the live ones).
             holders = {port for port, found in cluster.keys_by_node(f"ds:{{{job}*").items()
                        if any(":f:" in k for k in found)}
             assert len(holders) >= 2, holders

@@ -18,6 +18,7 @@ from distscrape_celery.worker.lost_saves import LostSaves, queued_saves
 from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.worker.tasks import publisher
 from tests.support.pipeline import pipeline_env
+from tests.support.tracker_state import live_items
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ def test_a_save_message_taken_by_a_dead_worker_has_its_items_reclaimed(env):
     assert rt.tracker.stats("p").saving == 1 and _owner(rt, waiting).startswith("- ")
     assert all(_owner(rt, item) is None for item in taken)
     # Queued again (dispatched by the maintenance, or in the frontier) and downloaded anew.
-    assert set(taken) <= set(res.dispatch) | {m for m in rt.tracker.client.hkeys(JobKeys("p").items)}
+    assert set(taken) <= set(res.dispatch) | set(live_items(rt.tracker.client, "p"))
 
 
 def test_a_save_taken_over_meanwhile_is_left_alone(env):

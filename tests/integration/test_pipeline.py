@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.pipeline import ROUTES, full_disk_save, lease_runs_out, pipeline_env
+from tests.support.tracker_state import item_state
 
 from distscrape_celery.tracker.keys import JobKeys
 
@@ -256,7 +257,7 @@ def test_save_inline_stages_no_body_and_needs_no_begin_save(inline_env, monkeypa
 
     def look(item, download):
         bodies_at_save.append(list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")))
-        assert rt.tracker.client.hget(JobKeys("p").items, item).startswith("S")  # saving
+        assert item_state(rt.tracker.client, "p", item).startswith("S")  # saving
         return real_save(item, download)
 
     def no_begin_save(*args, **kwargs):

@@ -913,8 +913,9 @@ def job_keys(client, job="j") -> dict:
 def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
     """The same calls leave the same keys on the in-memory tracker's fake Redis as on a real
     one: in particular the seen set of done items, whose fingerprints come from redis.sha1hex
-    (which the fake server's scripts get from the tracker). Enough items that the seen buckets
-    split; added again, done items are known by their fingerprint and not added."""
+    (which the fake server's scripts get from the tracker), and the live-item buckets. Enough
+    items that the buckets split; added again, done items are known by their fingerprint and not
+    added."""
     items = [f"http://h{i % 3}.invalid/p/{i}" for i in range(380)] + [
         "12345", "http://ä.invalid/ü?x=1", "x" * 3000, ""]
     dumps = []
@@ -922,6 +923,8 @@ def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
               RedisTracker.from_url(redis_url, bound_refresh_seconds=0)):
         w = new_job(t)
         assert t.add("j", items).added == len(items)
+        dumps.append({k: v for k, v in job_keys(t.client).items()  # (no times: they differ)
+                      if k.startswith(keys.JobKeys("j").item_buckets)})
         token = lease(t, items[0], w)
         assert t.scraped("j", items[0], token, body=b"page").held
         assert t.begin_save("j", items[0], token, w, max_lost=LOST).status is SaveStart.OK
@@ -930,7 +933,9 @@ def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
         assert t.add("j", items).added == 0
         assert t.stats("j").done == len(items)
         dumps.append(job_keys(t.client))
-    memory, real = dumps
+    memory_live, memory, real_live, real = dumps
+    assert len(real_live) > 1  # the live buckets split
+    assert memory_live == real_live
     buckets = [k for k in real if k.startswith(keys.JobKeys("j").seen_buckets)]
     assert len(buckets) > 1  # the buckets split
     assert sum(len(real[b][1]) for b in buckets) == len(items)

@@ -54,6 +54,7 @@ from distscrape_celery.tracker import (
     Tracker,
 )
 from distscrape_celery.tracker.base import MAX_DISPATCH_BATCH, MAX_REASON
+from tests.support.tracker_state import live_items_call, parse_live_items
 
 JOB = "props"
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
@@ -129,7 +130,7 @@ class Snapshot:
 def snapshot(tracker: Tracker, job: str) -> Snapshot:
     k = keys.JobKeys(job)
     pipe = tracker.client.pipeline(transaction=True)
-    pipe.hgetall(k.items)
+    live_items_call(pipe, job)
     for domain in DOMAINS:
         pipe.lrange(k.domain_queue(domain), 0, -1)
     pipe.zrange(k.domains, 0, -1)
@@ -140,9 +141,11 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
         pipe.hgetall(h)
     pipe.hget(k.stats, "queued")
     items, *rest = pipe.execute()
+    items = parse_live_items(items)
     queues, rest = dict(zip(DOMAINS, rest)), rest[len(DOMAINS):]
     listed, inflight, dispatched, leased, pending, delayed, owners, fails, lost, dead, queued = rest
-    # The job knows a live item by name (items) and a done one by its fingerprint only.
+    # The job knows every item by its fingerprint: a live one in its bucket (named by the key its
+    # state puts it in), a done one in the seen set.
     buckets = list(tracker.client.scan_iter(match=k.seen_buckets + "*"))
     seen = len(items) + sum(tracker.client.scard(b) for b in buckets)
     return Snapshot(

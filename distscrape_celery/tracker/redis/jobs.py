@@ -145,25 +145,27 @@ class JobCalls(ShardLayout):
         # policy of shard 0 (its shard count) goes last, so a delete cut short can be redone.
         for s in reversed(range(shards)):
             ks = keys.JobKeys(job, s)
-            seen_buckets: list[str] = []
+            buckets: list[str] = []
             for key in self.client.scan_iter(match=ks.pattern, count=DELETE_BATCH):
                 if s == 0 and key == ks.policy:
                     continue
-                if key.startswith(ks.seen_buckets):
-                    # A seen-set bucket is one small intset allocation, freed in O(1): a batch of
-                    # them goes in one short UNLINK (a 10M-item job has ~60,000 of them). Keys of
-                    # one shard share a slot, so one UNLINK may take many on a cluster too.
-                    seen_buckets.append(key)
-                    if len(seen_buckets) == DELETE_BATCH:
-                        deleted += int(self.client.unlink(*seen_buckets))
-                        seen_buckets = []
+                if key.startswith((ks.seen_buckets, ks.item_buckets)):
+                    # A seen-set or live-item bucket is one small intset or listpack allocation,
+                    # freed in O(1): a batch of them goes in one short UNLINK (a 10M-item job has
+                    # ~60,000 seen-set buckets, or ~280,000 live-item buckets while all are
+                    # queued). Keys of one shard share a slot, so one UNLINK may take many on a
+                    # cluster too.
+                    buckets.append(key)
+                    if len(buckets) == DELETE_BATCH:
+                        deleted += int(self.client.unlink(*buckets))
+                        buckets = []
                     continue
                 kind = self.client.type(key)
                 if kind in scans:
                     self._empty(key, scans[kind], removes[kind])
                 deleted += int(self.client.unlink(key))
-            if seen_buckets:
-                deleted += int(self.client.unlink(*seen_buckets))
+            if buckets:
+                deleted += int(self.client.unlink(*buckets))
         deleted += int(self.client.unlink(k.policy))
         self.client.srem(keys.JOBS, job)
         self._layouts.pop(job, None)

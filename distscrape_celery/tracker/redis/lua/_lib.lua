@@ -1,11 +1,15 @@
 -- Shared by every item script (prepended to each). The item scripts all take the same KEYS:
---   KEYS[1]  items       hash  live item -> state letter + depth:
+--   KEYS[1]  items       the prefix of the live-item buckets: `KEYS[1] .. n` is a hash of the live
+--                        items' fingerprints -> state and depth (see "live items" below;
+--                        JobKeys.item_bucket in keys.py). The states:
 --                              q queued (in its domain's queue) w waiting out a backoff (delayed)
 --                              d dispatched (a scrape message exists)
 --                              l leased (a worker scrapes it)  s save pending (its save message waits)
 --                              S saving (a worker saves it)    X dead
 --                              A done item is removed (item_value reports it as 'D0' from the
---                              seen set: done items cost only their fingerprint)
+--                              seen set: done items cost only their fingerprint). A live item's
+--                              name is kept only where its state puts it: its domain's queue (q),
+--                              delayed (w), dispatched (d), leased (l, S), pending (s), dead (X)
 --   KEYS[2]  queues      the prefix of the per-domain queue lists: `KEYS[2] .. domain` is a list
 --                        of the domain's queued items (entries whose state moved on are skipped
 --                        when popped); the same rule as JobKeys.domain_queue in keys.py
@@ -14,7 +18,8 @@
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
 --   KEYS[6]  stats       hash  counters: seen (items added), queued (q items), done, dead; tokens
 --                              (last token); fn, fl and fs, the seen set's size, level and split
---                              pointer (see "the seen set" below)
+--                              pointer (see "the seen set" below); il and is, the live-item
+--                              buckets' level and split pointer (their size is seen - done)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
 --   KEYS[8]  dead        hash  item -> why it was given up on
 --   KEYS[9]  pending     zset  s items -> deadline (long: the save message may wait in the broker)
@@ -34,8 +39,8 @@
 --   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
 --                              running), job (its name), started, ended, final_seen, final_done,
 --                              final_dead (figures recorded when it ended), epoch (ends so far),
---                              format (the job's key layout: the scripts refuse any but 2,
---                              keys.JOB_FORMAT, so a job made before the seen set is not mixed up)
+--                              format (the job's key layout: the scripts refuse any but 3,
+--                              keys.JOB_FORMAT, so a job of an older layout is not mixed up)
 --   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled):
 --                              ds:active-jobs, or the shard's own marker (sharded jobs, Redis
 --                              Cluster), which the client mirrors into ds:active-jobs
@@ -56,8 +61,8 @@ end
 -- The job's state is read with its format, once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
 local control = redis.call('HMGET', K_CONTROL, 'format', 'state')
-if control[1] ~= '2' then
-  return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its done items ' ..
+if control[1] ~= '3' then
+  return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
 end
 local job_state_now = control[2] or 'running'
@@ -199,52 +204,29 @@ local function enqueue(item, front)
   schedule(dom)
 end
 
--- -- the seen set ----------------------------------------------------------------------------
--- An item added to the job is either live, by name in K_ITEMS, or done, by fingerprint only in
--- the seen set: 63 bits of the SHA-1 of the item, written as a decimal integer so that Redis
--- keeps each bucket as an intset (8 bytes a member, while a bucket holds at most
--- set-max-intset-entries, 512 by default). A fingerprint is computed and written once, when its
--- item is done; adding items to a job with nothing done yet (a big seed import) computes none.
--- An item whose fingerprint is a done item's looks done: it is never fetched (about n / 8.6e18
--- for each new item when n are done).
--- Buckets grow with the set by linear hashing, so a small job has a few keys and every bucket
--- stays well under 512: the buckets are 0 .. 2^fl + fs - 1; a fingerprint whose high part is a
--- goes to a mod 2^fl, or to a mod 2^(fl+1) if that is below the split pointer fs. When the set
--- holds more than SEEN_FILL per bucket, bucket fs is split in two (its members with bit fl of a
--- set move to bucket fs + 2^fl). A bucket not yet split in a round reaches about 2 * SEEN_FILL.
-local SEEN_FILL = 160
+-- -- fingerprints -----------------------------------------------------------------------------
+-- Every item the job holds is known by its fingerprint: 63 bits of the SHA-1 of the item, written
+-- as a decimal integer, so that Redis stores it as a 64-bit integer (in an intset or a listpack)
+-- rather than as text. A live item is a field of a live-item bucket; a done item a member of a
+-- seen-set bucket. Two items with one fingerprint are one item to the job: the second is never
+-- fetched (about n / 9.2e18 for each new item when n are known).
 local TWO_33 = 8589934592
-local seen_level, seen_split, seen_count, seen_span = nil, nil, nil, nil
-local bucket_keys = {}  -- bucket number -> key, built once per call
-
-local function seen_geometry()
-  if not seen_level then
-    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn')
-    seen_level, seen_split, seen_count = tonumber(g[1] or '0'), tonumber(g[2] or '0'),
-      tonumber(g[3] or '0')
-    seen_span = 2 ^ seen_level
-  end
-end
-
-local function bucket_key(n)
-  local k = bucket_keys[n]
-  if not k then
-    k = K_SEEN .. string.format('%.0f', n)
-    bucket_keys[n] = k
-  end
-  return k
-end
+local fingerprints = {}  -- item -> {fingerprint, high part}, computed once per call
 
 -- The fingerprint of `item` (a decimal string: a * 10^9 + b, a < 2^33, b < 10^9, so it fits an
--- int64, which Redis needs to store it in an intset) and its high part a. Lua numbers are
--- doubles (exact to 2^53), so the two parts are kept apart and joined as text; no leading zero.
+-- int64) and its high part a. Lua numbers are doubles (exact to 2^53), so the two parts are kept
+-- apart and joined as text; no leading zero.
 local function fingerprint(item)
+  local f = fingerprints[item]
+  if f then return f[1], f[2] end
   local h = redis.sha1hex(item)
   local a = tonumber(string.sub(h, 1, 9), 16) % TWO_33
   local b = tonumber(string.sub(h, 10, 17), 16) % 1000000000
-  if a == 0 then return string.format('%d', b), 0 end
+  local fp
   -- %d (a C long, 64 bits here) is exact for a < 2^33 and cheaper than %.0f.
-  return string.format('%d%09d', a, b), a
+  if a == 0 then fp = string.format('%d', b) else fp = string.format('%d%09d', a, b) end
+  fingerprints[item] = {fp, a}
+  return fp, a
 end
 
 -- The high part a of a stored fingerprint (all but its last 9 digits).
@@ -253,41 +235,84 @@ local function fingerprint_high(member)
   return tonumber(string.sub(member, 1, #member - 9))
 end
 
-local function seen_bucket(a)
-  local n = a % seen_span
-  if n < seen_split then n = a % (2 * seen_span) end
-  return bucket_key(n)
+-- Buckets grow with their set by linear hashing, so a small job has a few keys and every bucket
+-- stays small enough for Redis's compact encodings: the buckets are 0 .. 2^level + split - 1; a
+-- fingerprint whose high part is a goes to a mod 2^level, or to a mod 2^(level+1) if that is
+-- below the split pointer. When the set holds more than `fill` per bucket, bucket `split` is
+-- split in two (its members with bit `level` of a set move to bucket split + 2^level). A bucket
+-- not yet split in a round reaches about 2 * fill. A table describes one bucketed set.
+local function bucketed(prefix, level_field, split_field)
+  return {prefix = prefix, lf = level_field, sf = split_field, keys = {}}
 end
 
--- Split bucket seen_split: its members whose a has bit seen_level set move to the new bucket.
-local function split_seen_bucket()
-  local span = seen_span
-  local from, to = bucket_key(seen_split), bucket_key(seen_split + span)
+local function set_geometry(set, level, split)
+  set.level, set.split, set.span = level, split, 2 ^ level
+end
+
+local function bucket_key(set, n)
+  local k = set.keys[n]
+  if not k then
+    k = set.prefix .. string.format('%.0f', n)
+    set.keys[n] = k
+  end
+  return k
+end
+
+local function bucket_of(set, a)
+  local n = a % set.span
+  if n < set.split then n = a % (2 * set.span) end
+  return bucket_key(set, n)
+end
+
+-- Split bucket set.split: `move(from, to, members)` moves its members whose a has bit set.level
+-- set (members: those of `from`, by `list`).
+local function split_bucket(set, list, move)
+  local span = set.span
+  local from, to = bucket_key(set, set.split), bucket_key(set, set.split + span)
   local moving = {}
-  for _, m in ipairs(redis.call('SMEMBERS', from)) do
-    if fingerprint_high(m) % (2 * span) ~= seen_split then moving[#moving + 1] = m end
+  for _, m in ipairs(list(from)) do
+    if fingerprint_high(m) % (2 * span) ~= set.split then moving[#moving + 1] = m end
   end
   -- In slices, so unpack stays far from Lua's stack limit whatever a bucket holds.
-  for i = 1, #moving, 256 do
-    local last = math.min(i + 255, #moving)
-    redis.call('SREM', from, unpack(moving, i, last))
-    redis.call('SADD', to, unpack(moving, i, last))
-  end
-  seen_split = seen_split + 1
-  if seen_split == span then seen_level, seen_split, seen_span = seen_level + 1, 0, 2 * span end
-  redis.call('HSET', K_STATS, 'fl', seen_level, 'fs', seen_split)
+  for i = 1, #moving, 256 do move(from, to, moving, i, math.min(i + 255, #moving)) end
+  local split, level = set.split + 1, set.level
+  if split == span then level, split = level + 1, 0 end
+  set_geometry(set, level, split)
+  redis.call('HSET', K_STATS, set.lf, level, set.sf, split)
 end
 
--- Record done `item` in the seen set (it has just left K_ITEMS).
+-- -- the seen set ----------------------------------------------------------------------------
+-- Done items, by fingerprint only: each bucket is a set that Redis keeps as an intset (8 bytes a
+-- member, while a bucket holds at most set-max-intset-entries, 512 by default). A fingerprint is
+-- written when its item is done. Level and split pointer: stats fl and fs; size: fn.
+local SEEN_FILL = 160
+local seen = bucketed(K_SEEN, 'fl', 'fs')
+local seen_count = nil
+
+local function seen_geometry()
+  if not seen_count then
+    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn')
+    set_geometry(seen, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
+    seen_count = tonumber(g[3] or '0')
+  end
+end
+
+local function seen_members(key) return redis.call('SMEMBERS', key) end
+local function seen_move(from, to, moving, i, last)
+  redis.call('SREM', from, unpack(moving, i, last))
+  redis.call('SADD', to, unpack(moving, i, last))
+end
+
+-- Record done `item` in the seen set (it has just left the live items).
 local function remember_done(item)
   seen_geometry()
   local fp, a = fingerprint(item)
-  if redis.call('SADD', seen_bucket(a), fp) == 0 then return end  -- a twin's fingerprint
+  if redis.call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
   redis.call('HINCRBY', K_STATS, 'fn', 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
-  if seen_count > SEEN_FILL * (seen_span + seen_split) and seen_level < 33 then
-    split_seen_bucket()
+  if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
+    split_bucket(seen, seen_members, seen_move)
   end
 end
 
@@ -296,13 +321,91 @@ local function is_done(item)
   seen_geometry()
   if seen_count == 0 then return false end
   local fp, a = fingerprint(item)
-  return redis.call('SISMEMBER', seen_bucket(a), fp) == 1
+  return redis.call('SISMEMBER', bucket_of(seen, a), fp) == 1
 end
 
--- The state of `item`: its K_ITEMS value if live, 'D0' if done (in the seen set only: its depth
--- is forgotten), nil if never added (or taken for a fingerprint collision's twin).
+-- -- live items -------------------------------------------------------------------------------
+-- Every item added and not done, by fingerprint: each bucket is a hash fingerprint -> state and
+-- depth packed in one integer, depth * 8 + the state's code, which Redis keeps as a listpack
+-- (about 12 bytes a field: the fingerprint as an int64, the value as a small integer) while a
+-- bucket holds at most hash-max-listpack-entries fields (128 by default). LIVE_FILL keeps a
+-- bucket not yet split in a round near 2 * 36 = 72, far from 128 at any size. The item's name is
+-- kept where its state puts it (KEYS[1] above), so a queued item's name is stored once, in its
+-- domain's queue. Level and split pointer: stats il and is; size: seen - done.
+local LIVE_FILL = 36
+local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
+local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
+local live = bucketed(K_ITEMS, 'il', 'is')
+local live_known = false
+
+local function live_geometry()
+  if not live_known then
+    local g = redis.call('HMGET', K_STATS, 'il', 'is')
+    set_geometry(live, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
+    live_known = true
+  end
+end
+
+-- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
+local function pack(state, depth)
+  return string.format('%d', tonumber(depth) * 8 + CODE[state])
+end
+
+-- `item`'s bucket key and fingerprint.
+local function live_slot(item)
+  live_geometry()
+  local fp, a = fingerprint(item)
+  return bucket_of(live, a), fp
+end
+
+-- The state letter and depth of live `item`, as one string ('q0'); nil if it is not live.
+local function live_get(item)
+  local key, fp = live_slot(item)
+  local v = redis.call('HGET', key, fp)
+  if not v then return nil end
+  local n = tonumber(v)
+  local code = n % 8
+  return LETTER[code] .. string.format('%d', (n - code) / 8)
+end
+
+-- Live `item` (already live: add_items makes items live) is now in `state` at `depth`.
+local function live_set(item, state, depth)
+  local key, fp = live_slot(item)
+  redis.call('HSET', key, fp, pack(state, depth))
+end
+
+-- `item` is no longer live (it is done).
+local function live_del(item)
+  local key, fp = live_slot(item)
+  redis.call('HDEL', key, fp)
+end
+
+local function live_members(key) return redis.call('HKEYS', key) end
+local function live_move(from, to, moving, i, last)
+  local fields = {}
+  local values = redis.call('HMGET', from, unpack(moving, i, last))
+  for j = i, last do
+    fields[#fields + 1] = moving[j]
+    fields[#fields + 1] = values[j - i + 1]
+  end
+  redis.call('HDEL', from, unpack(moving, i, last))
+  redis.call('HSET', to, unpack(fields))
+end
+
+-- The live items grew: split buckets until they hold at most LIVE_FILL each on average.
+local function grow_live()
+  live_geometry()
+  local c = redis.call('HMGET', K_STATS, 'seen', 'done')
+  local n = tonumber(c[1] or '0') - tonumber(c[2] or '0')
+  while n > LIVE_FILL * (live.span + live.split) and live.level < 33 do
+    split_bucket(live, live_members, live_move)
+  end
+end
+
+-- The state of `item`: its state letter and depth if live, 'D0' if done (in the seen set only:
+-- its depth is forgotten), nil if never added (or taken for a fingerprint collision's twin).
 local function item_value(item)
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   if v then return v end
   if is_done(item) then return 'D0' end
   return nil
@@ -315,20 +418,27 @@ local function add_items(first, depth)
   local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
   local room = math.huge
   if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
-  -- The new items are written a slice at a time (one HSET, one RPUSH per domain): fewer calls.
-  local added, fields, new_of, doms, taken = 0, {}, {}, {}, {}
-  local state = 'q' .. depth
+  -- The new items are written a slice at a time (one HSET per bucket, one RPUSH per domain).
+  local added, fields_of, buckets, new_of, doms, taken = 0, {}, {}, {}, {}, {}
+  local value = pack('q', depth)
   for i = first, #ARGV do
     if added >= room then break end
     local item = ARGV[i]
     local dom = domain_of(item)
     if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
-      -- New: neither live (K_ITEMS, or earlier in this batch, not written yet) nor done.
-      if not taken[item] and redis.call('HEXISTS', K_ITEMS, item) == 0 and not is_done(item) then
-        taken[item] = true
+      -- New: neither live (in its bucket, or earlier in this batch, not written yet) nor done.
+      local key, fp = live_slot(item)
+      if not taken[fp] and redis.call('HEXISTS', key, fp) == 0 and not is_done(item) then
+        taken[fp] = true
         if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
-        fields[#fields + 1] = item
-        fields[#fields + 1] = state
+        local f = fields_of[key]
+        if not f then
+          f = {}
+          fields_of[key] = f
+          buckets[#buckets + 1] = key
+        end
+        f[#f + 1] = fp
+        f[#f + 1] = value
         local q = new_of[dom]
         if not q then
           q = {}
@@ -341,8 +451,11 @@ local function add_items(first, depth)
     end
   end
   if added == 0 then return 0 end
-  for i = 1, #fields, 256 do  -- slices keep unpack far from Lua's stack limit
-    redis.call('HSET', K_ITEMS, unpack(fields, i, math.min(i + 255, #fields)))
+  for _, key in ipairs(buckets) do
+    local f = fields_of[key]
+    for i = 1, #f, 256 do  -- slices keep unpack far from Lua's stack limit
+      redis.call('HSET', key, unpack(f, i, math.min(i + 255, #f)))
+    end
   end
   for _, dom in ipairs(doms) do
     local q = new_of[dom]
@@ -353,6 +466,7 @@ local function add_items(first, depth)
   end
   redis.call('HINCRBY', K_STATS, 'seen', added)
   redis.call('HINCRBY', K_STATS, 'queued', added)
+  grow_live()
   reactivate()
   return added
 end
@@ -362,7 +476,7 @@ local function pop_queued(dom)
   while true do
     local item = redis.call('LPOP', K_QUEUES .. dom)
     if not item then return nil end
-    local v = redis.call('HGET', K_ITEMS, item)
+    local v = live_get(item)
     if v and string.sub(v, 1, 1) == 'q' then return item, string.sub(v, 2) end
   end
 end
@@ -372,15 +486,14 @@ local function promote_due(max_batch)
   local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', redis_now(), 'LIMIT', 0, max_batch)
   for _, item in ipairs(due) do
     redis.call('ZREM', K_DELAYED, item)
-    local v = redis.call('HGET', K_ITEMS, item)
+    local v = live_get(item)
     if v and string.sub(v, 1, 1) == 'w' then
-      redis.call('HSET', K_ITEMS, item, 'q' .. string.sub(v, 2))
+      live_set(item, 'q', string.sub(v, 2))
       redis.call('HINCRBY', K_STATS, 'queued', 1)
       enqueue(item, false)
     end
   end
 end
-
 -- Move queued items to `dispatched` until the broker holds `bound` messages of this job, scrape
 -- and save messages together (at most `max_batch` per call), and return them; the caller
 -- publishes one scrape task for each. Domains take turns, those waiting longest first, one item
@@ -403,7 +516,7 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
       if not item then
         redis.call('ZREM', K_DOMAINS, dom)
       else
-        redis.call('HSET', K_ITEMS, item, 'd' .. depth)
+        live_set(item, 'd', depth)
         redis.call('ZADD', K_DISPATCHED, deadline, item)
         out[#out + 1] = item
         taken = taken + 1
@@ -436,7 +549,7 @@ end
 local function requeue(item, state, depth, front)
   if state == 'q' then return end
   clear_inflight(item, state)
-  redis.call('HSET', K_ITEMS, item, 'q' .. depth)
+  live_set(item, 'q', depth)
   redis.call('HINCRBY', K_STATS, 'queued', 1)
   enqueue(item, front)
 end
@@ -445,7 +558,7 @@ end
 local function delay_until(item, state, depth, due)
   if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
   clear_inflight(item, state)
-  redis.call('HSET', K_ITEMS, item, 'w' .. depth)
+  live_set(item, 'w', depth)
   redis.call('ZADD', K_DELAYED, due, item)
 end
 
@@ -454,7 +567,7 @@ end
 local function finish(item, state)
   if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
   clear_inflight(item, state)
-  redis.call('HDEL', K_ITEMS, item)
+  live_del(item)
   redis.call('HDEL', K_FAILS, item)
   redis.call('HDEL', K_LOST, item)
   remember_done(item)
@@ -465,7 +578,7 @@ end
 local function give_up(item, state, depth, reason)
   if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
   clear_inflight(item, state)
-  redis.call('HSET', K_ITEMS, item, 'X' .. depth)
+  live_set(item, 'X', depth)
   redis.call('HSET', K_DEAD, item, reason)
   redis.call('HINCRBY', K_STATS, 'dead', 1)
 end

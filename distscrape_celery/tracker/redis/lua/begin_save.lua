@@ -47,6 +47,6 @@ redis.call('ZREM', K_PENDING, item)
 if state == 'l' then vacate(domain_of(item)) end
 redis.call('ZADD', K_LEASED, now + lease, item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
-redis.call('HSET', K_ITEMS, item, 'S' .. depth)
+live_set(item, 'S', depth)
 local out = {'ok', lost, body()}
 return take_for_dispatch(bound, max_batch, now + lease, out)

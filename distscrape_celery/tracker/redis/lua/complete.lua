@@ -11,7 +11,7 @@ local item = ARGV[1]
 local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local changed = 0
 if KEYS[21] then redis.call('UNLINK', KEYS[21]) end
-local v = redis.call('HGET', K_ITEMS, item)
+local v = live_get(item)
 if v then
   local state = split_state(v)
   if state ~= 'X' then

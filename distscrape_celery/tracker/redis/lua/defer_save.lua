@@ -5,12 +5,12 @@
 -- ARGV[1] item, ARGV[2] token, ARGV[3] save_timeout
 -- Returns 1 if deferred, 0 if the caller is not the holder (stale) or the item moved on
 local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local v = redis.call('HGET', K_ITEMS, item)
+local v = live_get(item)
 if not v then return 0 end
 local state, depth = split_state(v)
 local _, held = holder(item)
 if held ~= token or state ~= 'S' then return 0 end
 redis.call('ZREM', K_LEASED, item)
 redis.call('ZADD', K_PENDING, redis_now() + save_timeout, item)
-redis.call('HSET', K_ITEMS, item, 's' .. depth)
+live_set(item, 's', depth)
 return 1

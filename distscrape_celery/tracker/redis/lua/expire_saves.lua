@@ -9,7 +9,7 @@ local now = redis_now()
 local n = 0
 for i = 1, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   local who, held = holder(item)
   if v and string.sub(v, 1, 1) == 's' and who == '-' and held == token then
     redis.call('ZADD', K_PENDING, now, item)

@@ -31,7 +31,7 @@ for i = 5 + n, 4 + n + m do
 end
 for i = 5 + n + m, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   local _, held = holder(item)
   if v and string.sub(v, 1, 1) == 's' and held == token then
     if holder(item) == worker then

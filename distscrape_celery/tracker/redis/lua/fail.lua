@@ -18,7 +18,7 @@ local retryable, max_retries, max_lost = ARGV[5] == '1', tonumber(ARGV[6]), tonu
 local bound, max_batch, lease = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local delay = tonumber(ARGV[11])
 local outcome = 'ignored'
-local v = redis.call('HGET', K_ITEMS, item)
+local v = live_get(item)
 if v then
   local state, depth = split_state(v)
   local _, held = holder(item)

@@ -21,7 +21,7 @@ local reclaimed, died = 0, 0
 
 local function reclaim(zset, expected, mode, why)
   for _, item in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
-    local v = redis.call('HGET', K_ITEMS, item)
+    local v = live_get(item)
     local state, depth = nil, nil
     if v then state, depth = split_state(v) end
     if state and string.find(expected, state, 1, true) then
@@ -44,7 +44,7 @@ end
 -- being downloaded again. If the whole worker died, its message is stuck until the broker's
 -- visibility timeout, so after that lease the item is reclaimed like any other.
 for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   if v and string.sub(v, 1, 1) == 'S' then
     local _, depth = split_state(v)
     local was, token = holder(item)
@@ -56,7 +56,7 @@ for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT'
       redis.call('ZREM', K_LEASED, item)
       redis.call('ZADD', K_PENDING, now + lease, item)
       redis.call('HSET', K_OWNERS, item, '- ' .. token)
-      redis.call('HSET', K_ITEMS, item, 's' .. depth)
+      live_set(item, 's', depth)
       reclaimed = reclaimed + 1
     end
   end

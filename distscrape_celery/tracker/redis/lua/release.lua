@@ -29,7 +29,7 @@ if worker ~= '' then
         redis.call('ZADD', K_PENDING, later, item)
         redis.call('HSET', K_OWNERS, item, '- ' .. token)
       else  -- a pending item always has its state: 's' .. depth
-        local _, depth = split_state(redis.call('HGET', K_ITEMS, item))
+        local _, depth = split_state(live_get(item))
         requeue(item, 's', depth, true)
         n = n + 1
       end
@@ -40,7 +40,7 @@ local sets = {K_LEASED, K_DISPATCHED}
 if worker == '' then sets = {K_LEASED, K_PENDING, K_DISPATCHED} end
 for _, set in ipairs(sets) do
   for _, item in ipairs(redis.call('ZRANGE', set, 0, -1)) do
-    local v = redis.call('HGET', K_ITEMS, item)
+    local v = live_get(item)
     if v then
       local state, depth = split_state(v)
       if state ~= 'X' and state ~= 'q'

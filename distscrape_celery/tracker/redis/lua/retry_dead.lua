@@ -8,7 +8,7 @@ local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(A
 local n = 0
 for i = 4, #ARGV do
   local item = ARGV[i]
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   if v and string.sub(v, 1, 1) == 'X' then
     redis.call('HDEL', K_DEAD, item)
     redis.call('HDEL', K_FAILS, item)

@@ -34,7 +34,7 @@ local added = add_items(13, depth)
 if tonumber(ARGV[12]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[12]) end
 local now = redis_now()
 local status = 'stale'
-local v = redis.call('HGET', K_ITEMS, item)
+local v = live_get(item)
 if v then
   local state, item_depth = split_state(v)
   local _, held = holder(item)
@@ -45,7 +45,7 @@ if v then
       -- process died if the holder vanishes.
       redis.call('ZADD', K_LEASED, now + lease, item)
       redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token)
-      redis.call('HSET', K_ITEMS, item, 'S' .. item_depth)
+      live_set(item, 'S', item_depth)
     else
       if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
       redis.call('ZREM', K_LEASED, item)
@@ -57,7 +57,7 @@ if v then
         -- Its save message is in the broker now, not with any worker: no holder, same token.
         redis.call('HSET', K_OWNERS, item, '- ' .. token)
       end
-      redis.call('HSET', K_ITEMS, item, 's' .. item_depth)
+      live_set(item, 's', item_depth)
     end
     status = 'ok'
   end

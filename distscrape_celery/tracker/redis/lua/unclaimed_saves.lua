@@ -11,7 +11,7 @@ local age, save_timeout, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(
 local out = {}
 local before = redis_now() + save_timeout - age
 for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_PENDING, '-inf', before, 'LIMIT', 0, limit)) do
-  local v = redis.call('HGET', K_ITEMS, item)
+  local v = live_get(item)
   local who, token = holder(item)
   if v and string.sub(v, 1, 1) == 's' and who == '-' then
     out[#out + 1] = item
