@@ -1,17 +1,21 @@
-"""Redis memory per seen URL (at most 16 bytes at 10 million URLs, dedup and state).
+"""Redis memory per queued and per done URL (or ID): a queued item costs at most its own bytes
++ 32, a done one at most 16 bytes.
 
-    python bench/bench_seen_memory.py [--urls 10000000] [--domains 10000]
+    python bench/bench_seen_memory.py [--urls 10000000] [--domains 10000] [--ids] [--no-complete]
 
 Starts a throwaway Redis and creates a job with the default job settings. Adds ``--urls``
-generated URLs (~73 characters, spread over ``--domains`` domains) through
-``RedisTracker.add_stream``, as ``distscrape seed`` does, and reports memory with every URL
-queued. Then registers one worker and takes every URL through dispatch and ``complete`` (the
-tracker's real scripts, pipelined; the download in between is left out) and reports memory with
-every URL done. Memory is read two ways: MEMORY USAGE (SAMPLES 0, exact) of each of the job's
-keys, split into the seen set, the live-items hash, the frontier (domain queues and the domain
-schedule) and the rest; and INFO memory's used_memory before the job and after.
+generated URLs (~66 characters, spread over ``--domains`` domains; with ``--ids``, 10-digit IDs
+instead, all of one pseudo-domain, whose in-flight cap is raised so that the completion phase
+is not throttled) through ``RedisTracker.add_stream``, as ``distscrape seed`` does, and reports
+memory with every item queued. Then (unless ``--no-complete``) registers one worker and takes
+every item through dispatch and ``complete`` (the tracker's real scripts, pipelined; the
+download in between is left out) and reports memory with every item done. Memory is read two
+ways: MEMORY USAGE (SAMPLES 0, exact) of each of the job's keys, split into the seen set, the
+live-item buckets, the frontier (domain queues and the domain schedule) and the rest; and INFO
+memory's used_memory before the job and after.
 
-tests/integration/test_seen_memory.py imports :func:`measure` and asserts the bound at 100,000 URLs.
+tests/integration/test_seen_memory.py imports :func:`measure` and asserts the bounds at 100,000
+items.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import redis  # noqa: E402
 
 from distscrape_celery.tracker import keys  # noqa: E402
 from distscrape_celery.job.spec import JobSpec  # noqa: E402
-from distscrape_celery.tracker import RedisTracker  # noqa: E402
+from distscrape_celery.tracker import CrawlLimits, DomainLimits, RedisTracker  # noqa: E402
 
 JOB = "seen"
 # One worker's concurrency: the broker bound is twice that, so each pipelined round completes
@@ -37,15 +41,33 @@ JOB = "seen"
 CONCURRENCY = 1000
 
 
+# The pseudo-domain of the IDs (the host of a job's download_url_fmt).
+ID_DOMAIN = "ids.example.invalid"
+
+
 def url(n: int, domains: int) -> str:
-    """The n-th generated URL: ~73 characters, like bench_frontier.py's."""
+    """The n-th generated URL: ~66 characters, like bench_frontier.py's."""
     return f"http://n{n % domains}.example.invalid/2026/11/22/s-{n % 97}/article-{n:09d}.html"
 
 
+def item_id(n: int) -> str:
+    """The n-th generated ID: 10 digits, as bench_seed_ids.py's."""
+    return str(1_000_000_000 + n * 7)
+
+
+def item(n: int, domains: int, ids: bool = False) -> str:
+    return item_id(n) if ids else url(n, domains)
+
+
+def mean_length(n: int, domains: int, ids: bool = False) -> float:
+    """The mean length in bytes of the first ``n`` generated items (at most 100,000 looked at)."""
+    step = max(1, n // 100_000)
+    sample = range(0, n, step)
+    return sum(len(item(i, domains, ids)) for i in sample) / len(sample)
+
+
 def job_memory(client: redis.Redis, job: str) -> dict[str, int]:
-    """Bytes (MEMORY USAGE) of the job's keys, by part. Every element is counted (SAMPLES 0),
-    except in the live-items hash when it is large: counting millions of fields would block
-    Redis for seconds, so its figure is Redis's estimate from a sample of 1,000 fields."""
+    """Bytes (MEMORY USAGE, SAMPLES 0: every element counted) of the job's keys, by part."""
     k = keys.JobKeys(job)
     parts = {"seen": 0, "items": 0, "frontier": 0, "other": 0}
     names = [n.decode() if isinstance(n, bytes) else n
@@ -54,12 +76,12 @@ def job_memory(client: redis.Redis, job: str) -> dict[str, int]:
     for start in range(0, len(names), 1000):
         pipe = client.pipeline(transaction=False)
         for name in names[start:start + 1000]:
-            pipe.memory_usage(name, samples=1000 if name == k.items else 0)
+            pipe.memory_usage(name, samples=0)
         sizes.extend(pipe.execute())
     for name, size in zip(names, sizes):
         if name.startswith(k.seen_buckets):
             part = "seen"
-        elif name == k.items:
+        elif name.startswith(k.item_buckets):
             part = "items"
         elif name.startswith(k.queues) or name == k.domains:
             part = "frontier"
@@ -113,25 +135,28 @@ class Figures:
 
 
 def measure(url_redis: str, n: int, domains: int = 10_000, log=None,
-            complete: bool = True) -> Figures:
-    """Add ``n`` URLs to a new job with default settings, then (if ``complete``) complete them
-    all (see above); ``log`` (print, say) gets each phase's figures as it ends."""
+            complete: bool = True, ids: bool = False) -> Figures:
+    """Add ``n`` URLs (``ids``: IDs) to a new job with default settings, then (if ``complete``)
+    complete them all (see above); ``log`` (print, say) gets each phase's figures as it ends."""
     client = redis.Redis.from_url(url_redis, socket_timeout=None)
     tracker = RedisTracker.from_url(url_redis)
     spec = JobSpec.model_validate({"seeds": [url(0, domains)]})
+    limits = spec.crawl_limits()
+    if ids:  # one pseudo-domain for every ID: its cap would throttle the completion phase
+        limits = CrawlLimits(default=DomainLimits(concurrency=2 * CONCURRENCY), id_domain=ID_DOMAIN)
     # A first job loads (and compiles) the scripts, so the delta below is the job's own.
-    tracker.create_job("warm-up", spec.to_json(), spec.crawl_limits())
-    tracker.add("warm-up", [url(0, domains)])
+    tracker.create_job("warm-up", spec.to_json(), limits)
+    tracker.add("warm-up", [item(0, domains, ids)])
     complete_all(tracker, "warm-up")
     before = used_memory(client)
-    tracker.create_job(JOB, spec.to_json(), spec.crawl_limits())
+    tracker.create_job(JOB, spec.to_json(), limits)
 
-    def urls() -> Iterator[str]:
-        return (url(i, domains) for i in range(n))
+    def items() -> Iterator[str]:
+        return (item(i, domains, ids) for i in range(n))
 
     started = time.monotonic()
     added, dispatched = 0, []
-    for _, res in tracker.add_stream(JOB, urls()):
+    for _, res in tracker.add_stream(JOB, items()):
         added += res.added
         dispatched.extend(res.dispatch)
     add_seconds = time.monotonic() - started
@@ -167,6 +192,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--urls", type=int, default=10_000_000)
     parser.add_argument("--domains", type=int, default=10_000)
+    parser.add_argument("--ids", action="store_true",
+                        help="10-digit IDs instead of URLs (--urls of them, --domains ignored)")
     parser.add_argument("--no-complete", action="store_true",
                         help="measure the queued state only, where the seen set is still empty (fingerprints are "
                              "written at complete; completing 10M items took 29 minutes)")
@@ -176,22 +203,26 @@ def main() -> int:
     with EmbeddedRedis() as server:
         f = measure(server.url, args.urls, args.domains,
                     log=lambda line: print(line, file=sys.stderr, flush=True),
-                    complete=not args.no_complete)
+                    complete=not args.no_complete, ids=args.ids)
     n = f.urls
-    mean_url = sum(len(url(i, args.domains)) for i in range(1000)) / 1000
+    mean = mean_length(n, args.domains, args.ids)
+    what = "IDs" if args.ids else "URLs"
 
     def per(d: dict[str, int]) -> str:
         return ", ".join(f"{k} {v / n:.2f}" for k, v in d.items())
 
-    print(f"{n:,} URLs of ~{mean_url:.0f} bytes over {args.domains:,} domains, default job settings")
-    print(f"add: {f.add_seconds:.1f}s ({n / f.add_seconds:,.0f} URLs/s)" + (
+    over = "one pseudo-domain" if args.ids else f"{args.domains:,} domains"
+    print(f"{n:,} {what} of {mean:.1f} bytes on average over {over}, default job settings")
+    print(f"add: {f.add_seconds:.1f}s ({n / f.add_seconds:,.0f} {what}/s)" + (
         f"; dispatch+complete: {f.complete_seconds:.1f}s ({n / f.complete_seconds:,.0f} items/s)"
         if f.done else ""))
-    print(f"all queued: {sum(f.queued.values()) / n:.2f} bytes/URL in the job's keys ({per(f.queued)}); "
-          f"used_memory delta {f.queued_used / n:.2f} bytes/URL")
+    queued = sum(f.queued.values()) / n
+    print(f"all queued: {queued:.2f} bytes/item in the job's keys, its own bytes + "
+          f"{queued - mean:.2f} ({per(f.queued)}); used_memory delta {f.queued_used / n:.2f} "
+          "bytes/item")
     if f.done:
-        print(f"all done:   {sum(f.done.values()) / n:.2f} bytes/URL in the job's keys "
-              f"({per(f.done)}); used_memory delta {f.done_used / n:.2f} bytes/URL")
+        print(f"all done:   {sum(f.done.values()) / n:.2f} bytes/item in the job's keys "
+              f"({per(f.done)}); used_memory delta {f.done_used / n:.2f} bytes/item")
         print(f"seen set: {f.buckets:,} buckets, largest {f.largest_bucket} members "
               f"(intset up to set-max-intset-entries, 512 by default)")
     return 0
