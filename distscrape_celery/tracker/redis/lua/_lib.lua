@@ -418,27 +418,19 @@ local function add_items(first, depth)
   local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
   local room = math.huge
   if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
-  -- The new items are written a slice at a time (one HSET per bucket, one RPUSH per domain).
-  local added, fields_of, buckets, new_of, doms, taken = 0, {}, {}, {}, {}, {}
+  -- The new items' names are written a slice at a time (one RPUSH per domain).
+  local added, new_of, doms = 0, {}, {}
   local value = pack('q', depth)
   for i = first, #ARGV do
     if added >= room then break end
     local item = ARGV[i]
     local dom = domain_of(item)
     if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
-      -- New: neither live (in its bucket, or earlier in this batch, not written yet) nor done.
+      -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
+      -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
-      if not taken[fp] and redis.call('HEXISTS', key, fp) == 0 and not is_done(item) then
-        taken[fp] = true
+      if not is_done(item) and redis.call('HSETNX', key, fp, value) == 1 then
         if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
-        local f = fields_of[key]
-        if not f then
-          f = {}
-          fields_of[key] = f
-          buckets[#buckets + 1] = key
-        end
-        f[#f + 1] = fp
-        f[#f + 1] = value
         local q = new_of[dom]
         if not q then
           q = {}
@@ -451,15 +443,9 @@ local function add_items(first, depth)
     end
   end
   if added == 0 then return 0 end
-  for _, key in ipairs(buckets) do
-    local f = fields_of[key]
-    for i = 1, #f, 256 do  -- slices keep unpack far from Lua's stack limit
-      redis.call('HSET', key, unpack(f, i, math.min(i + 255, #f)))
-    end
-  end
   for _, dom in ipairs(doms) do
     local q = new_of[dom]
-    for i = 1, #q, 256 do
+    for i = 1, #q, 256 do  -- slices keep unpack far from Lua's stack limit
       redis.call('RPUSH', K_QUEUES .. dom, unpack(q, i, math.min(i + 255, #q)))
     end
     schedule(dom)
