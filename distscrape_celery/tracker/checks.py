@@ -11,6 +11,13 @@ live in Redis. Two settings decide whether they survive:
 - ``maxmemory-policy noeviction``: any other policy lets Redis delete keys when it is full, and
   a deleted tracker key is lost work or lost dedup. With noeviction a full Redis refuses writes
   instead, which the workers report and retry.
+
+And two settings decide what the tracker's buckets cost (tracker/redis/lua/_lib.lua): a live-item
+bucket is a hash of up to ~100 fingerprints (19-digit integers), kept compact while
+``hash-max-listpack-entries`` >= 128 and ``hash-max-listpack-value`` >= 19; a seen-set bucket a
+set of up to ~400, kept an intset while ``set-max-intset-entries`` >= 512. Below that, buckets
+become hash tables at several times the memory: nothing is lost, but a 10-million-item job may
+need gigabytes more.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def redis_problems(client: redis.Redis) -> list[str]:
-    """One sentence per setting of ``client``'s server that weakens the guarantees; a single
+    """One sentence per setting of ``client``'s server that weakens the guarantees (or the
+    tracker's memory bounds); a single
     note if the server does not let us read its configuration (managed Redis often forbids it)."""
     try:
         config = client.config_get("appendonly")
@@ -53,6 +61,34 @@ def redis_problems(client: redis.Redis) -> list[str]:
             f"maxmemory-policy is {config.get('maxmemory-policy')!r}: a full Redis may evict "
             "tracker keys (lost work, lost dedup); set maxmemory-policy noeviction"
         )
+    problems.extend(_encoding_problems(client))
+    return problems
+
+
+# Settings below which the tracker's buckets lose their compact encodings:
+# (name, its name before Redis 7, the least value, Redis's default).
+COMPACT = (
+    ("hash-max-listpack-entries", "hash-max-ziplist-entries", 128, 128),
+    ("hash-max-listpack-value", "hash-max-ziplist-value", 19, 64),
+    ("set-max-intset-entries", None, 512, 512),
+)
+
+
+def _encoding_problems(client: redis.Redis) -> list[str]:
+    problems = []
+    for name, older, least, default in COMPACT:
+        try:
+            found = client.config_get(name) or (client.config_get(older) if older else {})
+        except redis.ResponseError:
+            continue  # reading the config was refused: redis_problems said so already
+        value = _text(next(iter(found.values()))) if found else None
+        if value is not None and int(value) < least:
+            kind = "done" if name.startswith("set") else "live"
+            problems.append(
+                f"{name} is {value}: the tracker's buckets of {kind} items stay compact only at "
+                f"{least} or more; below, they take several times the memory (nothing is lost); "
+                f"set it back to Redis's default, {default}"
+            )
     return problems
 
 

@@ -47,3 +47,22 @@ def test_config_forbidden_is_one_clear_note(redis_url):
         assert len(problems) == 1 and "could not read the Redis configuration" in problems[0]
     finally:
         client.execute_command("ACL", "DELUSER", "noconfig")
+
+
+def test_settings_that_undo_the_compact_buckets_are_named(redis_url):
+    client = redis.Redis.from_url(redis_url)
+    names = ("hash-max-listpack-entries", "hash-max-listpack-value", "set-max-intset-entries")
+    old = {k: client.config_get(k)[k] for k in names}
+    try:
+        assert not [p for p in redis_problems(client) if "compact" in p]
+        client.config_set("hash-max-listpack-entries", 64)
+        client.config_set("hash-max-listpack-value", 16)
+        client.config_set("set-max-intset-entries", 256)
+        problems = [p for p in redis_problems(client) if "compact" in p]
+        assert len(problems) == 3
+        assert problems[0].startswith("hash-max-listpack-entries is 64:") and "128" in problems[0]
+        assert problems[1].startswith("hash-max-listpack-value is 16:") and "64" in problems[1]
+        assert "set-max-intset-entries is 256" in problems[2] and "done items" in problems[2]
+    finally:
+        for key, value in old.items():
+            client.config_set(key, value)
