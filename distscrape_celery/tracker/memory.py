@@ -79,7 +79,7 @@ def _prepare_lua(server: fakeredis.FakeServer, client: redis.Redis) -> None:
     client.eval("return 0", 0)
     runtime = server._lua_runtime
     # fakeredis 2.41's script environment lacks redis.sha1hex, which the scripts use for the
-    # fingerprints of done items (_lib.lua). Set on the `redis` table, which is no new global
+    # fingerprints of items (_lib.lua). Set on the `redis` table, which is no new global
     # (fakeredis refuses scripts that leave one). tests/test_tracker.py compares the keys written
     # with a real Redis's.
     runtime.globals()[b"redis"][b"sha1hex"] = _sha1hex

@@ -209,7 +209,7 @@ end
 -- as a decimal integer, so that Redis stores it as a 64-bit integer (in an intset or a listpack)
 -- rather than as text. A live item is a field of a live-item bucket; a done item a member of a
 -- seen-set bucket. Two items with one fingerprint are one item to the job: the second is never
--- fetched (about n / 9.2e18 for each new item when n are known).
+-- fetched (about n / 8.6e18 for each new item when n are known).
 local TWO_33 = 8589934592
 local fingerprints = {}  -- item -> {fingerprint, high part}, computed once per call
 
