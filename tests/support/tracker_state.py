@@ -65,7 +65,8 @@ def _text(v: Any) -> Any:
 
 
 def _args(job: str, shard: int, *args: Any) -> tuple[Any, ...]:
-    item_keys = keys.JobKeys(job, shard).item_keys()
+    # The shard's own active marker: every key in the job's slot (a cluster refuses others).
+    item_keys = keys.JobKeys(job, shard).item_keys(local_active=True)
     return (SOURCE, len(item_keys), *item_keys, *args)
 
 
