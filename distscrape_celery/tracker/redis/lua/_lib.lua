@@ -264,21 +264,26 @@ local function bucket_of(set, a)
   return bucket_key(set, n)
 end
 
--- Split bucket set.split: `move(from, to, members)` moves its members whose a has bit set.level
--- set (members: those of `from`, by `list`).
-local function split_bucket(set, list, move)
-  local span = set.span
-  local from, to = bucket_key(set, set.split), bucket_key(set, set.split + span)
-  local moving = {}
-  for _, m in ipairs(list(from)) do
-    if fingerprint_high(m) % (2 * span) ~= set.split then moving[#moving + 1] = m end
-  end
-  -- In slices, so unpack stays far from Lua's stack limit whatever a bucket holds.
-  for i = 1, #moving, 256 do move(from, to, moving, i, math.min(i + 255, #moving)) end
-  local split, level = set.split + 1, set.level
+-- Split bucket set.split in two: `rehash(from, to, moves)` moves to the new bucket `to` the
+-- members of `from` for which moves(member) is true (those whose a has bit set.level set).
+local function split_bucket(set, rehash)
+  local span, split = set.span, set.split
+  rehash(bucket_key(set, split), bucket_key(set, split + span), function(m)
+    return fingerprint_high(m) % (2 * span) ~= split
+  end)
+  local level = set.level
+  split = split + 1
   if split == span then level, split = level + 1, 0 end
   set_geometry(set, level, split)
   redis.call('HSET', K_STATS, set.lf, level, set.sf, split)
+end
+
+-- Call `command` on `key` with the values of `list` (flat) a slice at a time, so unpack stays far
+-- from Lua's stack limit however long the list is; `step` values a slice (even for pairs).
+local function in_slices(command, key, list, step)
+  for i = 1, #list, step do
+    redis.call(command, key, unpack(list, i, math.min(i + step - 1, #list)))
+  end
 end
 
 -- -- the seen set ----------------------------------------------------------------------------
@@ -297,10 +302,13 @@ local function seen_geometry()
   end
 end
 
-local function seen_members(key) return redis.call('SMEMBERS', key) end
-local function seen_move(from, to, moving, i, last)
-  redis.call('SREM', from, unpack(moving, i, last))
-  redis.call('SADD', to, unpack(moving, i, last))
+local function seen_rehash(from, to, moves)
+  local moving = {}
+  for _, m in ipairs(redis.call('SMEMBERS', from)) do
+    if moves(m) then moving[#moving + 1] = m end
+  end
+  in_slices('SREM', from, moving, 256)
+  in_slices('SADD', to, moving, 256)
 end
 
 -- Record done `item` in the seen set (it has just left the live items).
@@ -312,7 +320,7 @@ local function remember_done(item)
   redis.call('HINCRBY', K_STATS, 'fn', 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
   if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
-    split_bucket(seen, seen_members, seen_move)
+    split_bucket(seen, seen_rehash)
   end
 end
 
@@ -380,16 +388,20 @@ local function live_del(item)
   redis.call('HDEL', key, fp)
 end
 
-local function live_members(key) return redis.call('HKEYS', key) end
-local function live_move(from, to, moving, i, last)
-  local fields = {}
-  local values = redis.call('HMGET', from, unpack(moving, i, last))
-  for j = i, last do
-    fields[#fields + 1] = moving[j]
-    fields[#fields + 1] = values[j - i + 1]
+-- A small listpack is cheaper to write anew than to delete half its fields from one by one (each
+-- HDEL searches it): the bucket is read whole, dropped, and both halves written.
+local function live_rehash(from, to, moves)
+  local keep, moving = {}, {}
+  local all = redis.call('HGETALL', from)
+  for i = 1, #all, 2 do
+    local half = keep
+    if moves(all[i]) then half = moving end
+    half[#half + 1] = all[i]
+    half[#half + 1] = all[i + 1]
   end
-  redis.call('HDEL', from, unpack(moving, i, last))
-  redis.call('HSET', to, unpack(fields))
+  redis.call('DEL', from)
+  in_slices('HSET', from, keep, 256)
+  in_slices('HSET', to, moving, 256)
 end
 
 -- The live items grew: split buckets until they hold at most LIVE_FILL each on average.
@@ -398,7 +410,7 @@ local function grow_live()
   local c = redis.call('HMGET', K_STATS, 'seen', 'done')
   local n = tonumber(c[1] or '0') - tonumber(c[2] or '0')
   while n > LIVE_FILL * (live.span + live.split) and live.level < 33 do
-    split_bucket(live, live_members, live_move)
+    split_bucket(live, live_rehash)
   end
 end
 
