@@ -106,9 +106,8 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
     # Redis's own timing of every command the delete sends (SLOWLOG), not a ping loop's: a ping
     # from this process also waits for the GIL and the scheduler, which a loaded machine
     # stretches past any bound. 10 ms at 200,000 items is 50 ms at a million (the bound a delete
-    # must keep to stay out of other clients' way): with
-    # DEL freeing in the foreground (as Redis does by default), one DEL of this job's
-    # 200,000-field items hash takes about 48 ms here, and fails it.
+    # must keep to stay out of other clients' way), with DEL freeing in the foreground (as Redis
+    # does by default), so a delete that dropped a large key whole would show here.
     saved = redis_client.config_get("slowlog-log-slower-than")
     saved.update(redis_client.config_get("lazyfree-lazy-user-del"))
     redis_client.config_set("slowlog-log-slower-than", 10_000)
