@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
+from tests.support.crawl import crawl_settings, expected_files, kill_all, plugins_path, saved_files
 from tests.support.sitegen import SiteServer, _Handler, generate_site
 from tests.support.tracker_state import live_items_call, parse_live_items
 
@@ -32,7 +32,7 @@ PLUGIN_MODULES = "tests.plugins.full_disk"  # what the workers (and the seeding 
 @pytest.fixture
 def start_worker(tmp_path):
     """Start a real `celery worker` that can import ``tests.plugins`` (the repository root on its
-    PYTHONPATH); every one is stopped, whole process group, at the end. ``path_first`` goes
+    PYTHONPATH); every one is killed, whole process group, at the end. ``path_first`` goes
     before the repository root."""
     started: list[WorkerProcess] = []
     logs = tmp_path / "logs"
@@ -47,8 +47,7 @@ def start_worker(tmp_path):
         return w
 
     yield start
-    for w in started:
-        w.stop(timeout=10)
+    kill_all(started)
 
 
 def _setup(redis_url, start_worker, names, *, lease, worker_env=None, **overrides):
@@ -441,7 +440,9 @@ def test_workers_with_skewed_clocks_steal_and_strand_nothing(
         redis_url, start_worker, ["behind"], lease=SHORT_LEASE, plugin_modules=PLUGIN_MODULES,
         worker_env={"behind": clock_env("behind", -SKEW)},
     )
-    site = generate_site(n_pages=60, seed=23, unreachable=0)
+    # Enough pages that the crawl is still going once the second worker is up, even when a
+    # loaded machine takes ten seconds to start it.
+    site = generate_site(n_pages=150, seed=23, unreachable=0)
     n = len(site.reachable)
     out = tmp_path / "out"
     job = "skew"
