@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -14,6 +15,15 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 Route = Callable[[BaseHTTPRequestHandler], None]
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that does not print a traceback when a crawler it serves hangs
+    up mid-answer (killed workers, cancelled downloads): that is expected in these tests."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 def reply(
@@ -59,7 +69,7 @@ def serve(routes: dict[str, Route]) -> Iterator[tuple[str, threading.Event, list
             except OSError:  # the client gave up (as it should, in the timeout tests)
                 pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -115,7 +125,7 @@ class RouteServer:
             def log_message(self, *args):
                 pass
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = QuietServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         threading.Thread(target=self._httpd.serve_forever, args=(0.05,), daemon=True).start()
         self.base = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -173,7 +183,7 @@ class IdSite:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
         self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -24,8 +24,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urljoin, urlsplit
+
+from tests.support.http import QuietServer
 
 __all__ = ["Site", "generate_site", "resolve", "SiteServer"]
 
@@ -280,16 +282,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._respond(False)
 
 
-class _Server(ThreadingHTTPServer):
+class _Server(QuietServer):
     daemon_threads = True
     allow_reuse_address = True
-
-    def handle_error(self, request, client_address) -> None:
-        # Crawlers killed mid-request (crash tests) hang up on us; that is not news.
-        import sys
-
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            super().handle_error(request, client_address)
 
 
 class SiteServer:
