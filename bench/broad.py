@@ -7,7 +7,7 @@
 
 One run, so that every figure is taken under the same machine load:
 
-1. generates ``--hosts`` sites of ``--pages`` pages each with ``tests/sitegen.py`` (robots.txt
+1. generates ``--hosts`` sites of ``--pages`` pages each with ``tests/support/sitegen.py`` (robots.txt
    allowing everything, no Crawl-delay; off-site links only to names under ``.invalid``), adds to
    every page ``--cross-links`` links to pages of other hosts, and serves each on its own
    loopback address (127.0.0.10, 127.0.0.11, ...: distinct hosts on Linux), one port for all, by
@@ -58,7 +58,7 @@ from suite import (  # noqa: E402
     PEERS, ROBOTS, ROOT, Result, Site, crawl_default, crawl_scrapy, crawl_scrapy_redis,
     crawl_workers, ensure_peers, machine, unwind_on_sigterm, wait_port,
 )
-from sitegen import generate_site  # noqa: E402  (suite put tests/ on the path)
+from tests.support.sitegen import generate_site  # noqa: E402  (suite put the root on the path)
 
 POLITENESS = 8  # requests in flight to one host: distscrape's default, set for every crawler
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.10")
