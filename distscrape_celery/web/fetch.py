@@ -1,6 +1,6 @@
-"""HTTP downloads: one urllib3 connection pool per thread, limits on time and size always on, every
-connection and redirect hop past the SSRF guard (and the job's robots.txt, see
-:func:`redirect_check`), and failures classified as retryable or not.
+"""HTTP downloads: one urllib3 connection pool per host, shared by a process's threads, limits on
+time and size always on, every connection and redirect hop past the SSRF guard (and the job's
+robots.txt, see :func:`redirect_check`), and failures classified as retryable or not.
 
 urllib3 directly rather than requests: requests' per-request work (merging settings, preparing
 and re-parsing the URL, building its Response) was about half of a download's CPU, and the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import email.utils
 import fnmatch
+import os
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,6 +37,12 @@ from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
 _PLAIN_TARGET = re.compile(rf"{PLAIN_ORIGIN}({PLAIN_PATH})\Z")
 
 _CHUNK_BYTES = 64 * 1024
+# Hosts whose connection pools a fetcher keeps; the least recently used one is dropped beyond
+# (its idle connections close). 40 slow hosts crawled at once keep theirs (bench/broad.py).
+POOLS = 100
+# The most idle connections a host's pool keeps for the next request: the job's per-domain
+# concurrency, at most this. A request that finds none idle opens another (never waits).
+MAX_CONNECTIONS_PER_HOST = 256
 # Statuses worth trying again later; every other 4xx is the request's own fault.
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -46,6 +52,18 @@ _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _redirect_check: ContextVar[Optional[Callable[[str], None]]] = ContextVar(
     "distscrape_redirect_check", default=None
 )
+
+
+# Counts forks: a child process must not use the connections of its parent's pools.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager
@@ -90,8 +108,12 @@ class Fetcher:
     With a ``guard``, every connection (each redirect hop's too) goes only to addresses it
     allows; without one, anywhere. ``content_types`` (fnmatch patterns of media types), if given,
     are the only types whose body is read. ``cut_at_max_bytes``: a longer body is cut to
-    ``max_bytes`` (the rest left unread) instead of failing. Safe to share between threads: each
-    thread gets its own urllib3 ``PoolManager``.
+    ``max_bytes`` (the rest left unread) instead of failing. ``connections_per_host``: the idle
+    connections each host's pool keeps (at most the requests in flight to a host from this
+    process; more are closed after their request). Safe to share between threads: they share one
+    urllib3 ``PoolManager``, so a kept-alive connection to a host serves whichever thread asks
+    next (a pool per thread kept one connection to each of its last 10 hosts, and a thread
+    hopping between many hosts connected anew for nearly every request).
     """
 
     def __init__(
@@ -101,12 +123,15 @@ class Fetcher:
         content_types: Optional[Iterable[str]] = None,
         *,
         cut_at_max_bytes: bool = False,
+        connections_per_host: int = 8,
     ) -> None:
         self.spec = spec
         self.guard = guard
         self.content_types = tuple(content_types) if content_types is not None else None
         self.cut_at_max_bytes = cut_at_max_bytes
-        self._local = threading.local()
+        self.connections_per_host = max(1, min(connections_per_host, MAX_CONNECTIONS_PER_HOST))
+        # (fork generation, PoolManager, {origin: its pool}); built on first use in a process.
+        self._pools: Optional[tuple[int, urllib3.PoolManager, dict]] = None
         self._headers = {
             "User-Agent": spec.user_agent, "Accept": "*/*",
             **make_headers(accept_encoding=True),
@@ -120,48 +145,66 @@ class Fetcher:
     def for_job(cls, spec: JobSpec, **guard_hooks) -> "Fetcher":
         """The fetcher of a job: its limits, its SSRF guard (``guard_hooks``: ``resolver`` and
         ``classify``, for tests) and its scraper's allowed content types."""
+        politeness = spec.politeness
+        most = max([politeness.per_domain_concurrency,
+                    *(o.concurrency for o in politeness.domain_overrides.values() if o.concurrency)])
         return cls(
             spec.fetch, AddressGuard.from_spec(spec, **guard_hooks),
-            spec.scraper.allowed_content_types,
+            spec.scraper.allowed_content_types, connections_per_host=most,
         )
 
+    def _state(self) -> tuple[int, urllib3.PoolManager, dict]:
+        state = self._pools
+        if state is None or state[0] != _fork_generation:
+            # Two threads may both get here first: one manager wins, the other serves one
+            # request and is dropped (its connection closes). No lock: a lock held by another
+            # thread at a fork stays held in the child.
+            state = self._pools = (_fork_generation, self._new_manager(), {})
+        return state
+
+    def _new_manager(self) -> urllib3.PoolManager:
+        # urllib3 reads no proxies or .netrc credentials from the environment (requests did,
+        # unless told not to): a crawl must not send a user's credentials to the sites it
+        # visits. Retries and redirects are ours (each hop is checked), never urllib3's.
+        manager = urllib3.PoolManager(
+            num_pools=POOLS, headers={**self._headers}, retries=False,
+            ca_certs=certifi.where(), maxsize=self.connections_per_host,
+        )
+        if self.guard is not None:
+            # Every new connection, whichever thread opens it, goes to an address the guard
+            # checked at that moment; a kept-alive one stays with the address it was opened to.
+            manager.pool_classes_by_scheme = guarded_pool_classes(self.guard)
+        # Connections the total deadline can cut off in any phase (see total_deadline): the
+        # deadline is the current thread's, so a shared connection serves the one using it.
+        manager.pool_classes_by_scheme = watched_pool_classes(manager.pool_classes_by_scheme)
+        return manager
+
     def _pool(self) -> urllib3.PoolManager:
-        pool = getattr(self._local, "pool", None)
-        if pool is None:
-            # urllib3 reads no proxies or .netrc credentials from the environment (requests
-            # did, unless told not to): a crawl must not send a user's credentials to the sites
-            # it visits. Retries and redirects are ours (each hop is checked), never urllib3's.
-            pool = urllib3.PoolManager(
-                headers={**self._headers}, retries=False, ca_certs=certifi.where(),
-            )
-            if self.guard is not None:
-                pool.pool_classes_by_scheme = guarded_pool_classes(self.guard)
-            # Connections the total deadline can cut off in any phase (see total_deadline).
-            pool.pool_classes_by_scheme = watched_pool_classes(pool.pool_classes_by_scheme)
-            self._local.pool = pool
-        return pool
+        return self._state()[1]
 
     def _open(self, url: str) -> urllib3.BaseHTTPResponse:
         """Send the GET of ``url`` (no redirect followed, no retry) and return the response with
-        its body unread. A plain URL (_PLAIN_TARGET) whose origin is the one this thread asked
-        last goes straight to that origin's connection pool, which is what PoolManager.urlopen
-        would pick after parsing the URL and building a pool key: a thread crawls one site for
-        long stretches, and those two steps were about a fifth of a download's CPU."""
-        manager = self._pool()
+        its body unread. A plain URL (_PLAIN_TARGET) goes straight to its origin's connection
+        pool, found in a dict by (scheme, host, port): what PoolManager.urlopen would pick after
+        parsing the URL and building a pool key, two steps that were about a fifth of a
+        download's CPU."""
+        _, manager, direct = self._state()
         kw = self._request_kw
         plain = _PLAIN_TARGET.match(url)
         if plain is None or (plain[3] and int(plain[3]) > 65535):
             return manager.urlopen("GET", url, **kw)
         scheme, host, port, path = plain.groups()
         origin = (scheme, host, port)
-        last = getattr(self._local, "origin", None)
-        # The pool stays usable if the manager evicts it (it keeps the 10 most recently used):
-        # urllib3 2 drops an evicted pool without closing it.
-        if last is None or last[0] != origin:
+        pool = direct.get(origin)
+        if pool is None:
             pool = manager.connection_from_host(
                 host, port=int(port) if port else None, scheme=scheme)
-            last = self._local.origin = (origin, pool)
-        return last[1].urlopen("GET", path, assert_same_host=False, headers=manager.headers, **kw)
+            # At most POOLS entries, as in the manager: a pool it evicted (urllib3 2 drops it
+            # without closing it) stays usable here until the dict is cleared.
+            if len(direct) >= POOLS:
+                direct.clear()
+            direct[origin] = pool
+        return pool.urlopen("GET", path, assert_same_host=False, headers=manager.headers, **kw)
 
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;

@@ -226,7 +226,7 @@ def test_malformed_url_is_not_retryable(url: str) -> None:
     assert str(error).startswith(f"invalid URL {url}")
 
 
-def test_one_pooled_session_per_thread() -> None:
+def test_threads_share_a_hosts_kept_alive_connections() -> None:
     routes = {"/k": lambda h: reply(h, 200, b"keep-alive")}
     fetch = fetcher()
     with serve(routes) as (base, _, log):
@@ -237,9 +237,90 @@ def test_one_pooled_session_per_thread() -> None:
         other.join(5)
     ports = [entry["port"] for entry in log]
     assert len(ports) == 3
-    # The same thread reuses its connection; another thread brings its own.
-    assert ports[0] == ports[1]
-    assert ports[2] != ports[0]
+    # One connection, whichever thread asks: a pool per host, not per thread.
+    assert len(set(ports)) == 1
+
+
+def _together(n: int) -> Route:
+    """A route that answers once ``n`` requests are in at once (each on its own connection)."""
+    barrier = threading.Barrier(n, timeout=5)
+
+    def route(handler: BaseHTTPRequestHandler) -> None:
+        barrier.wait()
+        reply(handler, 200, b"together")
+
+    return route
+
+
+def _at_once(fetch: Fetcher, url: str, n: int) -> None:
+    threads = [threading.Thread(target=fetch.get, args=(url,)) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+
+
+@pytest.mark.parametrize("per_host, kept", [(8, 3), (2, 2)])
+def test_a_host_keeps_the_connections_in_flight_up_to_connections_per_host(
+        per_host: int, kept: int) -> None:
+    """Three requests at once open three connections; afterwards the pool keeps those it may
+    (``connections_per_host``) and the next requests reuse them, opening none."""
+    routes = {"/t": _together(3), "/k": lambda h: reply(h, 200, b"k")}
+    fetch = Fetcher(FetchSpec(connect_timeout=2, read_timeout=6, total_timeout=8),
+                    connections_per_host=per_host)
+    with serve(routes) as (base, _, log):
+        _at_once(fetch, base + "/t", 3)
+        opened = {e["port"] for e in log}
+        assert len(opened) == 3 and [e["path"] for e in log] == ["/t"] * 3
+        _at_once(fetch, base + "/k", 3)
+        for _ in range(3):
+            fetch.get(base + "/k")
+    later = {e["port"] for e in log[3:]}
+    assert len(log) == 9
+    # At most `kept` of the first connections serve again; three at once need one more when
+    # only two were kept.
+    assert len(later & opened) == kept
+    assert len(later - opened) == 3 - kept
+
+
+def test_for_job_keeps_as_many_connections_a_host_as_the_job_allows_in_flight() -> None:
+    from distscrape_celery.job.spec import JobSpec
+
+    spec = JobSpec.model_validate({"seeds": ["http://127.0.0.1/"],
+                                   "politeness": {"per_domain_concurrency": 3}})
+    assert Fetcher.for_job(spec).connections_per_host == 3
+    spec = JobSpec.model_validate({"seeds": ["http://127.0.0.1/"], "politeness": {
+        "domain_overrides": {"a.invalid": {"concurrency": 20}}}})
+    assert Fetcher.for_job(spec).connections_per_host == 20
+
+
+def test_a_forked_child_opens_its_own_connections() -> None:
+    """A child process never writes to a connection its parent kept alive (both would read the
+    answers of one socket)."""
+    import os
+
+    routes = {"/k": lambda h: reply(h, 200, b"k")}
+    fetch = fetcher()
+    with serve(routes) as (base, _, log):
+        fetch.get(base + "/k")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: one request, its status through the pipe, and out
+            code = 1
+            try:
+                os.write(write, str(fetch.get(base + "/k").status).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        answer = os.read(read, 16)
+        os.close(read)
+        fetch.get(base + "/k")
+    assert status == 0 and answer == b"200"
+    ports = [e["port"] for e in log]
+    assert len(ports) == 3
+    assert ports[1] != ports[0] and ports[2] == ports[0]
 
 
 def test_proxy_and_netrc_from_the_environment_are_not_used(
@@ -284,8 +365,8 @@ def _closed_port() -> int:
 
 
 def test_a_plain_url_goes_to_its_pool_directly_and_sends_what_the_manager_would(monkeypatch) -> None:
-    """A plain URL of the origin a thread asked last skips PoolManager.urlopen; the
-    request on the wire is the same, on the same kept-alive connection."""
+    """A plain URL of an origin asked before skips PoolManager.urlopen; the request on the
+    wire is the same, on the same kept-alive connection."""
     import urllib3
 
     routes = {"/k/a.html": lambda h: reply(h, 200, b"direct"), "/k?q=1": lambda h: reply(h, 200, b"q")}
