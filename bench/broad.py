@@ -44,6 +44,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -221,11 +222,16 @@ def run_one(what: str, site: BroadSite, work: Path, args) -> tuple[Result, int]:
     if what == "crawl":
         r = crawl_default(site, "broad", work, args, polite=True)
         r.name = "distscrape crawl (defaults)"
-    elif what == "crawl-256":
-        r = crawl_default(site, "broad", work, args, ["--concurrency", "256"], polite=True)
-        r.name = "distscrape crawl --concurrency 256"
+    elif re.fullmatch(r"crawl-[0-9]+", what):
+        n = what.partition("-")[2]
+        r = crawl_default(site, "broad", work, args, ["--concurrency", n], polite=True)
+        r.name = f"distscrape crawl --concurrency {n}"
     elif what == "workers":
         r = crawl_workers(site, "broad", work, args, 2 * (os.cpu_count() or 1), polite=True)
+    elif re.fullmatch(r"workers-c[0-9]+", what):
+        n = what.partition("-c")[2]
+        r = crawl_workers(site, "broad", work, args, 2 * (os.cpu_count() or 1), polite=True,
+                          worker_args=["-P", "threads", "-c", n])
     elif what in ("scrapy", "scrapy-twisted"):
         r = crawl_scrapy(site, "broad", work, args, {
             "CONCURRENT_REQUESTS": args.scrapy_concurrency,
@@ -239,7 +245,7 @@ def run_one(what: str, site: BroadSite, work: Path, args) -> tuple[Result, int]:
             "CONCURRENT_REQUESTS_PER_DOMAIN": max(1, POLITENESS // n), "ROBOTSTXT_OBEY": True},
             processes=n)
     else:
-        raise SystemExit(f"--only: {what!r} is not one of {','.join(ALL)}")
+        raise SystemExit(f"--only: {what!r} is not one of {','.join(ALL)}, crawl-N, workers-cN")
     hits = site.requests_since(mark[0])
     if hits:
         r.timeline = site.hosts_figures(mark[0], hits[0][0])
@@ -276,18 +282,28 @@ def main() -> int:
                              "(default: hosts x 8, every host at its limit)")
     parser.add_argument("--scrapy-redis-processes", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per crawl at most")
-    parser.add_argument("--only", default=",".join(ALL), help=f"some of {','.join(ALL)}")
+    parser.add_argument("--only", default=",".join(ALL),
+                        help=f"some of {','.join(ALL)}; also crawl-N (`distscrape crawl "
+                        "--concurrency N`) and workers-cN (the workers with -P threads -c N)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--sample", action="store_true",
+                        help="for the workers: poll the tracker every 30 ms and add the mean "
+                             "items dispatched, leased and waiting for a save message")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="record each `distscrape crawl` with py-spy into DIR (stacks.py "
+                             "sums a recording); CPU figures then include py-spy")
     args = parser.parse_args()
     if not 1 <= args.hosts <= 200 or args.pages < 2 or not 0 < args.min_delay <= args.max_delay:
         parser.error("--hosts 1 to 200, --pages at least 2, 0 < --min-delay <= --max-delay")
     args.scrapy_concurrency = args.scrapy_concurrency or args.hosts * POLITENESS
-    # What suite.py's crawl helpers read: the peers crawl the whole site, no profile, no polls.
-    args.peer_pages, args.profile, args.sample = 0, None, False
+    # What suite.py's crawl helpers read: the peers crawl the whole site.
+    args.peer_pages = 0
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     unwind_on_sigterm()
     only = args.only.split(",")
     for what in only:
-        if what not in ALL:
+        if what not in ALL and not re.fullmatch(r"(crawl-|workers-c)[0-9]+", what):
             parser.error(f"--only: {what!r} is not one of {','.join(ALL)}")
     header = machine()
     print(header, flush=True)

@@ -295,6 +295,16 @@ class RedisProbe:
         return tuple(self.last[k] - self.start[k] for k in ("cmds", "cpu", "reads"))
 
 
+def proc_status(pid: int) -> Optional[tuple[int, int]]:
+    """A process's peak resident memory (KiB, VmHWM) and its threads, from /proc."""
+    try:
+        fields = dict(line.split(":", 1) for line in
+                      Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        return int(fields["VmHWM"].split()[0]), int(fields["Threads"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
                  probe_for=None) -> tuple[int, float, float, Optional[RedisProbe]]:
     """Run ``cmd`` to its end (SIGTERM, then SIGKILL, at ``timeout``); return its status, wall
@@ -795,6 +805,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     for spy in spies:
         spy.wait(30)
     switches = [b - a for a, b in zip(switches_before, context_switches(worker_pids()))]
+    memory = [proc_status(pid) for pid in worker_pids()]
     cpu = 0.0
     if launch == "multi":
         # Detached, not our children: their CPU up to now, from /proc, then a warm stop.
@@ -834,6 +845,11 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         r.note += (f"; workers' CPU from seed to finish {1000 * crawl_cpu / r.pages:.2f} ms a page"
                    f" ({1000 * crawl_system / r.pages:.2f} in the kernel), the busiest process"
                    f" {busiest:.2f} of a core")
+    if memory and all(memory):
+        # Each worker's peak resident memory and its threads at the end (the pool's threads
+        # start as tasks come; Celery's own besides).
+        r.note += (f"; workers' peak RSS {statistics.mean(m[0] for m in memory) / 1024:.1f} MiB"
+                   f" each (mean), {statistics.mean(m[1] for m in memory):.0f} threads")
         # Between the samples inside the site's first and last page: not the seed's start-up
         # or the wait for the last saves, which idle the machine whatever the workers do.
         hits = [t for t, path in site.requests_since(mark[0]) if path != "/robots.txt"]
@@ -951,6 +967,7 @@ ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-defa
 # (8 requests in flight to one site: at most 160 pages/s from the 50 ms site).
 # With --baseline DIR (a directory holding another version's distscrape_celery, e.g. from
 # `git archive OLD distscrape_celery | tar -x -C DIR`), also: nginx-baseline, latency-baseline.
+# nginx-cN and latency-cN: `distscrape crawl --concurrency N` (to compare concurrencies).
 
 
 def parse_variant(text: str) -> tuple[list[tuple[int, list[str]]], dict[str, str]]:
@@ -1008,6 +1025,8 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
         r = crawl_default(site, name, work, args, extra, baseline=True)
     elif kind == "polite":
         r = crawl_default(site, name, work, args, extra, polite=True)
+    elif re.fullmatch(r"c[0-9]+", kind):
+        r = crawl_default(site, name, work, args, [*extra, "--concurrency", kind[1:]])
     else:
         kind = "workers"
         r = crawl_workers(site, name, work, args, 2 * (os.cpu_count() or 1))
