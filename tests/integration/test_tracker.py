@@ -384,8 +384,8 @@ def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
 
 
 def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
-    """Save batches: one round trip begins every save of a batch (in Redis, a pipeline
-    of begin_save scripts), each with its own answer and body, in order; after Redis lost its
+    """Save batches: one round trip begins every save of a batch (in Redis, one call of
+    begin_save's batch form), each with its own answer and body, in order; after Redis lost its
     scripts too."""
     t = tracker_factory(lease_seconds=30, save_timeout=30)
     w = new_job(t)
@@ -412,8 +412,8 @@ def test_begin_saves_answers_as_begin_save_would_for_each(tracker_factory):
 
 
 def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
-    """Group commit: one round trip completes a save batch's items (in Redis, a
-    pipeline of complete scripts), each with its own answer, dropping each staged body; what
+    """Group commit: one round trip completes a save batch's items (in Redis, one call
+    of complete's batch form), each with its own answer, dropping each staged body; what
     completing hands out is returned with the item that freed the room; after Redis lost its
     scripts too."""
     t = tracker_factory(lease_seconds=30, save_timeout=30, dispatch_factor=1)
@@ -438,6 +438,41 @@ def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
     assert (stats.done, stats.dead) == (3, 0)
     assert [bodies.get("j", tokens[i]) for i in ("a", "b")] == [None, b"b"]  # b's token was another
     assert t.complete_many("j", []) == []
+
+
+def _script_calls(client) -> int:
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+
+
+def test_a_save_batch_begins_and_completes_in_one_script_call_each(redis_url):
+    """On one Redis, begin_saves and complete_many of a save batch each run one script, whose
+    answers are those of begin_save and complete for each save, in order (a repeated save
+    too)."""
+    # The dispatch bound read once a while (not before every call, as the other tests ask).
+    t = RedisTracker.from_url(redis_url, lease_seconds=30, save_timeout=30)
+    w = new_job(t)
+    items = [f"i{n}" for n in range(7)]
+    t.add("j", items)
+    tokens = {}
+    for item in items:
+        tokens[item] = lease(t, item, w)
+        assert t.scraped("j", item, tokens[item], body=item.encode()).held
+    saves = [(item, tokens[item]) for item in items]
+    # Two saves first, so that Redis has the scripts: a call it has to load counts twice.
+    t.begin_saves("j", saves[:2], w, max_lost=LOST)
+    t.complete_many("j", saves[:2])
+    batch = saves[2:] + saves[2:3]
+    before = _script_calls(t.client)
+    begins = t.begin_saves("j", batch, w, max_lost=LOST)
+    assert _script_calls(t.client) - before == 1
+    assert [b.status for b in begins] == [SaveStart.OK] * 5 + [SaveStart.BUSY]
+    assert [b.body for b in begins[:5]] == [i.encode() for i in items[2:]]
+    before = _script_calls(t.client)
+    done = t.complete_many("j", batch)
+    assert _script_calls(t.client) - before == 1
+    assert [r.changed for r in done] == [True] * 5 + [False]
+    assert t.stats("j").done == 7
 
 
 def test_begin_save_hands_over_the_staged_body(tracker_factory):

@@ -97,7 +97,8 @@ class RedisCore(Tracker):
         # job -> (shards, id_domain): both fixed when the job is created.
         self._layouts: dict[str, tuple[int, str]] = {}
         self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
-        self._scripts = {name: scripts.register(client, name) for name in scripts.ITEM_SCRIPTS}
+        self._scripts = {name: scripts.register(client, name) for name in (
+            *scripts.ITEM_SCRIPTS, *(f"{n}_many" for n in scripts.BATCH_SCRIPTS))}
         self._heartbeat_script = scripts.register(client, "heartbeat")
         self._deregister_script = scripts.register(client, "deregister")
         self._prune_script = scripts.register(client, "prune_workers")
@@ -185,21 +186,3 @@ class RedisCore(Tracker):
             if conn.can_read():
                 raise redis.ConnectionError("Connection not ready")
         return conn
-
-    def _run_all_undecoded(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
-        """Run an item script once per (keys, args) in one pipelined round trip, replies as bytes.
-        A reply that is an error is raised, after every call has run."""
-        script = self._scripts[name]
-        pipe = self.client.pipeline(transaction=False)
-        for script_keys, args in calls:
-            pipe.execute_command(
-                "EVALSHA", script.sha, len(script_keys), *script_keys, *args, **UNDECODED)
-        replies = pipe.execute(raise_on_error=False)
-        out = []
-        for (script_keys, args), reply in zip(calls, replies):
-            if isinstance(reply, NoScriptError):  # a restarted or flushed Redis: that one did not run
-                reply = self._eval(name, script_keys, args, undecoded=True)
-            if isinstance(reply, Exception):
-                raise reply
-            out.append(reply)
-        return out

@@ -15,7 +15,7 @@ from .shards import ShardLayout
 
 class SaveCalls(ShardLayout):
     """A scraped item's save, which carries its lease's token and the body staged for it; a
-    batch of saves goes in one pipelined round trip where it can."""
+    batch of saves goes in one script call where it can (scripts.BATCH_SCRIPTS)."""
 
     @converts_redis_errors
     def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
@@ -48,21 +48,44 @@ class SaveCalls(ShardLayout):
             begin = dataclasses.replace(begin, body=body)
         return begin
 
-    def _pipelined(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
-        """Whether the item scripts of these saves can go in one pipeline: one Redis (a cluster
-        pipeline does not load missing scripts), and every token of its item's shard (see
-        _body_keys)."""
+    def _batched(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
+        """Whether the item scripts of these saves can go in one batch call: one Redis (a
+        cluster routes a call by one slot), and every token of its item's shard (see
+        _body_keys: each call then has its body key)."""
         return len(saves) > 1 and not self.cluster and all(
             self._token_home(job, item, token) for item, token in saves)
+
+    def _places_by_shard(self, job: str, saves: Sequence[tuple[str, int]]) -> list[list[int]]:
+        """The places in ``saves`` of each shard's items (a batch call runs on one shard)."""
+        if self._shards(job) == 1:
+            return [list(range(len(saves)))]
+        by_shard: dict[int, list[int]] = {}
+        for i, (item, _) in enumerate(saves):
+            by_shard.setdefault(self._shard_of(job, item), []).append(i)
+        return list(by_shard.values())
+
+    def _run_batch(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """Item script ``name`` once per (keys, args) of ``calls``, in one call of its batch form
+        (scripts.BATCH_SCRIPTS): every call's keys are the same item keys and one key of its
+        own, and its arguments as many as every other's. Replies undecoded."""
+        item_keys = calls[0][0][:-1]
+        width = len(calls[0][1])
+        return self._eval(f"{name}_many", [*item_keys, *(k[-1] for k, _ in calls)],
+                          [len(calls), width, *(a for _, args in calls for a in args)],
+                          undecoded=True)
 
     @converts_redis_errors
     def begin_saves(
         self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
     ) -> list[SaveBegin]:
-        if not self._pipelined(job, saves):
+        if not self._batched(job, saves):
             return super().begin_saves(job, saves, worker_id, max_lost=max_lost)
-        calls = [self._begin_save_call(job, item, token, worker_id, max_lost) for item, token in saves]
-        return [self._begin_reply(res) for res in self._run_all_undecoded("begin_save", calls)]
+        out: list[Any] = [None] * len(saves)
+        for places in self._places_by_shard(job, saves):
+            calls = [self._begin_save_call(job, *saves[i], worker_id, max_lost) for i in places]
+            for i, res in zip(places, self._run_batch("begin_save", calls)):
+                out[i] = self._begin_reply(res)
+        return out
 
     @converts_redis_errors
     def defer_save(self, job: str, item: str, token: int) -> bool:
@@ -80,11 +103,15 @@ class SaveCalls(ShardLayout):
 
     @converts_redis_errors
     def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
-        if not self._pipelined(job, saves):
+        if not self._batched(job, saves):
             return super().complete_many(job, saves)
-        calls = [self._complete_call(job, item, token)[:2] for item, token in saves]
-        return [CompleteResult(dispatch=[x.decode() for x in res[1:]], changed=bool(res[0]))
-                for res in self._run_all_undecoded("complete", calls)]
+        out: list[Any] = [None] * len(saves)
+        for places in self._places_by_shard(job, saves):
+            calls = [self._complete_call(job, *saves[i])[:2] for i in places]
+            for i, res in zip(places, self._run_batch("complete", calls)):
+                out[i] = CompleteResult(dispatch=[x.decode() for x in res[1:]],
+                                        changed=bool(res[0]))
+        return out
 
     @converts_redis_errors
     def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:

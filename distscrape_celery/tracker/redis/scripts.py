@@ -1,6 +1,8 @@
 """The tracker's Lua scripts (``lua/``), read from the package once per process.
 
-An item script is ``_lib.lua`` followed by its own file; the others stand alone.
+An item script is ``_lib.lua`` followed by its own file; the others stand alone. A batch script
+(``NAME_many``, for NAME in BATCH_SCRIPTS) runs NAME's own file once per item of a batch, in one
+call: built here from that same file, so the protocol has one text.
 """
 
 from __future__ import annotations
@@ -16,6 +18,31 @@ ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
 )
+# Item scripts with a batch form, NAME_many: what a save batch calls once for all its pages.
+BATCH_SCRIPTS = ("begin_save", "complete")
+# The item keys every item script takes (KEYS[1] to KEYS[20], see _lib.lua).
+ITEM_KEYS = 20
+
+# NAME_many: the item keys, then each call's one extra key (KEYS[21] of NAME alone), in order.
+# ARGV[1]: the calls; ARGV[2]: the arguments of each; then every call's arguments, in order.
+# Each call runs NAME's text as a function whose KEYS and ARGV are that call's own (the
+# library's key names, read from the batch's KEYS, are the same for every call); the reply is
+# the list of their replies. The library's checks (the job exists, its format) run once.
+_BATCH = """
+local function one(KEYS, ARGV)
+%s
+end
+local calls, width = tonumber(ARGV[1]), tonumber(ARGV[2])
+local call_keys, replies = {}, {}
+for k = 1, %d do call_keys[k] = KEYS[k] end
+for i = 1, calls do
+  call_keys[%d] = KEYS[%d + i]
+  local args, base = {}, 2 + (i - 1) * width
+  for j = 1, width do args[j] = ARGV[base + j] end
+  replies[i] = one(call_keys, args)
+end
+return replies
+"""
 
 
 @functools.cache
@@ -24,10 +51,20 @@ def read_lua(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
-def register(client: Any, name: str) -> Script:
-    """Script ``name`` for ``client``, with the library first if it is an item script. Nothing
-    is sent to Redis: the script is loaded on its first call, and again if Redis lost it."""
-    source = read_lua(name)
+def source(name: str) -> str:
+    """The text Redis runs for script ``name`` (an item script with the library first; a
+    ``NAME_many`` batch script built from NAME's file)."""
+    if name.endswith("_many") and name[:-len("_many")] in BATCH_SCRIPTS:
+        body = read_lua(name[:-len("_many")])
+        return (read_lua("_lib") + "\n"
+                + _BATCH % (body, ITEM_KEYS, ITEM_KEYS + 1, ITEM_KEYS))
+    text = read_lua(name)
     if name in ITEM_SCRIPTS:
-        source = read_lua("_lib") + "\n" + source
-    return client.register_script(source)
+        text = read_lua("_lib") + "\n" + text
+    return text
+
+
+def register(client: Any, name: str) -> Script:
+    """Script ``name`` for ``client``. Nothing is sent to Redis: the script is loaded on its
+    first call, and again if Redis lost it."""
+    return client.register_script(source(name))
