@@ -256,14 +256,17 @@ def run_one(what: str, site: BroadSite, work: Path, args) -> tuple[Result, int]:
 
 def table(results: list[tuple[Result, int]], floor: float) -> str:
     rows = ["| crawler | pages | pages/s | first to last page, s | / floor | most in flight "
-            "to a host | CPU ms/page | Redis CPU ms/page | command wall s | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "to a host | CPU ms/page | Redis CPU ms/page | Redis scripts/page | command wall s | "
+            "checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r, peak in results:
         notes = "; ".join(filter(None, [r.note, r.timeline]))
         redis_cpu = f"{1000 * r.per_page(r.redis_cpu):.2f}" if r.redis_cpu else "-"
+        scripts = f"{r.per_page(r.redis_scripts):.2f}" if r.redis_scripts else "-"
         rows.append(
             f"| {r.name} | {r.pages} | {r.rate:.0f} | {r.seconds:.1f} | "
             f"{r.seconds / floor:.2f} | {peak} | {1000 * r.per_page(r.cpu):.2f} | {redis_cpu} | "
+            f"{scripts} | "
             f"{r.wall:.1f} | {'ok' if r.ok else 'FAILED'}{' (' + notes + ')' if notes else ''} |")
     return "\n".join(rows)
 

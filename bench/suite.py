@@ -244,6 +244,7 @@ class Result:
     cpu: float = 0.0  # seconds, crawler processes, Redis excluded
     redis_cmds: float = 0.0
     redis_reads: float = 0.0  # requests Redis read from clients: round trips
+    redis_scripts: float = 0.0  # Lua script calls (EVALSHA, EVAL)
     redis_cpu: float = 0.0
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     middle: float = 0.0  # pages/s between the first and the last 5 % of the pages
@@ -283,7 +284,9 @@ class RedisProbe:
             return self.last
         self.last = {"cmds": info["total_commands_processed"],
                      "cpu": info["used_cpu_user"] + info["used_cpu_sys"],
-                     "reads": info.get("total_reads_processed", 0)}
+                     "reads": info.get("total_reads_processed", 0),
+                     "scripts": sum(info.get(f"cmdstat_{c}", {}).get("calls", 0)
+                                    for c in ("evalsha", "eval"))}
         if not self.start:
             self.start = self.last
         return self.last
@@ -293,6 +296,10 @@ class RedisProbe:
         if not self.start:
             return 0.0, 0.0, 0.0
         return tuple(self.last[k] - self.start[k] for k in ("cmds", "cpu", "reads"))
+
+    def scripts(self) -> float:
+        """Lua script calls since the first sample."""
+        return self.last.get("scripts", 0) - self.start.get("scripts", 0) if self.start else 0.0
 
 
 def proc_status(pid: int) -> Optional[tuple[int, int]]:
@@ -587,6 +594,7 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args,
     cmds, rcpu, reads = server.probe.delta()
     r = Result(f"scrapy-redis, {processes} processes x {label}", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
                redis_reads=reads, redis_cpu=rcpu, ok=ok)
+    r.redis_scripts = server.probe.scripts()
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
     return r
@@ -620,6 +628,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
             + (" " + " ".join(extra) if extra else "") + (" [baseline]" if baseline else ""))
     r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
                redis_reads=reads, ok=status == 0)
+    r.redis_scripts = probe.scripts() if probe else 0.0
     site_figures(r, site, mark)
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
     r.cpu -= rcpu
@@ -839,6 +848,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, busiest=busiest,
                seed_cpu=crawl_cpu, seed_wall=seed_wall, ok=ok and stats.dead == 0)
+    r.redis_scripts = server.probe.scripts()
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
     if r.pages:
@@ -930,7 +940,7 @@ class Occupancy:
 
 def table(results: list[Result], peers: dict[str, Result]) -> str:
     rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
-            "| Redis round trips/page | Redis cmds/page | Redis CPU ms/page | site CPU ms/page "
+            "| Redis round trips / scripts a page | Redis cmds/page | Redis CPU ms/page | site CPU ms/page "
             "| command wall s | checks |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -940,7 +950,8 @@ def table(results: list[Result], peers: dict[str, Result]) -> str:
         rows.append(
             f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
             f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
-            f"{r.per_page(r.redis_reads):.1f} | {r.per_page(r.redis_cmds):.1f} | "
+            f"{r.per_page(r.redis_reads):.1f} / {r.per_page(r.redis_scripts):.2f} | "
+            f"{r.per_page(r.redis_cmds):.1f} | "
             f"{1000 * r.per_page(r.redis_cpu):.2f} | "
             f"{1000 * r.per_page(r.site_cpu):.2f} | {r.wall:.1f} | {'ok' if r.ok else 'FAILED'}"
             f"{' (' + notes + ')' if notes else ''} |")
