@@ -17,7 +17,7 @@ One run, so that every figure is taken under the same machine load:
 2. crawls it from every host's root page, each crawl bounded by ``--timeout`` seconds, with the
    default politeness of 8 requests in flight to a host for every crawler: ``distscrape crawl``
    with its defaults (``crawl``); the same with ``--concurrency 256`` (``crawl-256``); the
-   many-host workers of docs/deployment.md (``celery multi start`` of two ``-P threads -c 16``
+   many-host workers of docs/deployment.md (``celery multi start`` of two ``-P threads -c 32``
    workers per core, then ``distscrape seed``: ``workers``); Scrapy, one process with
    CONCURRENT_REQUESTS_PER_DOMAIN=8 and CONCURRENT_REQUESTS=``--scrapy-concurrency`` (default
    hosts x 8), robots.txt obeyed (``scrapy``); scrapy-redis, ``--scrapy-redis-processes``

@@ -17,7 +17,7 @@ One run, in this order, so every figure is taken under the same machine load:
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
    concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
    ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
-   multi-worker command (``celery multi start`` of two ``-P threads -c 16`` workers per core,
+   multi-worker command (``celery multi start`` of two ``-P threads -c 32`` workers per core,
    then ``distscrape seed``) for the whole site; the scale-out runs (1, 2, 4 README workers)
    against the latency site; with ``--only scale-hosts`` (``bench/sim_hosts.py``), the same
    with each worker a simulated host, in a CPU cgroup capped at ``--host-cpu`` of a core.
@@ -638,7 +638,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     return r
 
 
-README_WORKER_ARGS = ["-P", "threads", "-c", "16"]  # two such workers per core
+README_WORKER_ARGS = ["-P", "threads", "-c", "32"]  # two such workers per core
 _RUNS = itertools.count(1)
 
 
@@ -648,7 +648,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                   worker_groups: Optional[list[tuple[int, list[str]]]] = None,
                   polite: bool = False, group_prefix: Optional[list[list[str]]] = None) -> Result:
     """The README's many-host setup on this host: ``celery multi start`` of ``workers`` workers
-    with ``-P threads -c 16`` (or ``worker_args``; or ``worker_groups``, counts of workers with
+    with ``-P threads -c 32`` (or ``worker_args``; or ``worker_groups``, counts of workers with
     options of their own), with ``worker_env`` (BENCH_LAUNCH, BENCH_PIN: see below), then
     ``distscrape seed`` (limits set high; with ``polite``, the default ones); waits until the
     tracker says the job is finished. ``group_prefix``: a command prefix for each group, which

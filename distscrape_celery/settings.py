@@ -23,9 +23,10 @@ ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
 # threads pool: see crawl_worker_processes). docs/performance.md: threads processes did 2.8x
 # the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
-# (the prefork parent passes every message to a child); 64 tasks keep a site 50 ms away as fast
-# as a local one.
-DEFAULT_CRAWL_CONCURRENCY = 64
+# (the prefork parent passes every message to a child). 64 tasks keep a site 50 ms away as fast
+# as a local one; a broad crawl (many hosts, each at most 8 requests in flight and far away)
+# needs more: 128 did about 1.45x the pages/s of 64 on bench/broad.py, at no cost on one site.
+DEFAULT_CRAWL_CONCURRENCY = 128
 # Worker processes per core. One process holds its GIL for at most about one core, and leaves
 # that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
 # of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site

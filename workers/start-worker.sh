@@ -22,6 +22,6 @@ events=()
 if [[ "${WORKER_EVENTS:-0}" != 0 ]]; then events=(-E); fi
 exec "$python" -m celery -A distscrape_celery worker \
   -Q distscrape.scrape,distscrape.save \
-  -P "${WORKER_POOL:-threads}" -c "${WORKER_CONCURRENCY:-16}" \
+  -P "${WORKER_POOL:-threads}" -c "${WORKER_CONCURRENCY:-32}" \
   -n "distscrape-${WORKER_NAME:-$$}@%h" ${events[@]+"${events[@]}"} \
   --loglevel "${WORKER_LOGLEVEL:-INFO}"
