@@ -179,9 +179,6 @@ class Fetcher:
         manager.pool_classes_by_scheme = watched_pool_classes(manager.pool_classes_by_scheme)
         return manager
 
-    def _pool(self) -> urllib3.PoolManager:
-        return self._state()[1]
-
     def _open(self, url: str) -> urllib3.BaseHTTPResponse:
         """Send the GET of ``url`` (no redirect followed, no retry) and return the response with
         its body unread. A plain URL (_PLAIN_TARGET) goes straight to its origin's connection
