@@ -53,7 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import ClassVar, Optional
 from urllib.parse import urlsplit
 
 import redis
@@ -246,6 +246,7 @@ class Result:
     redis_reads: float = 0.0  # requests Redis read from clients: round trips
     redis_scripts: float = 0.0  # Lua script calls (EVALSHA, EVAL)
     redis_cpu: float = 0.0
+    redis_probe: Optional[RedisProbe] = None  # the probe behind the three Redis figures
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
     middle: float = 0.0  # pages/s between the first and the last 5 % of the pages
     busiest: float = 0.0  # workers: the busiest worker process's share of a core, seed to finish
@@ -276,17 +277,34 @@ class RedisProbe:
     client: redis.Redis
     start: dict = field(default_factory=dict)
     last: dict = field(default_factory=dict)
+    # With ``trace`` (a function of a command's arguments and client address, giving a label),
+    # every command Redis runs is logged (SLOWLOG at threshold 0, drained at each sample in one
+    # transaction) and ``traced[label]`` sums its calls and microseconds. It costs Redis CPU of
+    # its own: compare CPU only between crawls traced alike.
+    trace: Optional[object] = None
+    traced: dict = field(default_factory=dict)
+    trace_default: ClassVar[Optional[object]] = None  # ``trace`` of probes made without one
+
+    def __post_init__(self) -> None:
+        if self.trace is None:
+            self.trace = RedisProbe.trace_default
 
     def sample(self) -> dict:
         try:
             info = self.client.info("all")
+            if self.trace is not None:
+                self._drain_slowlog(first=not self.start)
         except redis.RedisError:
             return self.last
         self.last = {"cmds": info["total_commands_processed"],
                      "cpu": info["used_cpu_user"] + info["used_cpu_sys"],
                      "reads": info.get("total_reads_processed", 0),
                      "scripts": sum(info.get(f"cmdstat_{c}", {}).get("calls", 0)
-                                    for c in ("evalsha", "eval"))}
+                                    for c in ("evalsha", "eval")),
+                     # INFO commandstats: calls and microseconds of each command (those a script
+                     # runs counted on their own, and in the script's time too).
+                     "commands": {k[len("cmdstat_"):]: (v["calls"], v["usec"])
+                                  for k, v in info.items() if k.startswith("cmdstat_")}}
         if not self.start:
             self.start = self.last
         return self.last
@@ -300,6 +318,34 @@ class RedisProbe:
     def scripts(self) -> float:
         """Lua script calls since the first sample."""
         return self.last.get("scripts", 0) - self.start.get("scripts", 0) if self.start else 0.0
+
+    def command_delta(self) -> dict[str, tuple[int, int]]:
+        """Calls and microseconds of each command since the first sample."""
+        if not self.start:
+            return {}
+        before = self.start.get("commands", {})
+        out = {}
+        for name, (calls, usec) in self.last.get("commands", {}).items():
+            c0, u0 = before.get(name, (0, 0))
+            if calls > c0:
+                out[name] = (calls - c0, usec - u0)
+        return out
+
+    def _drain_slowlog(self, first: bool) -> None:
+        if first:
+            self.client.config_set("slowlog-max-len", 1_000_000)
+            self.client.config_set("slowlog-log-slower-than", 0)
+            self.client.slowlog_reset()
+            self.traced = {}
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            entries, _ = pipe.slowlog_get(-1).slowlog_reset().execute()
+        for entry in entries:
+            command = entry["command"]
+            args = (command if isinstance(command, bytes) else command.encode()).split(b" ")
+            label = self.trace(args, entry.get("client_address", b""))
+            calls, usec = self.traced.get(label, (0, 0))
+            self.traced[label] = (calls + 1, usec + entry["duration"])
 
 
 def proc_status(pid: int) -> Optional[tuple[int, int]]:
@@ -627,7 +673,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     name = ("distscrape crawl (defaults" + (", default politeness)" if polite else ")")
             + (" " + " ".join(extra) if extra else "") + (" [baseline]" if baseline else ""))
     r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
-               redis_reads=reads, ok=status == 0)
+               redis_reads=reads, ok=status == 0, redis_probe=probe)
     r.redis_scripts = probe.scripts() if probe else 0.0
     site_figures(r, site, mark)
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
@@ -847,7 +893,8 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     r = Result(f"{'README workers' if readme else 'workers'}: "
                f"{'celery multi start: ' if launch == 'multi' else ''}{label}", site_name, wall=wall,
                cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, busiest=busiest,
-               seed_cpu=crawl_cpu, seed_wall=seed_wall, ok=ok and stats.dead == 0)
+               seed_cpu=crawl_cpu, seed_wall=seed_wall, ok=ok and stats.dead == 0,
+               redis_probe=server.probe)
     r.redis_scripts = server.probe.scripts()
     site_figures(r, site, mark)
     r.note = f"done {stats.done}, dead {stats.dead}" + (f"; {occupancy}" if occupancy else "")
