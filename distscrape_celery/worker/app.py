@@ -17,6 +17,8 @@ from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
 # The Redis transport's BRPOP timeout (see broker_transport_options).
 BRPOP_SECONDS = 0.25
+# The Redis transport's priority lists per queue (see broker_transport_options).
+PRIORITY_STEPS = [0]
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
@@ -68,6 +70,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             # A worker stopping waits for the BRPOP in flight to answer, so this is how long a
             # warm shutdown of an idle worker takes at most; an idle worker polls 4 times a second.
             "polling_interval": BRPOP_SECONDS,
+            # One list per queue: nothing here publishes with a priority. kombu's default keeps
+            # four (priorities 0, 3, 6, 9), and every BRPOP then waits on 8 keys for our 2
+            # queues, which costs Redis a few microseconds more per message taken
+            # (docs/performance.md). A message with a priority still arrives (in the one list);
+            # one that another kombu left in a priority list is not taken by these workers
+            # (lost_saves still reads those lists).
+            "priority_steps": PRIORITY_STEPS,
         },
         # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
         # tries), at start-up too. Nothing is lost meanwhile: the tracker holds the crawl's state.

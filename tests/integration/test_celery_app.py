@@ -71,6 +71,31 @@ def test_worker_refuses_pickle(redis_url, workers, tmp_path):
     w.check()  # and the worker lives on
 
 
+def test_a_worker_waits_on_one_list_per_queue_and_takes_any_priority(redis_url, workers):
+    """A worker's BRPOP names each of its queues once (kombu's default priority lists made it 8
+    keys for our 2 queues), and a message published with a priority is still taken."""
+    import redis
+
+    settings = crawl_settings(redis_url, lease_seconds=30)
+    w = workers(settings, "priority-check")
+    wait_for_workers(RedisTracker.from_url(redis_url), 1, procs=[w])
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    with client.monitor() as monitor:
+        while True:
+            command = monitor.next_command()["command"].split()
+            if command[0] == "BRPOP":
+                break
+    assert sorted(command[1:-1]) == sorted([SCRAPE_QUEUE, SAVE_QUEUE])
+    configure_app(settings)
+    app.send_task(SCRAPE_TASK, args=("nojob", "http://127.0.0.1:9/"), queue=SCRAPE_QUEUE,
+                  priority=9)
+    deadline = time.monotonic() + 30
+    while client.keys(f"{SCRAPE_QUEUE}*"):  # taken by the worker, from whichever list
+        assert time.monotonic() < deadline, client.keys("*")
+        time.sleep(0.1)
+    w.check()
+
+
 def test_save_timeout_is_five_leases_and_30s_unless_set(redis_url):
     assert Settings.from_env({}, lease_seconds=2).save_timeout == 40
     s = Settings.from_env({"DISTSCRAPE_SAVE_TIMEOUT_SECONDS": "12"}, redis_url=redis_url,
