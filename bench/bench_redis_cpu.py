@@ -8,7 +8,8 @@
 Serves a generated site by nginx on 127.0.0.1 (as ``suite.py`` does) and crawls it whole with
 ``distscrape crawl`` (``crawl``: its embedded Redis) and with the README's workers (``workers``:
 ``celery multi start`` of two ``-P threads -c 16`` workers and ``distscrape seed``, on a
-throwaway Redis), limits set high. For each crawl it prints Redis's CPU (``used_cpu_user`` +
+throwaway Redis; ``split``: the same with ``DISTSCRAPE_BROKER_URL`` naming a second Redis, whose
+figures, from before the workers start to after they stop, are given apart), limits set high. For each crawl it prints Redis's CPU (``used_cpu_user`` +
 ``used_cpu_sys``), commands and round trips a page, and ``INFO commandstats`` per page: calls
 and microseconds of each command. A command a Lua script runs is counted on its own there, and
 its time is in the script's ``evalsha`` too.
@@ -21,9 +22,10 @@ compare Redis CPU between crawls traced alike only.
 
 ``--baseline DIR`` crawls with another checkout's package too (``PYTHONPATH=DIR``), in the same
 run, alternating, for before/after ratios. ``--idle S`` measures idle workers: Redis CPU and
-commands a second for S seconds, with two of ``distscrape crawl``'s workers (``worker_main``,
-gossip and mingle off), two of the README's (``celery worker``, all on), nothing to do, and with
-no worker (Redis's own timers and the bench's INFO).
+commands a second for S seconds, with ``--idle-workers`` of ``distscrape crawl``'s workers
+(``worker_main``, gossip and mingle off), of the README's (``celery worker``, all on), and of the
+README's with ``--without-gossip --without-mingle``, nothing to do; and with no worker (Redis's
+own timers and the bench's INFO).
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def load() -> str:
 
 
 def idle_workers(work: Path, args, launch: str, code: Optional[str]) -> tuple[str, RedisProbe]:
-    """``--idle`` seconds of two idle workers on a throwaway Redis: the probe over that time."""
+    """``--idle`` seconds of ``--idle-workers`` idle workers started as ``launch`` says, on a
+    throwaway Redis: the probe over that time."""
     server = ThrowawayRedis(work, f"idle-{launch}-{time.monotonic_ns()}")
     env = dict(clean_env(), DISTSCRAPE_REDIS_URL=server.url,
                **({"PYTHONPATH": code} if code else {}))
@@ -182,8 +185,9 @@ def idle_workers(work: Path, args, launch: str, code: Optional[str]) -> tuple[st
         base = [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *queues,
                 "--without-gossip", "--without-mingle"]
     else:
-        base = [str(BIN / "celery"), "-A", "distscrape_celery", "worker", *queues]
-    count = 0 if launch == "no workers" else 2
+        base = [str(BIN / "celery"), "-A", "distscrape_celery", "worker", *queues,
+                *launch.split()[2:]]
+    count = 0 if launch == "no workers" else args.idle_workers
     procs = [subprocess.Popen([*base, "-n", f"idle{i}@%h"], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for i in range(count)]
@@ -217,8 +221,8 @@ def idle_workers(work: Path, args, launch: str, code: Optional[str]) -> tuple[st
     return launch, probe
 
 
-def idle_report(runs: list[tuple[str, RedisProbe]], seconds: float) -> str:
-    lines = ["| idle workers (2 x -c 16) | Redis CPU ms a second | commands a second | "
+def idle_report(runs: list[tuple[str, RedisProbe]], seconds: float, workers: int) -> str:
+    lines = ["| idle workers (-c 16 each) | Redis CPU ms a second | commands a second | "
              "the commands (a second) |", "|---|---|---|---|"]
     for label, probe in runs:
         cmds, cpu, _ = probe.delta()
@@ -239,12 +243,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=3000)
     parser.add_argument("--page-bytes", type=int, default=6000)
-    parser.add_argument("--modes", default="crawl,workers", help="crawl, workers")
+    parser.add_argument("--modes", default="crawl,workers", help="crawl, workers, split")
     parser.add_argument("--workers", type=int, default=2, help="README workers in `workers`")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--trace", action="store_true", help="split by script and by key")
     parser.add_argument("--baseline", metavar="DIR", help="another checkout, crawled alike")
     parser.add_argument("--idle", type=float, default=0, help="seconds of idle workers")
+    parser.add_argument("--idle-workers", type=int, default=4, help="workers in --idle")
     parser.add_argument("--top", type=int, default=30, help="rows of each table at most")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
@@ -270,15 +275,29 @@ def main() -> int:
                     if mode == "crawl":
                         r = crawl_default(site, "nginx", work, SimpleNamespace(
                             **{**vars(args), "baseline": path}), baseline=path is not None)
-                    else:
+                    elif mode == "workers":
                         r = crawl_workers(site, "nginx", work, args, args.workers,
                                           worker_env={"PYTHONPATH": path} if path else None)
+                    else:  # split: the broker on a Redis of its own
+                        broker = ThrowawayRedis(work, f"broker-{time.monotonic_ns()}")
+                        try:
+                            broker.probe.sample()
+                            r = crawl_workers(site, "nginx", work, args, args.workers, worker_env={
+                                "DISTSCRAPE_BROKER_URL": broker.url,
+                                **({"PYTHONPATH": path} if path else {})})
+                        finally:
+                            broker.stop()
+                        broker_result = Result(r.name, r.site, pages=r.pages, seconds=r.seconds,
+                                               ok=r.ok, redis_probe=broker.probe)
+                        results.append((f"{label}: the broker's Redis", broker_result))
+                        label += ": the tracker's Redis"
                     results.append((label, r))
                     print(f"{label}: {r.pages} pages, {r.rate:.0f} pages/s, load {load()}",
                           flush=True)
             if args.idle:
                 idle.append(idle_workers(work, args, "no workers", None))
-                for launch in ("worker_main", "celery worker"):
+                for launch in ("worker_main", "celery worker",
+                               "celery worker --without-gossip --without-mingle"):
                     for code, path in order:
                         idle.append(idle_workers(work, args, launch, path))
                         idle[-1] = (f"{launch}, {code}", idle[-1][1])
@@ -292,11 +311,14 @@ def main() -> int:
           "commands taken out.\n")
     for mode in modes:
         of_mode = [(label, r) for label, r in results if label.startswith(mode + ",")]
+        if mode == "split":  # the tracker's commands are those of `workers`
+            of_mode = [(label, r) for label, r in of_mode if "broker" in label]
         print(f"INFO commandstats, {mode}:\n\n{commandstats_table(of_mode, args.top)}\n")
         if args.trace:
             print(f"By script and key, {mode}:\n\n{traced_table(of_mode, args.top)}\n")
     if idle:
-        print(idle_report(idle, args.idle))
+        print(f"{args.idle_workers} idle workers, {args.idle:g} s:\n")
+        print(idle_report(idle, args.idle, args.idle_workers))
     return 0 if all(r.ok for _, r in results) else 1
 
 
