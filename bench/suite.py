@@ -684,7 +684,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     return r
 
 
-README_WORKER_ARGS = ["-P", "threads", "-c", "32"]  # two such workers per core
+README_WORKER_ARGS = ["-P", "threads", "-c", "32", "--without-gossip", "--without-mingle"]  # two a core
 _RUNS = itertools.count(1)
 
 

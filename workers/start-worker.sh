@@ -24,4 +24,5 @@ exec "$python" -m celery -A distscrape_celery worker \
   -Q distscrape.scrape,distscrape.save \
   -P "${WORKER_POOL:-threads}" -c "${WORKER_CONCURRENCY:-32}" \
   -n "distscrape-${WORKER_NAME:-$$}@%h" ${events[@]+"${events[@]}"} \
+  --without-gossip --without-mingle \
   --loglevel "${WORKER_LOGLEVEL:-INFO}"

@@ -114,6 +114,19 @@ def test_every_command_exists_with_the_options_it_uses(where, argv):
         assert "%h" in argv[argv.index("-n") + 1], where
 
 
+def test_every_worker_command_runs_without_gossip_and_mingle():
+    """Nothing here uses Celery's gossip (every worker takes every other worker's heartbeats from
+    the broker: n squared deliveries) or mingle (a broadcast and a wait at each start); Flower
+    needs neither. Heartbeats stay on: Flower lists workers by them."""
+    workers = [argv for _, argv in commands() if "worker" in argv]
+    workers.append((ROOT / "workers" / "start-worker.sh").read_text().split())
+    workers.append(_documented_multi_line().split())
+    assert len(workers) == 4  # compose's, the image's, the start script's, the documented one
+    for argv in workers:
+        assert "--without-gossip" in argv and "--without-mingle" in argv, argv
+        assert "--without-heartbeat" not in argv, argv
+
+
 def test_every_variable_set_is_one_the_settings_read():
     seen = set()
     for name, svc in compose()["services"].items():
