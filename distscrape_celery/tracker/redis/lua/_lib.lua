@@ -292,13 +292,17 @@ end
 -- written when its item is done. Level and split pointer: stats fl and fs; size: fn.
 local SEEN_FILL = 160
 local seen = bucketed(K_SEEN, 'fl', 'fs')
+local live = bucketed(K_ITEMS, 'il', 'is')  -- the live items (below)
 local seen_count = nil
 
+-- The geometry of both bucketed sets and the seen set's size, read in one HMGET once a call
+-- (an item is looked up in both, or finished from one to the other).
 local function seen_geometry()
   if not seen_count then
-    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn')
+    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn', 'il', 'is')
     set_geometry(seen, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
     seen_count = tonumber(g[3] or '0')
+    set_geometry(live, tonumber(g[4] or '0'), tonumber(g[5] or '0'))
   end
 end
 
@@ -343,16 +347,7 @@ end
 local LIVE_FILL = 36
 local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
 local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
-local live = bucketed(K_ITEMS, 'il', 'is')
-local live_known = false
-
-local function live_geometry()
-  if not live_known then
-    local g = redis.call('HMGET', K_STATS, 'il', 'is')
-    set_geometry(live, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
-    live_known = true
-  end
-end
+local live_geometry = seen_geometry  -- read with the seen set's
 
 -- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
 local function pack(state, depth)
