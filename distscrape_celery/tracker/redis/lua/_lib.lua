@@ -528,13 +528,17 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   return out
 end
 
--- Take `item` (in `state`) out of whatever in-flight or delayed set holds it, and forget its holder.
+-- The deadline set that holds an item in each state (a live item's name is kept only where its
+-- state puts it, see KEYS[1] above), and the states whose items have a holder in owners.
+local STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
+local HELD = {l = true, s = true, S = true}
+
+-- Take `item` (in `state`) out of the in-flight or delayed set its state puts it in, and forget
+-- its holder. Only that set: a miss in the others would still search them.
 local function clear_inflight(item, state)
-  redis.call('ZREM', K_DISPATCHED, item)
-  redis.call('ZREM', K_LEASED, item)
-  redis.call('ZREM', K_PENDING, item)
-  redis.call('ZREM', K_DELAYED, item)
-  redis.call('HDEL', K_OWNERS, item)
+  local set = STATE_SET[state]
+  if set then redis.call('ZREM', set, item) end
+  if HELD[state] then redis.call('HDEL', K_OWNERS, item) end
   if state == 'd' or state == 'l' then vacate(domain_of(item)) end
 end
 
