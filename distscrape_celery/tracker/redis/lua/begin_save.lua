@@ -26,7 +26,7 @@ local state, depth = split_state(v)
 local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')
 if state == 'D' then return {'done', lost, false} end
 if state == 'X' then return {'dead', lost, false} end
-local _, held = holder(item)
+local who, held = holder(item)
 local function body() return KEYS[21] and redis.call('GET', KEYS[21]) or false end
 if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then
   return {'stale', lost, body()}
@@ -46,7 +46,8 @@ end
 redis.call('ZREM', K_PENDING, item)
 if state == 'l' then vacate(domain_of(item)) end
 redis.call('ZADD', K_LEASED, now + lease, item)
-redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+-- Often its owner entry already names the worker (it took the save message over at reserve).
+if who ~= worker then redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
 live_set(item, 'S', depth)
 local out = {'ok', lost, body()}
 return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -37,21 +37,22 @@ local status = 'stale'
 local v = live_get(item)
 if v then
   local state, item_depth = split_state(v)
-  local _, held = holder(item)
+  local who, held = holder(item)
   if state == 'l' and held == token then
     vacate(domain_of(item))  -- its fetch is over
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
       redis.call('ZADD', K_LEASED, now + lease, item)
-      redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token)
+      if who ~= saver then redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
       live_set(item, 'S', item_depth)
     else
       if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
       redis.call('ZREM', K_LEASED, item)
       if keeper ~= '' then
         redis.call('ZADD', K_PENDING, now + lease, item)
-        redis.call('HSET', K_OWNERS, item, keeper .. ' ' .. token)
+        -- Its holder keeps it (the same owner entry, unless another worker id keeps it).
+        if who ~= keeper then redis.call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
       else
         redis.call('ZADD', K_PENDING, now + save_timeout, item)
         -- Its save message is in the broker now, not with any worker: no holder, same token.
