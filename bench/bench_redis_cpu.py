@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -55,9 +56,21 @@ QUEUES = (b"distscrape.scrape", b"distscrape.save")
 PROBE_COMMANDS = {b"info", b"slowlog", b"config"}
 
 
+# Asked of each checkout's own scripts module, so that the texts are the ones Redis runs there
+# (an item script with the library first, the batch forms NAME_many built from NAME's file).
+_SHAS = """
+import hashlib, json, pathlib
+from distscrape_celery.tracker.redis import scripts
+names = [p.stem for p in pathlib.Path(scripts.__file__).with_name("lua").glob("*.lua")]
+names += [n + "_many" for n in getattr(scripts, "BATCH_SCRIPTS", ())]
+print(json.dumps({hashlib.sha1(scripts.source(n).encode()).hexdigest(): n for n in names}))
+"""
+
+
 def script_names(*roots: Path) -> dict[bytes, str]:
     """SHA1 (hex, as EVALSHA sends it) of each tracker script of each checkout, to its name. An
-    item script is ``_lib.lua`` and its own file; both forms are listed for every file."""
+    item script is ``_lib.lua`` and its own file; both forms are listed for every file, and the
+    batch forms as their checkout builds them."""
     names: dict[bytes, str] = {}
     for root in roots:
         lua = root / "distscrape_celery" / "tracker" / "redis" / "lua"
@@ -68,6 +81,10 @@ def script_names(*roots: Path) -> dict[bytes, str]:
             source = path.read_text("utf-8")
             for text in (source, lib + "\n" + source):
                 names[hashlib.sha1(text.encode()).hexdigest().encode()] = path.stem
+        asked = subprocess.run([sys.executable, "-c", _SHAS], cwd=root, capture_output=True,
+                               text=True, env={**os.environ, "PYTHONPATH": str(root)})
+        if asked.returncode == 0:
+            names.update({sha.encode(): name for sha, name in json.loads(asked.stdout).items()})
     return names
 
 
