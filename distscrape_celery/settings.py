@@ -25,7 +25,7 @@ ENV_PREFIX = "DISTSCRAPE_"
 # the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
 # (the prefork parent passes every message to a child). 64 tasks keep a site 50 ms away as fast
 # as a local one; a broad crawl (many hosts, each at most 8 requests in flight and far away)
-# needs more: 128 did about 1.45x the pages/s of 64 on bench/broad.py, at no cost on one site.
+# needs more: 128 did about 1.5x the pages/s of 64 on bench/broad.py (docs/performance.md).
 DEFAULT_CRAWL_CONCURRENCY = 128
 # Worker processes per core. One process holds its GIL for at most about one core, and leaves
 # that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes

@@ -17,7 +17,7 @@ key                               type    holds
                                           (its domain's queue, ``delayed``, ``dispatched``,
                                           ``leased``, ``pending``, ``dead``); a done item
                                           leaves its bucket for the seen set
-``P f:<n>``)
+                                          (``P f:<n>``)
 ``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of the
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear

@@ -48,7 +48,7 @@ for _, z in ipairs({K_DELAYED, K_DISPATCHED, K_LEASED, K_PENDING}) do
 end
 for _, item in ipairs(redis.call('HKEYS', K_DEAD)) do visit(item) end
 out[#out + 1] = ''
-live_geometry()
+bucket_geometry()
 for n = 0, live.span + live.split - 1 do
   for _, fp in ipairs(redis.call('HKEYS', bucket_key(live, n))) do
     if not named[fp] then out[#out + 1] = fp end

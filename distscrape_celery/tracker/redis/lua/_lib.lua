@@ -297,7 +297,7 @@ local seen_count = nil
 
 -- The geometry of both bucketed sets and the seen set's size, read in one HMGET once a call
 -- (an item is looked up in both, or finished from one to the other).
-local function seen_geometry()
+local function bucket_geometry()
   if not seen_count then
     local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn', 'il', 'is')
     set_geometry(seen, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
@@ -317,7 +317,7 @@ end
 
 -- Record done `item` in the seen set (it has just left the live items).
 local function remember_done(item)
-  seen_geometry()
+  bucket_geometry()
   local fp, a = fingerprint(item)
   if redis.call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
@@ -330,7 +330,7 @@ end
 
 -- Whether `item`, not live, is done (or a done item's fingerprint twin).
 local function is_done(item)
-  seen_geometry()
+  bucket_geometry()
   if seen_count == 0 then return false end
   local fp, a = fingerprint(item)
   return redis.call('SISMEMBER', bucket_of(seen, a), fp) == 1
@@ -347,7 +347,6 @@ end
 local LIVE_FILL = 36
 local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
 local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
-local live_geometry = seen_geometry  -- read with the seen set's
 
 -- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
 local function pack(state, depth)
@@ -356,7 +355,7 @@ end
 
 -- `item`'s bucket key and fingerprint.
 local function live_slot(item)
-  live_geometry()
+  bucket_geometry()
   local fp, a = fingerprint(item)
   return bucket_of(live, a), fp
 end
@@ -401,7 +400,7 @@ end
 
 -- The live items grew: split buckets until they hold at most LIVE_FILL each on average.
 local function grow_live()
-  live_geometry()
+  bucket_geometry()
   local c = redis.call('HMGET', K_STATS, 'seen', 'done')
   local n = tonumber(c[1] or '0') - tonumber(c[2] or '0')
   while n > LIVE_FILL * (live.span + live.split) and live.level < 33 do
