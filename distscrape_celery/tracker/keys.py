@@ -24,17 +24,18 @@ key                               type    holds
                                           hashing in tracker/lua/_lib.lua
 ``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
                                           (stale entries skipped); :meth:`JobKeys.domain_queue`
-``P domains``                     zset    domain -> when it may next be dispatched: the domains
-                                          with queued items and room under their in-flight cap
+``P domains``                     zset    domain -> when it may next be dispatched, µs: the
+                                          domains with queued items and room under their
+                                          in-flight cap
 ``P inflight``                    hash    domain -> its dispatched and leased items
-``P slots``                       hash    domain -> when its next fetch may start (rate limit)
+``P slots``                       hash    domain -> when its next fetch may start, µs (rate limit)
 ``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
-``P delayed``                     zset    item -> when its backoff ends (``w``aiting items)
+``P delayed``                     zset    item -> when its backoff ends, µs (``w``aiting items)
 ``P policy``                      hash    the job's crawl limits (see tracker/lua/_lib.lua) and
                                           each domain's robots.txt Crawl-delay
-``P dispatched``                  zset    item -> deadline; a scrape message for it exists
-``P leased``                      zset    item -> deadline; a worker scrapes or saves it
-``P pending``                     zset    item -> deadline; its save message waits in the broker
+``P dispatched``                  zset    item -> deadline (µs); a scrape message for it exists
+``P leased``                      zset    item -> deadline (µs); a worker scrapes or saves it
+``P pending``                     zset    item -> deadline (µs); its save message waits
 ``P owners``                      hash    in-flight item -> "<worker ID> <fencing token>" (worker
                                           "-" while its save message waits in the broker)
 ``P fails``                       hash    item -> failed attempts that were the item's fault
@@ -104,9 +105,9 @@ _AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
 # The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
 NO_DOMAIN = "-"
 # The layout of a job's keys. A job whose control hash records another (or none: created before
-# the seen set; 2: live items by name in one hash) is refused by the item scripts (JOBFORMAT),
-# not mixed with this layout.
-JOB_FORMAT = 3
+# the seen set; 2: live items by name in one hash; 3: deadlines in seconds, not microseconds) is
+# refused by the item scripts (JOBFORMAT), not mixed with this layout.
+JOB_FORMAT = 4
 # One hash tag for the worker registry, so the heartbeat script's keys share a cluster slot.
 WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"

@@ -574,7 +574,7 @@ def _diagnose(redis_client, job, worker_id) -> dict:
     workers' heartbeats."""
     k = JobKeys(job)
     now = redis_client.time()
-    out = {"redis_now": now[0] + now[1] / 1e6,
+    out = {"redis_now_us": now[0] * 1_000_000 + now[1],
            "heartbeats": redis_client.zrange(HEARTBEATS, 0, -1, withscores=True)}
     for item, w in _holders(redis_client, job).items():
         if w in ("-", worker_id):

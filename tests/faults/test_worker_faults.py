@@ -381,7 +381,7 @@ def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
             time.sleep(0.05)
         if back is None:
             secs, usecs = redis_client.time()
-            expires = redis_client.zscore(JobKeys(job).leased, slow) - (secs + usecs / 1e6)
+            expires = redis_client.zscore(JobKeys(job).leased, slow) / 1e6 - (secs + usecs / 1e6)
             print("victim log:", *_log_lines(victim, "gave back", "shutdown", "Restoring"),
                   sep="\n  ")
             pytest.fail(

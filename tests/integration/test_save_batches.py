@@ -145,9 +145,10 @@ def test_a_save_message_per_page_is_sent_while_the_item_is_kept_then_handed_over
 
 
 def _pending_for(rt, item):
-    """Seconds until the save-pending ``item`` is reclaimed (on Redis's clock)."""
+    """Seconds until the save-pending ``item`` is reclaimed (on Redis's clock; deadlines are in
+    microseconds)."""
     now = float(rt.tracker.client.time()[0])
-    return rt.tracker.client.zscore(JobKeys("p").pending, item) - now
+    return rt.tracker.client.zscore(JobKeys("p").pending, item) / 1e6 - now
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])

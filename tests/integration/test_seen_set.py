@@ -185,11 +185,12 @@ def test_done_items_leave_the_live_hash_and_stay_seen(redis_url, redis_client):
     assert (s.seen, s.done, s.dead) == (2, 1, 0)
 
 
-@pytest.mark.parametrize("fmt, state", [(None, "D0"), ("2", "q0")])
+@pytest.mark.parametrize("fmt, state", [(None, "D0"), ("2", "q0"), ("3", "q0")])
 def test_a_job_of_an_old_layout_is_refused_not_corrupted(redis_url, redis_client, fmt, state):
     """Jobs of the older layouts: one created before the seen set (an items hash with done
-    items, no format recorded), and one of format 2 (every live item by name in one items hash,
-    done ones in the seen set)."""
+    items, no format recorded), one of format 2 (every live item by name in one items hash,
+    done ones in the seen set), and one of format 3 (deadlines in seconds, which the scripts
+    would read as microseconds long past)."""
     t = RedisTracker.from_url(redis_url)
     t.create_job("old", SPEC)
     k = keys.JobKeys("old")

@@ -39,14 +39,18 @@
 --   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
 --                              running), job (its name), started, ended, final_seen, final_done,
 --                              final_dead (figures recorded when it ended), epoch (ends so far),
---                              format (the job's key layout: the scripts refuse any but 3,
+--                              format (the job's key layout: the scripts refuse any but 4,
 --                              keys.JOB_FORMAT, so a job of an older layout is not mixed up)
 --   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled):
 --                              ds:active-jobs, or the shard's own marker (sharded jobs, Redis
 --                              Cluster), which the client mirrors into ds:active-jobs
 --   KEYS[20] seen        the prefix of the seen-set buckets: `KEYS[20] .. n` is a set of the
 --                        fingerprints of done items (JobKeys.seen_bucket in keys.py)
--- Every deadline is on Redis's clock (TIME), never a worker's.
+-- Every deadline is on Redis's clock (TIME), never a worker's, in whole microseconds: Redis
+-- parses, stores and compares an integer score several times faster than a fractional one (a
+-- small sorted set keeps its scores as text and reads each back with strtod on every search).
+-- Callers pass durations in seconds; us() converts them. Lua's doubles hold these integers
+-- exactly (2^53 microseconds is some 285 years).
 
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -61,19 +65,25 @@ end
 -- The job's state is read with its format, once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
 local control = redis.call('HMGET', K_CONTROL, 'format', 'state')
-if control[1] ~= '3' then
+if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
 end
 local job_state_now = control[2] or 'running'
 
 local now_cache = nil
+-- Redis's clock in whole microseconds.
 local function redis_now()
   if not now_cache then
     local t = redis.call('TIME')
-    now_cache = tonumber(t[1]) + tonumber(t[2]) / 1000000
+    now_cache = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now_cache
+end
+
+-- `seconds` (a number or its text) in whole microseconds.
+local function us(seconds)
+  return math.floor(tonumber(seconds) * 1000000 + 0.5)
 end
 
 local function split_state(v)
@@ -112,7 +122,8 @@ end
 -- between unseen.
 local function record_end(state)
   local c = redis.call('HMGET', K_STATS, 'seen', 'done', 'dead')
-  redis.call('HSET', K_CONTROL, 'state', state, 'ended', string.format('%.6f', redis_now()),
+  local ended = string.format('%.6f', redis_now() / 1000000)
+  redis.call('HSET', K_CONTROL, 'state', state, 'ended', ended,
     'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
   job_state_now = state
   redis.call('HINCRBY', K_CONTROL, 'epoch', 1)
@@ -147,14 +158,14 @@ local function domain_of(item)
 end
 
 local limits_cache = {}
--- The domain's least seconds between two fetch starts, and its in-flight cap.
+-- The domain's least microseconds between two fetch starts, and its in-flight cap.
 local function limits(dom)
   local l = limits_cache[dom]
   if not l then
     local p = redis.call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. dom, 'c:' .. dom,
       'delay:' .. dom)
-    local interval = tonumber(p[3] or p[1] or '0')
-    local delay = tonumber(p[5] or '0')
+    local interval = us(p[3] or p[1] or '0')
+    local delay = us(p[5] or '0')
     if delay > interval then interval = delay end
     l = {interval, tonumber(p[4] or p[2] or '') or math.huge}
     limits_cache[dom] = l
@@ -595,7 +606,7 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
   end
   if retryable and not over then
     if delay and delay > 0 then
-      delay_until(item, state, depth, redis_now() + delay)
+      delay_until(item, state, depth, redis_now() + us(delay))
     else
       requeue(item, state, depth, front)
     end

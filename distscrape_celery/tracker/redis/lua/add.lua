@@ -8,6 +8,6 @@
 -- ARGV[5..] items     the batch (the caller keeps it small: one call is one block of Redis)
 -- Returns {added, dispatch_item...}
 local depth = ARGV[1]
-local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), us(ARGV[4])
 local out = {add_items(5, depth)}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

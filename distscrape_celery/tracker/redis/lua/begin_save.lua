@@ -18,7 +18,7 @@
 -- the staged body with ok and stale (whoever saves), false otherwise or when it is gone (or
 -- without KEYS[21]). The body is binary: the caller reads this reply undecoded.
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
-local lease, max_lost = tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, max_lost = us(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
 local v = item_value(item)
 if not v then return {'unknown', 0, false} end

@@ -19,7 +19,7 @@
 -- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot
 local item, worker = ARGV[1], ARGV[2]
-local lease, bound, max_batch = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, bound, max_batch = us(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0'} end
@@ -62,7 +62,7 @@ if slot > now or (state == 'q' and inflight(dom) >= cap) then
   if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', slot, dom) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
-  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait)}
+  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait / 1000000)}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
 if interval > 0 then redis.call('HSET', K_SLOTS, dom, now + interval) end

@@ -7,7 +7,7 @@
 -- ARGV[2] save_timeout   seconds
 -- ARGV[3..]              pairs item, token
 -- Returns the number of items handed over
-local worker, save_timeout = ARGV[1], tonumber(ARGV[2])
+local worker, save_timeout = ARGV[1], us(ARGV[2])
 local later = redis_now() + save_timeout
 local n = 0
 for i = 3, #ARGV - 1, 2 do

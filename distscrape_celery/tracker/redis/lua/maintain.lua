@@ -14,8 +14,8 @@
 -- Returns {reclaimed, dead, wake, finished, dispatch_item...}; finished is 1 for the one call
 -- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
 -- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
-local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), us(ARGV[3])
+local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), us(ARGV[6])
 local now = redis_now()
 local reclaimed, died = 0, 0
 
@@ -83,6 +83,6 @@ if bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING) > 
   end
   local fetching = redis.call('ZCARD', K_LEASED) + redis.call('ZCARD', K_DISPATCHED) > 0
   if fetching and (not wake or now + poll < wake) then wake = now + poll end
-  if wake then out[3] = string.format('%.3f', math.max(wake - now, 0)) end
+  if wake then out[3] = string.format('%.3f', math.max(wake - now, 0) / 1000000) end
 end
 return out

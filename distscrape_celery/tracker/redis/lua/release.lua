@@ -16,7 +16,7 @@
 -- ARGV[2] save_timeout   seconds
 -- ARGV[3..]              pairs item, token: the save messages the worker had reserved
 -- Returns the number of items released
-local worker, save_timeout = ARGV[1], tonumber(ARGV[2])
+local worker, save_timeout = ARGV[1], us(ARGV[2])
 local n = 0
 if worker ~= '' then
   local returning = {}

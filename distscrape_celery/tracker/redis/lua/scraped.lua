@@ -25,9 +25,9 @@
 --                       job's links_cut count (a figure of its status)
 -- ARGV[13..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
-local item, token, save_timeout = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local item, token, save_timeout = ARGV[1], ARGV[2], us(ARGV[3])
 local depth = ARGV[4]
-local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), us(ARGV[7])
 local body_key, body_ttl = KEYS[21], ARGV[8]
 local saver, keeper = ARGV[10], ARGV[11]
 local added = add_items(13, depth)

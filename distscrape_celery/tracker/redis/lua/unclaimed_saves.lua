@@ -7,7 +7,7 @@
 -- ARGV[2] save_timeout   seconds (a hand-over's pending deadline is its time plus this)
 -- ARGV[3] limit          most items returned
 -- Returns item, token, item, token, ...
-local age, save_timeout, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local age, save_timeout, limit = us(ARGV[1]), us(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local before = redis_now() + save_timeout - age
 for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_PENDING, '-inf', before, 'LIMIT', 0, limit)) do
