@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from json.encoder import encode_basestring_ascii
 from typing import NamedTuple, Optional
 
 from celery.utils.nodenames import anon_nodename
@@ -14,6 +15,7 @@ from celery.utils.time import add_seconds_to_datetime, maybe_make_aware
 from kombu import Producer, serialization
 from kombu.entity import maybe_delivery_mode
 from kombu.transport import redis as kombu_redis
+from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as json_dumps
 from kombu.utils.uuid import uuid
 
@@ -52,6 +54,14 @@ class _Template(NamedTuple):
 _SLOT = "distscrape-slot-{}-"
 _SLOTS = ("id", "root_id", "parent_id", "argsrepr", "eta", "correlation_id", "delivery_tag",
           "body")
+
+
+# What kombu's json.dumps writes, without making an encoder for every value.
+_ENCODER = JSONEncoder()
+
+
+def _json_text(value: Optional[str]) -> str:
+    return "null" if value is None else encode_basestring_ascii(value)
 
 
 def _format_slots(text: str, names) -> str:
@@ -137,14 +147,14 @@ class _RedisSender:
     def message(self, template: _Template, args: tuple, task_id: str, root_id: Optional[str],
                 parent_id: Optional[str], eta: Optional[str]) -> str:
         """The JSON of one message, as kombu's Redis transport would write it."""
-        body = template.body.format(args=json_dumps(args))
+        body = template.body.format(args=_ENCODER.encode(args))
         encoded, _ = self.channel.encode_body(body, template.body_encoding)
-        quoted_id = json_dumps(task_id)
+        quoted_id = encode_basestring_ascii(task_id)
         return template.text.format(
-            id=quoted_id, correlation_id=quoted_id, root_id=json_dumps(root_id or task_id),
-            parent_id=json_dumps(parent_id), argsrepr=json_dumps(_args_text(args)),
-            eta=json_dumps(eta), delivery_tag=json_dumps(self.channel._next_delivery_tag()),
-            body=json_dumps(encoded),
+            id=quoted_id, correlation_id=quoted_id, root_id=_json_text(root_id or task_id),
+            parent_id=_json_text(parent_id), argsrepr=_json_text(_args_text(args)),
+            eta=_json_text(eta), delivery_tag=_json_text(self.channel._next_delivery_tag()),
+            body=_ENCODER.encode(encoded),
         )
 
     def send(self, messages: Sequence[tuple[str, str]]) -> None:

@@ -198,3 +198,162 @@ def test_the_publisher_follows_the_app_to_another_broker(redis_url, redis_client
         other.flushdb()
         other.close()
         configure_app(crawl_settings(redis_url))
+
+
+def _received(queue: str, count: int) -> list:
+    """The ``count`` messages waiting in ``queue``, oldest first, taken and decoded by kombu's
+    own transport (the app's broker and transport options: a global key prefix too)."""
+    from distscrape_celery.worker.app import app
+
+    with app.connection_for_read() as conn:
+        channel = conn.default_channel
+        messages = [channel.basic_get(queue, no_ack=True) for _ in range(count)]
+        assert channel.basic_get(queue, no_ack=True) is None
+    assert None not in messages
+    return messages
+
+
+def _fields(message) -> dict:
+    """Everything of a received message a worker reads: headers, properties, delivery info,
+    content type and encoding, and the decoded body."""
+    return {"headers": dict(message.headers), "properties": dict(message.properties),
+            "delivery_info": dict(message.delivery_info), "content_type": message.content_type,
+            "content_encoding": message.content_encoding, "body": message.decode()}
+
+
+def _configure(redis_url: str, keyprefix: str = "", **overrides) -> None:
+    from distscrape_celery.worker.app import app
+
+    configure_app(crawl_settings(redis_url, **overrides))
+    if keyprefix:
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                             "global_keyprefix": keyprefix}
+
+
+@pytest.mark.parametrize("keyprefix", ["", "tenant-a:"])
+@pytest.mark.parametrize("in_a_task", [False, True])
+def test_a_scrape_message_is_the_message_apply_async_writes(redis_url, redis_client, keyprefix,
+                                                            in_a_task):
+    """On Redis the publisher fills in a template of the message instead of building each one;
+    kombu, decoding both, must find every header, property and the body the same as
+    apply_async's (the IDs aside), in the same list, also under the transport's global key
+    prefix, and with the parent and root IDs of the task that published it."""
+    from celery._state import _task_stack
+
+    from distscrape_celery.worker.tasks import scrape as scrape_task
+
+    try:
+        _configure(redis_url, keyprefix)
+        args = ("j", "http://h.example/a'b?q=\u00e9")
+        if in_a_task:
+            scrape_task.push_request(id="parent-1", root_id="root-1", called_directly=False)
+            _task_stack.push(scrape_task)
+        try:
+            publisher.scrape(args[0], [args[1]])
+            scrape_task.apply_async(args, argsrepr=repr(args), kwargsrepr="{}")
+        finally:
+            if in_a_task:
+                _task_stack.pop()
+                scrape_task.pop_request()
+        # Both in the one list kombu's channel names (the prefix is its client's business).
+        assert redis_client.llen(keyprefix + SCRAPE_QUEUE) == 2
+        if keyprefix:
+            assert redis_client.llen(SCRAPE_QUEUE) == 0
+        ours, theirs = (_fields(m) for m in _received(SCRAPE_QUEUE, 2))
+    finally:
+        configure_app(crawl_settings(redis_url))
+    for message in (ours, theirs):
+        task_id = message["headers"].pop("id")
+        assert message["properties"].pop("correlation_id") == task_id
+        message["properties"].pop("delivery_tag")
+        if not in_a_task:  # a task queued from outside a task is its own root
+            assert message["headers"].pop("root_id") == task_id
+    # apply_async also copies the argument text into the properties, and names a reply queue
+    # for results, which the tasks never keep.
+    for extra in ("argsrepr", "kwargsrepr", "reply_to"):
+        theirs["properties"].pop(extra)
+    assert ours["properties"].pop("reply_to") == ""
+    assert ours == theirs
+    assert ours["body"] == [list(args), {}, {"callbacks": None, "errbacks": None,
+                                             "chain": None, "chord": None}]
+    assert ours["headers"]["argsrepr"] == repr(args)
+    if in_a_task:
+        assert ours["headers"]["parent_id"] == "parent-1"
+        assert ours["headers"]["root_id"] == "root-1"
+
+
+def test_every_message_gets_ids_of_its_own(redis_url, redis_client):
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["a", "b", "c"])
+    messages = [_fields(m) for m in _received(SCRAPE_QUEUE, 3)]
+    assert [m["body"][0][1] for m in messages] == ["a", "b", "c"]
+    assert len({m["headers"]["id"] for m in messages}) == 3
+    assert len({m["properties"]["delivery_tag"] for m in messages}) == 3
+    assert all(m["headers"]["root_id"] == m["headers"]["id"] for m in messages)
+
+
+def test_the_message_template_follows_the_app_config_and_the_queue(redis_url, redis_client):
+    """A template holds what the app's configuration decides (time limits, the queue): a
+    message must not carry what an earlier configuration said."""
+    from distscrape_celery.worker.app import app
+
+    try:
+        configure_app(crawl_settings(redis_url, task_time_limit=600))
+        publisher.scrape("j", ["first"])
+        configure_app(crawl_settings(redis_url, task_time_limit=900, queue_prefix="other"))
+        publisher.scrape("j", ["second"])
+        app.conf.task_time_limit = 1200  # the same broker connection, another time limit
+        publisher.scrape("j", ["third"])
+        first = _fields(_received(SCRAPE_QUEUE, 1)[0])
+        second, third = (_fields(m) for m in _received("other.scrape", 2))
+    finally:
+        configure_app(crawl_settings(redis_url))
+    assert first["headers"]["timelimit"] == [600, 540]
+    assert second["headers"]["timelimit"] == [900, 810]
+    assert third["headers"]["timelimit"] == [1200, 810]
+    assert first["delivery_info"]["routing_key"] == SCRAPE_QUEUE
+    assert second["delivery_info"]["routing_key"] == "other.scrape"
+    assert [m["body"][0][1] for m in (first, second, third)] == ["first", "second", "third"]
+
+
+def test_a_forked_process_publishes_with_a_template_of_its_own(redis_url, redis_client):
+    """The origin header names the publishing process: a child forked after the parent
+    published must not send the parent's template."""
+    import os
+    import socket
+
+    configure_app(crawl_settings(redis_url))
+    publisher.scrape("j", ["parent"])
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 1
+        try:
+            publisher.scrape("j", ["child"])
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    publisher.scrape("j", ["parent-again"])
+    messages = [_fields(m) for m in _received(SCRAPE_QUEUE, 3)]
+    origins = {m["body"][0][1]: m["headers"]["origin"] for m in messages}
+    host = socket.gethostname()
+    assert origins == {"parent": f"gen{os.getpid()}@{host}", "child": f"gen{pid}@{host}",
+                       "parent-again": f"gen{os.getpid()}@{host}"}
+
+
+def test_a_redis_client_that_retries_keeps_kombus_own_publishing(redis_url, redis_client):
+    """A client that retries a timed-out command could send a pipeline twice: kombu does not
+    batch there, and neither does the publisher's template path, which needs a pipeline."""
+    from distscrape_celery.worker.app import app
+
+    try:
+        configure_app(crawl_settings(redis_url))
+        app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                             "retry_on_timeout": True}
+        assert publisher._own().redis is None
+        publisher.scrape("j", ["a", "b"])
+        assert [_fields(m)["body"][0][1] for m in _received(SCRAPE_QUEUE, 2)] == ["a", "b"]
+    finally:
+        configure_app(crawl_settings(redis_url))
+    assert publisher._own().redis is not None
