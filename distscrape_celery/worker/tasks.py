@@ -176,16 +176,27 @@ class _RedisSender:
 
 class CeleryPublisher:
     """Publishes our tasks. Inside :meth:`batch`, every message this thread publishes goes to the
-    broker in one round trip when the block ends (kombu's publish batch: one Redis pipeline).
+    broker in one round trip when the block ends; if the block raises, none of it is sent.
 
-    A message is built by Celery (``app.amqp.as_task_v2``: protocol 2, the same headers, parent
-    and root IDs as ``apply_async``) and handed to kombu's producer for the queue's name on the
-    default exchange, which is where ``apply_async`` routes a direct queue too. What it skips, at
-    about 45 % of the cost of publishing a page's messages (docs/performance.md): Celery's
-    router and option merging, the ``before/after_task_publish`` signals (nothing here listens),
-    publish retries (a batch sends nothing until it ends), a ``reply_to`` for results that are
-    never kept, and kombu copying and binding the queue for every message only to find it
-    declared already.
+    Each message is the one ``apply_async`` would write (protocol 2: the same headers, parent and
+    root IDs, body, delivery mode), on the default exchange with the queue's name as routing key,
+    which is where ``apply_async`` routes a direct queue too. How it is made depends on the
+    broker:
+
+    - kombu's Redis transport (``redis://``, ``rediss://``, a global key prefix or not): each
+      task's messages to a queue share a template of the JSON kombu would write, made once per
+      thread's connection by Celery and kombu themselves; a message only fills in its IDs,
+      arguments, argument text, ETA and delivery tag (:class:`_RedisSender`). The batch is one
+      Redis pipeline of LPUSHes. This cut the CPU of publishing a message by about three
+      quarters (docs/performance.md, "Publishing").
+    - any other broker (AMQP), and a Redis client set to retry timed-out commands (a pipeline
+      could then be sent twice; kombu does not batch there either): Celery builds each message
+      (``app.amqp.as_task_v2``) and kombu's producer publishes it in kombu's publish batch.
+
+    Either way it skips, of ``apply_async``: Celery's router and option merging, the
+    ``before/after_task_publish`` signals (nothing here listens), publish retries (a batch sends
+    nothing until it ends), a ``reply_to`` for results that are never kept, and kombu copying and
+    binding the queue for every message only to find it declared already.
     """
 
     def __init__(self) -> None:
@@ -223,9 +234,6 @@ class CeleryPublisher:
             # Its connection may be broken: the thread's next batch starts on a new one.
             self._drop_own_producer()
             raise
-
-    def _own_producer(self) -> Producer:
-        return self._own().producer
 
     def _own(self) -> _OwnProducer:
         """This thread's producer on a broker connection of its own, kept between batches.

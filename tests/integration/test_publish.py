@@ -168,12 +168,12 @@ def test_a_thread_keeps_its_producer_between_batches(redis_url, redis_client, mo
 def test_a_failed_batch_leaves_the_next_one_a_fresh_connection(redis_url, redis_client):
     configure_app(crawl_settings(redis_url))
     publisher.scrape("j", ["warm"])
-    first = publisher._own_producer()
+    first = publisher._own().producer
     with pytest.raises(RuntimeError):
         with publisher.batch():
             publisher.scrape("j", ["lost"])
             raise RuntimeError("the broker went away mid-batch")
-    assert publisher._own_producer() is not first
+    assert publisher._own().producer is not first
     before = _queued(redis_client)
     publisher.scrape("j", ["after"])
     assert _queued(redis_client) == (before[0] + 1, before[1])
