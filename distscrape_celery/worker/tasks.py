@@ -158,19 +158,21 @@ class _RedisSender:
         )
 
     def send(self, messages: Sequence[tuple[str, str]]) -> None:
-        """LPUSH the ``(key, message)`` pairs in order, in one round trip; a run of messages to
-        one list takes one command."""
+        """LPUSH the ``(key, message)`` pairs in order, in one round trip: a run of messages to
+        one list is one command, and more than one command go in a pipeline."""
+        runs: list[tuple[str, list[str]]] = []
+        for key, message in messages:
+            if runs and runs[-1][0] == key:
+                runs[-1][1].append(message)
+            else:
+                runs.append((key, [message]))
         with self.channel.conn_or_acquire() as client:
+            if len(runs) == 1:
+                client.lpush(runs[0][0], *runs[0][1])
+                return
             with client.pipeline(transaction=False) as pipe:
-                run_key, run = None, []
-                for key, message in messages:
-                    if key != run_key and run:
-                        pipe.lpush(run_key, *run)
-                        run = []
-                    run_key = key
-                    run.append(message)
-                if run:
-                    pipe.lpush(run_key, *run)
+                for key, run in runs:
+                    pipe.lpush(key, *run)
                 pipe.execute()
 
 
