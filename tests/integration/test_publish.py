@@ -357,3 +357,20 @@ def test_a_redis_client_that_retries_keeps_kombus_own_publishing(redis_url, redi
     finally:
         configure_app(crawl_settings(redis_url))
     assert publisher._own().redis is not None
+
+
+def test_a_batch_for_two_lists_goes_to_the_prefixed_lists(redis_url, redis_client):
+    """A batch for more than one list goes out as a pipeline: the transport's global key prefix
+    must reach its commands as it reaches a single LPUSH."""
+    try:
+        _configure(redis_url, "tenant-a:")
+        with publisher.batch():
+            publisher.scrape("j", ["a", "b"])
+            publisher.save("j", "page", 7, {})
+        assert redis_client.llen("tenant-a:" + SCRAPE_QUEUE) == 2
+        assert redis_client.llen("tenant-a:" + SAVE_QUEUE) == 1
+        assert _queued(redis_client) == (0, 0)
+        assert [_fields(m)["body"][0][1] for m in _received(SCRAPE_QUEUE, 2)] == ["a", "b"]
+        assert _fields(_received(SAVE_QUEUE, 1)[0])["body"][0][:3] == ["j", "page", 7]
+    finally:
+        configure_app(crawl_settings(redis_url))
