@@ -374,3 +374,23 @@ def test_a_batch_for_two_lists_goes_to_the_prefixed_lists(redis_url, redis_clien
         assert _fields(_received(SAVE_QUEUE, 1)[0])["body"][0][:3] == ["j", "page", 7]
     finally:
         configure_app(crawl_settings(redis_url))
+
+
+def test_a_queue_that_expires_keeps_kombus_own_publishing(redis_url, redis_client, monkeypatch):
+    """kombu follows each message to a queue with an expiry with a PEXPIRE of the queue's lists;
+    the template path does not, so such an app keeps kombu's path (none of ours expires)."""
+    from distscrape_celery.worker.app import app
+
+    configure_app(crawl_settings(redis_url))
+    monkeypatch.setattr(app.amqp.queues[SCRAPE_QUEUE], "expires", 600.0)
+    publisher._drop_own_producer()
+    try:
+        assert publisher._own().redis is None
+        with publisher.batch():
+            publisher.scrape("j", ["a"])
+            publisher.save("j", "page", 7, {})
+        assert _queued(redis_client) == (1, 1)
+        assert 0 < redis_client.pttl(SCRAPE_QUEUE) <= 600_000
+    finally:
+        monkeypatch.undo()
+        publisher._drop_own_producer()
