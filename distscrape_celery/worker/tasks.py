@@ -192,9 +192,10 @@ class CeleryPublisher:
       arguments, argument text, ETA and delivery tag (:class:`_RedisSender`). The batch is one
       Redis pipeline of LPUSHes (one LPUSH for one list). This cut the CPU of publishing a batch
       of 8 messages by about 70 % (docs/performance.md, "Publishing").
-    - any other broker (AMQP), and a Redis client set to retry timed-out commands (a pipeline
-      could then be sent twice; kombu does not batch there either): Celery builds each message
-      (``app.amqp.as_task_v2``) and kombu's producer publishes it in kombu's publish batch.
+    - any other broker (AMQP), a Redis client set to retry timed-out commands (a pipeline could
+      then be sent twice; kombu does not batch there either), and an app with a queue that
+      expires: Celery builds each message (``app.amqp.as_task_v2``) and kombu's producer
+      publishes it in kombu's publish batch.
 
     Either way it skips, of ``apply_async``: Celery's router and option merging, the
     ``before/after_task_publish`` signals (nothing here listens), publish retries (a batch sends
