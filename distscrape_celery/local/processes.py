@@ -19,6 +19,24 @@ from ..lifecycle import die_with_parent
 from ..settings import Settings
 
 
+# The directory this process imported distscrape_celery from.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)
+
+
+def _same_package_path(env: dict[str, str]) -> dict[str, str]:
+    """The environment a worker needs to import the distscrape_celery this process runs.
+    ``python -m`` puts the working directory first on the module path, where another copy of
+    the package (a source checkout of another version) would win, and the two would disagree on
+    the tracker's layout: Python 3.11 and later leave it out with PYTHONSAFEPATH, and this
+    package's own directory goes first on PYTHONPATH. The working directory stays on it, after
+    the package, where this process has it too (run as ``python -m``: plug-in modules there
+    load in both)."""
+    cwd = os.getcwd()
+    ours = [cwd] if ("" in sys.path or cwd in sys.path) else []
+    path = [_PACKAGE_ROOT, *ours, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {"PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
+
+
 class WorkerProcess:
     """``celery -A distscrape_celery worker`` as a child process in its own session and process
     group, so that a Ctrl-C on our terminal does not reach it (we stop it in order) and killing
@@ -69,6 +87,7 @@ class WorkerProcess:
     def start(self) -> "WorkerProcess":
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
         env.update(self.settings.to_env())
+        env.update(_same_package_path(env))
         env.update(self.extra_env)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(

@@ -568,3 +568,24 @@ def test_the_crawl_forks_its_workers_where_it_can_and_starts_them_one_by_one_els
         assert saved_files(out) == expected_files(server, small_site, out)
     assert (result.stats.done, result.stats.dead) == (len(small_site.reachable), 0)
     assert started == ([crawl_worker_processes(2)] if forked else [None] * CRAWL_WORKERS)
+
+
+def test_the_workers_run_the_package_the_crawl_runs(small_site, tmp_path):
+    """The workers import the distscrape_celery the crawl command imported, not another copy in
+    the directory it was started from (a source checkout of another version, say), which
+    `python -m` would put first on their path: the two would disagree on the tracker's layout."""
+    cwd = tmp_path / "elsewhere"
+    (cwd / "distscrape_celery").mkdir(parents=True)
+    (cwd / "distscrape_celery" / "__init__.py").write_text(
+        'raise ImportError("a stray copy of distscrape_celery was imported")\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    env["TMPDIR"] = str(tmp_path)
+    out = tmp_path / "out"
+    with SiteServer(small_site) as server:
+        # The installed command, whose own path starts at its bin directory, not at cwd.
+        crawl = subprocess.run(
+            [str(Path(sys.executable).parent / "distscrape"), "crawl", server.url("/"),
+             "--output", str(out), "--quiet", "--concurrency", "2"],
+            cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert crawl.returncode == 0, crawl.stderr[-3000:]
+    assert len(saved_files(out)) == len(small_site.reachable)
