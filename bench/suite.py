@@ -365,8 +365,11 @@ def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
     return a RedisProbe, sampled every 0.25 s while the command runs."""
     started = time.monotonic()
     with log.open("ab") as out:
+        # From the work directory, not the repository: a crawl that starts its workers with
+        # `python -m` from the repository would run this checkout's package in them, whatever a
+        # --baseline's PYTHONPATH says.
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, cwd=log.parent)
     probe = None
     status = None
     try:
@@ -662,7 +665,8 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
         # (Python CPU, not threads blocked in socket reads); CPU figures then include py-spy.
         command = [str(PEERS / "bin" / "py-spy"), "record", "--subprocesses", "--nonblocking",
                    "--format", "raw", "--gil",
-                   "--rate", "100", "-o", str(Path(args.profile, f"default-{site_name}.txt")),
+                   "--rate", "100", "-o", str(Path(
+                       args.profile, f"default-{site_name}{'-baseline' if baseline else ''}.txt")),
                    "--", *command]
     env = clean_env()
     if baseline:
