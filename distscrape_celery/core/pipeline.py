@@ -203,6 +203,7 @@ class ItemPipeline:
         tracker = self.rt.tracker
         spec = self.rt.spec(job)
         co = tracker.checkout(job, item, self.rt.worker_id, max_lost=spec.max_lost)
+        self.rt.follow_job(job, co.created)
         if co.status is not LeaseStatus.OK:
             self._dispatch(job, co.dispatch)
             # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
@@ -378,6 +379,8 @@ class ItemPipeline:
             log.warning("%s: %d saves left for recovery, the tracker is unavailable: %s",
                         job, len(entries), exc)
             return ["tracker-unavailable"] * len(entries)
+        if begins:
+            self.rt.follow_job(job, begins[0].created)
         results: list[Optional[str]] = [None] * len(entries)
         try:
             # What beginning and completing hand out for scraping goes to the broker together,
@@ -456,6 +459,7 @@ class ItemPipeline:
         """Save a scraped item through the job's saver, then mark it done."""
         spec = self.rt.spec(job)
         begin = self.rt.tracker.begin_save(job, item, token, self.rt.worker_id, max_lost=spec.max_lost)
+        self.rt.follow_job(job, begin.created)
         outcome = self._begun(job, item, token, meta, begin)
         if isinstance(outcome, str):
             return outcome

@@ -43,6 +43,7 @@ class Runtime:
         self._scrapers: dict[str, Scraper] = {}
         self._savers: dict[str, ItemSaver] = {}
         self._robots: dict[str, RobotsCache] = {}
+        self._created: dict[str, str] = {}  # job -> the creation its components were built for
 
     @classmethod
     def for_redis(cls, settings: Settings) -> "Runtime":
@@ -68,8 +69,33 @@ class Runtime:
         # The tracker stages bodies itself (in scraped): the staging reads them there.
         return cls(settings, tracker, tracker.bodies, in_memory=True)
 
+    def follow_job(self, job: str, created: str) -> None:
+        """The tracker answered for the creation ``created`` of ``job``. A job deleted and
+        seeded again under its name is another creation, with a spec of its own: when the
+        creation differs from the one seen before, what this process built for the job (spec,
+        scraper, robots.txt policy, saver) is dropped, to be built again from the stored spec;
+        a dropped saver is closed."""
+        if not created or self._created.get(job) == created:
+            return
+        with self._lock:
+            known = self._created.get(job)
+            self._created[job] = created
+            if known is None or known == created:
+                return
+            self._specs.pop(job, None)
+            self._scrapers.pop(job, None)
+            self._robots.pop(job, None)
+            saver = self._savers.pop(job, None)
+        if saver is not None:
+            log.info("job %s was created again: its saver is built anew from its spec", job)
+            try:
+                saver.close()
+            except Exception:  # the earlier job's output; the new one is not touched
+                log.exception("closing the saver of the earlier job %s failed", job)
+
     def spec(self, job: str) -> JobSpec:
-        """The job's spec, read from the tracker once per process (a job's spec never changes)."""
+        """The job's spec, read from the tracker once per process and creation of the job (a
+        stored spec never changes; see :meth:`follow_job`)."""
         spec = self._specs.get(job)
         if spec is None:
             spec = JobSpec.from_json(self.tracker.load_spec(job))

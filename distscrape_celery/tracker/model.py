@@ -90,6 +90,9 @@ class Checkout:
     token: int = 0  # the lease's fencing token (0 unless status is OK)
     dispatch: list[str] = field(default_factory=list)
     wait: float = 0.0  # THROTTLED: seconds until the domain's next fetch slot opens
+    # Which creation of the job answered ('' if unknown): a job deleted and seeded again under
+    # its name is another creation, and what a worker built from the first must not serve it.
+    created: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class SaveBegin(Dispatchable):
     status: SaveStart = SaveStart.UNKNOWN
     lost: int = 0  # times the item's holder vanished so far
     body: Optional[bytes] = None  # with OK or STALE, the body staged for this save; None: gone
+    created: str = ""  # which creation of the job answered, as in Checkout
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Job control through real `celery worker` processes, real Redis and real HTTP on 127.0.0.1:
 pause holds fetching and resume finishes the job; cancel stops it and export lists what was
 saved; the completion event fires once across two workers; a finished job is no longer
-maintained; `workers` lists both workers; a dead worker's records are pruned."""
+maintained; `workers` lists both workers; a dead worker's records are pruned; a job deleted and
+seeded again under its name with another spec is crawled by that spec."""
 
 from __future__ import annotations
 
@@ -140,3 +141,39 @@ def test_cancel_stops_fetching_and_delete_removes_the_job(redis_url, two_workers
         assert "c" not in tracker.active_jobs()
         assert "deleted" in cli(redis_url, "delete", "c")
         assert tracker.jobs() == []
+
+
+def test_a_job_seeded_again_after_delete_follows_its_new_spec(redis_url, workers, tmp_path):
+    """Workers keep what they built from a job's spec (its saver, scraper, robots.txt policy).
+    A job deleted and seeded again under its name is another job: the same workers must save
+    it where its new spec says, not into the first one's output."""
+    from tests.support.crawl import saved_files
+    from tests.support.sitegen import SiteServer, generate_site
+    from distscrape_celery.core.manager import CrawlManager
+    from distscrape_celery.job.spec import build_spec
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.worker.tasks import publisher
+
+    site = generate_site(n_pages=30, seed=5, unreachable=0)
+    settings = crawl_settings(redis_url, lease_seconds=30)
+    procs = [workers(settings, "respec-0", concurrency=2)]
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, 1, procs=procs)
+    configure_app(settings)
+    manager = CrawlManager(tracker, publisher.scrape)
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    def check():
+        for p in procs:
+            p.check()
+
+    with SiteServer(site) as server:
+        spec = {"seeds": [server.url("/")], "saver": {"output": str(first)}}
+        manager.seed("j", build_spec(spec))
+        manager.wait("j", timeout=90, check=check)
+        assert len(saved_files(first)) == len(site.reachable)
+        tracker.delete_job("j")
+        manager.seed("j", build_spec({**spec, "saver": {"output": str(second)}}))
+        stats = manager.wait("j", timeout=90, check=check)
+    assert stats.done == len(site.reachable)
+    assert len(saved_files(second)) == len(site.reachable)

@@ -931,7 +931,8 @@ def test_unclaimed_saves_are_listed_after_their_age_and_only_they_expire(tracker
 
 
 def job_keys(client, job="j") -> dict:
-    """Every key of ``job`` with its type and value, the job's start and end times left out."""
+    """Every key of ``job`` with its type and value, the job's start and end times and its
+    creation ID left out."""
     read = {"hash": client.hgetall, "set": client.smembers, "string": client.get,
             "list": lambda k: client.lrange(k, 0, -1),
             "zset": lambda k: client.zrange(k, 0, -1, withscores=True)}
@@ -940,7 +941,7 @@ def job_keys(client, job="j") -> dict:
         kind = client.type(key)
         value = read[kind](key)
         if key == keys.JobKeys(job).control:
-            value = {f: v for f, v in value.items() if f not in ("started", "ended")}
+            value = {f: v for f, v in value.items() if f not in ("started", "ended", "created")}
         out[key] = (kind, value)
     return out
 

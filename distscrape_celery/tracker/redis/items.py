@@ -77,7 +77,7 @@ class ItemCalls(ShardLayout):
         res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
-            token=int(res[3]), wait=float(res[4]), dispatch=list(res[5:]),
+            token=int(res[3]), wait=float(res[4]), created=res[5], dispatch=list(res[6:]),
         )
 
     @converts_redis_errors

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, Optional
@@ -26,11 +27,12 @@ class JobCalls(ShardLayout):
         limits = limits or CrawlLimits()
         shards = limits.shards
         k = keys.JobKeys(job)
+        creation = uuid.uuid4().hex
         if not self._routed(shards):
             policy = limits.policy_fields()
             created, existing = self._create_job_script(
                 keys=[k.spec, k.policy, k.control, k.stats, keys.JOBS, keys.ACTIVE_JOBS],
-                args=[job, spec_json, 0, keys.JOB_FORMAT,
+                args=[job, spec_json, 0, keys.JOB_FORMAT, creation, 0,
                       *(x for pair in policy.items() for x in pair)],
             )
         else:
@@ -44,7 +46,8 @@ class JobCalls(ShardLayout):
                 policy = shard_policy(limits, s)
                 c, e = self._create_job_script(
                     keys=[ks.spec, ks.policy, ks.control, ks.stats],
-                    args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT,
+                    args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT, creation,
+                          int(s > 0 and bool(created)),
                           *(x for pair in policy.items() for x in pair)],
                 )
                 if s == 0:

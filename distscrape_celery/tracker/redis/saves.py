@@ -34,8 +34,8 @@ class SaveCalls(ShardLayout):
 
     @staticmethod
     def _begin_reply(res: list[Any]) -> SaveBegin:
-        return SaveBegin(dispatch=[x.decode() for x in res[3:]], status=SaveStart(res[0].decode()),
-                         lost=int(res[1]), body=res[2])
+        return SaveBegin(dispatch=[x.decode() for x in res[4:]], status=SaveStart(res[0].decode()),
+                         lost=int(res[1]), body=res[2], created=res[3].decode())
 
     @converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:

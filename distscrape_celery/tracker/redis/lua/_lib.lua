@@ -40,7 +40,8 @@
 --                              running), job (its name), started, ended, final_seen, final_done,
 --                              final_dead (figures recorded when it ended), epoch (ends so far),
 --                              format (the job's key layout: the scripts refuse any but 4,
---                              keys.JOB_FORMAT, so a job of an older layout is not mixed up)
+--                              keys.JOB_FORMAT, so a job of an older layout is not mixed up),
+--                              created (an ID of this creation of the job, see create_job.lua)
 --   KEYS[19] active      set   names of the jobs workers maintain (neither finished nor cancelled):
 --                              ds:active-jobs, or the shard's own marker (sharded jobs, Redis
 --                              Cluster), which the client mirrors into ds:active-jobs
@@ -64,12 +65,15 @@ if redis.call('EXISTS', K_SPEC) == 0 then
 end
 -- The job's state is read with its format, once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
-local control = redis.call('HMGET', K_CONTROL, 'format', 'state')
+local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created')
 if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
 end
 local job_state_now = control[2] or 'running'
+-- Which creation of the job this is (create_job.lua): checkout and begin_save hand it to the
+-- worker, whose components built from an earlier job of the same name must not be used.
+local job_created = control[3] or ''
 
 local now_cache = nil
 -- Redis's clock in whole microseconds.

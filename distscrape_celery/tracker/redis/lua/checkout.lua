@@ -15,27 +15,30 @@
 -- ARGV[3] lease       lease length in seconds
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
--- Returns {status, depth, failed_attempts, token, wait, dispatch_item...};
+-- Returns {status, depth, failed_attempts, token, wait, created, dispatch_item...};
 -- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
--- is how long a throttled item's domain waits for its next fetch slot
+-- is how long a throttled item's domain waits for its next fetch slot; created is the job's
+-- creation (_lib.lua)
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = us(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
-if not v then return {'unknown', 0, 0, 0, '0'} end
+if not v then return {'unknown', 0, 0, 0, '0', job_created} end
 local state, depth = split_state(v)
 local fails = tonumber(redis.call('HGET', K_FAILS, item) or '0')
-if state == 'D' then return {'done', tonumber(depth), fails, 0, '0'} end
-if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0'} end
-if state == 's' or state == 'w' then return {'busy', tonumber(depth), fails, 0, '0'} end
+if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created} end
+if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created} end
+if state == 's' or state == 'w' then
+  return {'busy', tonumber(depth), fails, 0, '0', job_created}
+end
 local now = redis_now()
 if state == 'l' or state == 'S' then
   local deadline = tonumber(redis.call('ZSCORE', K_LEASED, item) or '0')
-  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0'} end
+  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0', job_created} end
   local was = holder(item) or '?'
   if retry_or_dead(item, state, depth, 'lost', true, 0, max_lost,
       'its worker vanished too often (last holder ' .. was .. ')', true, 0) == 'dead' then
-    return {'dead', tonumber(depth), fails, 0, '0'}
+    return {'dead', tonumber(depth), fails, 0, '0', job_created}
   end
   state = 'q'
 end
@@ -51,7 +54,7 @@ end
 if dispatch_held() then
   -- Paused or cancelled: the item waits in its queue until the job is resumed.
   if state == 'd' then back_to_queue() end
-  return {'held', tonumber(depth), fails, 0, '0'}
+  return {'held', tonumber(depth), fails, 0, '0', job_created}
 end
 local interval, cap = limits(dom)
 local slot = 0
@@ -62,7 +65,8 @@ if slot > now or (state == 'q' and inflight(dom) >= cap) then
   if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', slot, dom) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
-  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait / 1000000)}
+  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait / 1000000),
+    job_created}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
 if interval > 0 then redis.call('HSET', K_SLOTS, dom, now + interval) end
@@ -76,5 +80,5 @@ redis.call('ZREM', K_DISPATCHED, item)
 redis.call('ZADD', K_LEASED, now + lease, item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
 live_set(item, 'l', depth)
-local out = {'ok', tonumber(depth), fails, token, '0'}
+local out = {'ok', tonumber(depth), fails, token, '0', job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -16,14 +16,20 @@
 -- ARGV[4] format   the key layout (keys.JOB_FORMAT), recorded only when the job (shard) is
 --                  created: a job made by an older version keeps none, and the item scripts
 --                  refuse it
--- ARGV[5..] field, value pairs of the policy (written only when the job is created)
+-- ARGV[5] creation  an ID of this creation of the job, recorded as control's `created` when the
+--                  spec is stored (item scripts hand it to workers, which so tell a job deleted
+--                  and seeded again under its name from the one they built components for)
+-- ARGV[6] whole    1: record the creation even if this shard's spec was there (its job is new:
+--                  shard 0's spec was not; a delete cut short left this one)
+-- ARGV[7..] field, value pairs of the policy (written only when the job is created)
 -- Returns {created (1 or 0), the stored spec}
 local created = redis.call('SET', KEYS[1], ARGV[2], 'NX') and 1 or 0
 if created == 1 then
   if tonumber(ARGV[3]) > 0 then redis.call('HSETNX', KEYS[4], 'tokens', ARGV[3]) end
   redis.call('HSET', KEYS[3], 'format', ARGV[4])
-  if #ARGV > 4 then redis.call('HSET', KEYS[2], unpack(ARGV, 5)) end
+  if #ARGV > 6 then redis.call('HSET', KEYS[2], unpack(ARGV, 7)) end
 end
+if created == 1 or ARGV[6] == '1' then redis.call('HSET', KEYS[3], 'created', ARGV[5]) end
 -- A job created before job states had none: it starts running now.
 if redis.call('HEXISTS', KEYS[3], 'state') == 0 then
   local t = redis.call('TIME')
