@@ -108,6 +108,23 @@ def test_checkout_is_exclusive_and_done_is_final(tracker_factory):
     assert s.finished
 
 
+def test_deadlines_are_whole_microseconds_of_redis_time(tracker_factory):
+    """Deadlines are integer scores: Redis keeps a small sorted set's scores as text and parses a
+    fractional one at every step of a search, several times the cost. A lease's deadline is a
+    lease from Redis's clock, in microseconds."""
+    t = tracker_factory(lease_seconds=30)
+    w = new_job(t)
+    t.add("j", ["a", "b", "c"])
+    secs, usecs = t.client.time()
+    before = secs * 1_000_000 + usecs
+    assert t.checkout("j", "a", w, max_lost=LOST).status is LeaseStatus.OK
+    k = keys.JobKeys("j")
+    scores = [score for zset in (k.leased, k.dispatched, k.domains)
+              for _, score in t.client.zrange(zset, 0, -1, withscores=True)]
+    assert len(scores) >= 2 and all(score == int(score) for score in scores), scores
+    assert before + 30_000_000 <= t.client.zscore(k.leased, "a") <= before + 31_000_000
+
+
 def test_fail_retries_then_dead_never_done(tracker_factory):
     t = tracker_factory()
     w = new_job(t)
