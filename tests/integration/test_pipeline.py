@@ -302,3 +302,36 @@ def test_save_inline_failure_fails_the_item_as_a_save_task_would(inline_env, mon
     assert stats.done == 0 and stats.dead == 0
     assert pipe.scrape("p", server.base + "/ok") == "dead"  # max_retries = 1
     assert "save failed: disk on fire" in rt.tracker.dead_items("p")[server.base + "/ok"]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["save", "save_batch"])
+def test_a_process_that_only_saves_follows_a_job_seeded_again(env, tmp_path, batched):
+    """A process that runs save tasks and no scrape task built the first job's saver. Once the
+    job is deleted and seeded again with another output, its saves of the new job's pages go to
+    the new output: begin_save tells it the job is another creation."""
+    from distscrape_celery.core.pipeline import ItemPipeline
+    from distscrape_celery.core.runtime import Runtime
+    from distscrape_celery.job.spec import build_spec
+    from tests.support.pipeline import Recorder
+
+    rt, pipe, rec, server = env
+    saving = ItemPipeline(Runtime.for_redis(rt.settings), Recorder())  # another process's caches
+
+    def save(job, item, token, meta):
+        if batched:
+            return saving.save_batch(job, [(item, token, meta)])[0]
+        return saving.save(job, item, token, meta)
+
+    rt.tracker.add("p", [server.base + "/ok"])
+    assert pipe.scrape("p", server.base + "/ok") == "scraped"
+    assert save(*rec.saves.pop()) == "saved"
+    assert len(list((tmp_path / "out").rglob("*.html"))) == 1
+
+    rt.tracker.delete_job("p")
+    spec = build_spec({"seeds": [server.base + "/ok2"], "saver": {"output": str(tmp_path / "new")}})
+    rt.tracker.create_job("p", spec.to_json(), spec.crawl_limits())
+    rt.tracker.add("p", [server.base + "/ok2"])
+    assert pipe.scrape("p", server.base + "/ok2") == "scraped"
+    assert save(*rec.saves.pop()) == "saved"
+    assert [p.read_bytes() for p in (tmp_path / "new").rglob("*.html")] == [ROUTES["/ok2"][1]]
+    assert len(list((tmp_path / "out").rglob("*.html"))) == 1
