@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latency_site import one_port  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIRST = ipaddress.IPv4Address("127.0.0.10")
@@ -77,26 +79,6 @@ print(f"{1e6 * cpu / n:.0f} us CPU a download, {n / wall:.0f} downloads/s "
 '''
 
 
-def free_port(addresses: list[str]) -> int:
-    for _ in range(20):
-        with socket.socket() as first:
-            first.bind((addresses[0], 0))
-            port = first.getsockname()[1]
-            others = []
-            try:
-                for address in addresses[1:]:
-                    s = socket.socket()
-                    others.append(s)
-                    s.bind((address, port))
-                return port
-            except OSError:
-                continue
-            finally:
-                for s in others:
-                    s.close()
-    raise RuntimeError("no port free on every address")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=32)
@@ -106,7 +88,7 @@ def main() -> int:
     parser.add_argument("--code", help="also measure the distscrape_celery package in DIR")
     args = parser.parse_args()
     addresses = [str(FIRST + i) for i in range(args.hosts)]
-    port = free_port(addresses)
+    port = one_port(addresses)
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port), *addresses],
                               stdout=subprocess.PIPE, text=True)
     try:

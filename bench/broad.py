@@ -50,7 +50,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +63,7 @@ from suite import (  # noqa: E402
     crawl_workers, ensure_peers, machine, unwind_on_sigterm, wait_port,
 )
 from tests.support.sitegen import generate_site  # noqa: E402  (suite put the root on the path)
+from latency_site import one_port  # noqa: E402
 
 POLITENESS = 8  # requests in flight to one host: distscrape's default, set for every crawler
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.10")
@@ -87,28 +87,6 @@ def host_delays(n: int, low: float, high: float) -> list[float]:
     delays = [high if n == 1 else low * (high / low) ** (i / (n - 1)) for i in range(n)]
     random.Random(0).shuffle(delays)
     return delays
-
-
-def one_port(addresses: list[str]) -> int:
-    """A port free on every address (tried by binding them all; a few tries)."""
-    for _ in range(20):
-        socks = []
-        try:
-            first = socket.socket()
-            socks.append(first)
-            first.bind((addresses[0], 0))
-            port = first.getsockname()[1]
-            for address in addresses[1:]:
-                s = socket.socket()
-                socks.append(s)
-                s.bind((address, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no port is free on all of {addresses[0]} ... {addresses[-1]}")
 
 
 def make_hosts(n_hosts: int, n_pages: int, page_bytes: int, cross: int, low: float, high: float,

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
@@ -38,6 +39,28 @@ class Host:
     address: str
     delay: float
     pages: dict[str, bytes]
+
+
+def one_port(addresses: list[str]) -> int:
+    """A port free on every address (tried by binding them all; a few tries)."""
+    for _ in range(20):
+        socks = []
+        try:
+            first = socket.socket()
+            socks.append(first)
+            first.bind((addresses[0], 0))
+            port = first.getsockname()[1]
+            for address in addresses[1:]:
+                s = socket.socket()
+                socks.append(s)
+                s.bind((address, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no port is free on all of {addresses[0]} ... {addresses[-1]}")
 
 
 def answer(status: bytes, ctype: bytes, body: bytes) -> bytes:

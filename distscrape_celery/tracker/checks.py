@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 
 def redis_problems(client: redis.Redis) -> list[str]:
     """One sentence per setting of ``client``'s server that weakens the guarantees (or the
-    tracker's memory bounds); a single
-    note if the server does not let us read its configuration (managed Redis often forbids it)."""
+    tracker's memory bounds); a single note if the server does not let us read its configuration
+    (managed Redis often forbids it)."""
     try:
         config = client.config_get("appendonly")
         config.update(client.config_get("appendfsync"))

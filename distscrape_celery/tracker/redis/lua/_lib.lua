@@ -501,6 +501,7 @@ local function promote_due(max_batch)
     end
   end
 end
+
 -- Move queued items to `dispatched` until the broker holds `bound` messages of this job, scrape
 -- and save messages together (at most `max_batch` per call), and return them; the caller
 -- publishes one scrape task for each. Domains take turns, those waiting longest first, one item
