@@ -88,13 +88,22 @@ class Settings(BaseModel):
         description="Hard limit on one task's run time (prefork pool). A long task keeps its "
         "lease through heartbeats, so this, not the lease, bounds how long one item may take.",
     )
-    dispatch_factor: int = Field(
+    dispatch_factor: float = Field(
+        0.25,
+        gt=0,
+        le=100,
+        description="The broker holds at most this many scrape messages per unit of live worker "
+        "concurrency (at least one); the rest of the frontier waits in the tracker. A message "
+        "waiting in the broker holds one of its domain's in-flight slots, and its queue is "
+        "first come, first served, so the fewer wait there, the sooner a slow domain's turn "
+        "comes (docs/performance.md).",
+    )
+    save_backlog_factor: int = Field(
         2,
         ge=1,
         le=100,
-        description="The broker holds at most this many items per unit of live worker "
-        "concurrency (scrape messages, and the pages of save messages); the rest of the frontier "
-        "waits in the tracker.",
+        description="The broker holds at most this many pages of save messages per unit of live "
+        "worker concurrency; beyond that no more scrape messages are queued until saves catch up.",
     )
     worker_prune_seconds: float = Field(
         86400.0,

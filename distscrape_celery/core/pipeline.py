@@ -137,13 +137,15 @@ class ItemPipeline:
         under a cap that the workers could fill, holding it stretches every fetch cycle of the
         domain by the batch's wait. With the default cap (8) the one-site crawl ran at half its
         pages/s on a 50 ms site and at a quarter on loopback (docs/performance.md).
-        The cap is compared with the task slots of the live workers (the tracker's dispatch bound
-        is that times ``dispatch_factor``)."""
+        The cap is compared with the task slots of the live workers. And only where the broker may
+        hold more scrape messages than there are slots: with fewer, the held messages would be
+        most of what the broker has for the idle slots (the default holds a quarter)."""
         if self._saves is None:
             return False
-        cap = self.rt.spec(job).politeness.smallest_concurrency
         tracker = self.rt.tracker
-        return cap * tracker.dispatch_factor >= tracker.dispatch_bound()
+        slots = tracker.worker_slots()
+        return (self.rt.spec(job).politeness.smallest_concurrency >= slots
+                and tracker.dispatch_bound() > slots)
 
     def _dispatch_or_keep(self, job: str, item: str, found: list[str]) -> list[str]:
         """Publish ``found`` (handed out while ``item`` was scraped) now; what the broker refused

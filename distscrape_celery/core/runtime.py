@@ -64,7 +64,7 @@ class Runtime:
 
         tracker = InMemoryTracker(
             lease_seconds=settings.lease_seconds, dispatch_factor=settings.dispatch_factor,
-            save_timeout=settings.save_timeout,
+            save_backlog_factor=settings.save_backlog_factor, save_timeout=settings.save_timeout,
         )
         # The tracker stages bodies itself (in scraped): the staging reads them there.
         return cls(settings, tracker, tracker.bodies, in_memory=True)

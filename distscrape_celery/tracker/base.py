@@ -32,6 +32,7 @@ The values the calls take and return (results, limits, states) are in :mod:`.mod
 from __future__ import annotations
 
 import itertools
+import math
 import json
 import queue
 import threading
@@ -159,15 +160,20 @@ class Tracker(ABC):
 
     Every method is atomic. Item methods that free a dispatch slot also return items to publish
     as tasks (``.dispatch``); the caller must publish each of them once. The broker then holds at
-    most ``dispatch_factor`` x the live workers' concurrency messages per job.
+    most ``dispatch_factor`` x the live workers' concurrency scrape messages per job (at least
+    one), and ``save_backlog_factor`` x that concurrency pages of save messages.
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
-        save_timeout: Optional[float] = None, body_ttl: Optional[float] = None,
+        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 0.25,
+        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        body_ttl: Optional[float] = None,
     ) -> None:
+        if not dispatch_factor > 0 or save_backlog_factor < 1:
+            raise ValueError("dispatch_factor must be above 0 and save_backlog_factor at least 1")
         self.lease_seconds = float(lease_seconds)
-        self.dispatch_factor = int(dispatch_factor)
+        self.dispatch_factor = float(dispatch_factor)
+        self.save_backlog_factor = int(save_backlog_factor)
         # How long a save message may wait in the broker before its item is presumed lost.
         self.save_timeout = float(save_timeout) if save_timeout is not None else 8 * self.lease_seconds
         # How long a body staged by scraped is kept (Settings.body_ttl: past the save timeout and
@@ -204,8 +210,17 @@ class Tracker(ABC):
         return 0
 
     @abstractmethod
+    def worker_slots(self) -> int:
+        """The live workers' concurrency, all together (0 with no live worker)."""
+
     def dispatch_bound(self) -> int:
         """Most scrape messages of one job the broker may hold now (0 with no live worker)."""
+        slots = self.worker_slots()
+        return max(1, math.ceil(slots * self.dispatch_factor)) if slots else 0
+
+    def save_bound(self) -> int:
+        """Most pages of save messages of one job the broker may hold now."""
+        return self.worker_slots() * self.save_backlog_factor
 
     # -- jobs ------------------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ key                               type    holds
                                           in-flight cap
 ``P inflight``                    hash    domain -> its dispatched and leased items
 ``P slots``                       hash    domain -> when its next fetch may start, µs (rate limit)
+``P latency``                     hash    domain -> its leases' moving mean duration, µs: how much
+                                          earlier its turns come (tracker/lua/_lib.lua)
 ``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
 ``P delayed``                     zset    item -> when its backoff ends, µs (``w``aiting items)
 ``P policy``                      hash    the job's crawl limits (see tracker/lua/_lib.lua) and
@@ -238,6 +240,10 @@ class JobKeys:
         return self.prefix + "slots"
 
     @property
+    def latency(self) -> str:
+        return self.prefix + "latency"
+
+    @property
     def domain_seen(self) -> str:
         return self.prefix + "dseen"
 
@@ -302,7 +308,7 @@ class JobKeys:
             self.item_buckets, self.queues, self.dispatched, self.leased, self.owners, self.stats,
             self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
             self.slots, self.domain_seen, self.delayed, self.policy, self.control,
-            self.active if local_active else ACTIVE_JOBS, self.seen_buckets,
+            self.active if local_active else ACTIVE_JOBS, self.seen_buckets, self.latency,
         )
 
     def body(self, token: int) -> str:

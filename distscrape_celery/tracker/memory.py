@@ -94,8 +94,8 @@ class InMemoryTracker(RedisTracker):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: int = 2,
-        save_timeout: Optional[float] = None, body_ttl: Optional[float] = None,
+        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 0.25,
+        save_backlog_factor: int = 2, save_timeout: Optional[float] = None, body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None, clock: Optional[Clock] = None,
     ) -> None:
         server = fakeredis.FakeServer()
@@ -108,7 +108,7 @@ class InMemoryTracker(RedisTracker):
         text = client(True)
         super().__init__(
             text, lease_seconds=lease_seconds, dispatch_factor=dispatch_factor,
-            save_timeout=save_timeout, body_ttl=body_ttl,
+            save_backlog_factor=save_backlog_factor, save_timeout=save_timeout, body_ttl=body_ttl,
             bound_refresh_seconds=bound_refresh_seconds,
         )
         self.url = "the in-memory tracker"

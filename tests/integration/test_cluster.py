@@ -43,14 +43,16 @@ def cluster():
 
 @pytest.fixture(params=["one-redis", "cluster"])
 def tracker(request, redis_url):
-    """A tracker of a flushed Redis: a standalone server, or the three-master cluster."""
+    """A tracker of a flushed Redis: a standalone server, or the three-master cluster; twice its
+    workers' slots in scrape messages, so that every shard has a share of them."""
     if request.param == "cluster":
         c = request.getfixturevalue("cluster")
         c.flush()
-        t = RedisTracker.from_url(c.url, cluster=True, bound_refresh_seconds=0)
+        t = RedisTracker.from_url(c.url, cluster=True, bound_refresh_seconds=0,
+                                  dispatch_factor=2)
         t.test_url = c.url
     else:
-        t = RedisTracker.from_url(redis_url, bound_refresh_seconds=0)
+        t = RedisTracker.from_url(redis_url, bound_refresh_seconds=0, dispatch_factor=2)
         t.test_url = redis_url
     return t
 

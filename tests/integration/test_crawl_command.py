@@ -381,7 +381,7 @@ def test_resuming_drops_the_previous_runs_messages_and_puts_its_work_back(tmp_pa
 
     with EmbeddedRedis(state_dir=tmp_path / "state") as server:
         configure_app(crawl_settings(server.url))
-        tracker = RedisTracker.from_url(server.url, bound_refresh_seconds=0)
+        tracker = RedisTracker.from_url(server.url, bound_refresh_seconds=0, dispatch_factor=2)
         previous = tracker.register_worker("old-host", 1, 2)  # a worker of the stopped run
         seeds = [f"http://127.0.0.1:9/{n}" for n in "abc"]
         manager = CrawlManager(tracker, publisher.scrape)

@@ -30,7 +30,7 @@ def finish(t, w, item):
 
 
 def test_pause_resume_cancel(tracker_factory):
-    t = tracker_factory()
+    t = tracker_factory(dispatch_factor=2)  # 2 slots: 4 scrape messages
     w, sent = new_job(t)
     co = t.checkout("j", sent[0], w, max_lost=3)
     assert co.status is LeaseStatus.OK
@@ -58,7 +58,7 @@ def test_pause_resume_cancel(tracker_factory):
 
 
 def test_completion_is_detected_once_and_new_work_reactivates(tracker_factory):
-    t = tracker_factory()
+    t = tracker_factory(dispatch_factor=2)  # 2 slots: 4 scrape messages
     w, sent = new_job(t, ITEMS[:2])
     for item in sent:
         finish(t, w, item)

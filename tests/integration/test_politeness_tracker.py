@@ -13,6 +13,7 @@ from distscrape_celery.tracker import (
     CrawlLimits,
     DomainLimits,
     Fault,
+    InMemoryTracker,
     LeaseStatus,
     RedisTracker,
 )
@@ -20,6 +21,14 @@ from distscrape_celery.tracker.base import WAKE_WHILE_LEASED
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 UNCAPPED = DomainLimits(concurrency=10_000)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def job(t, limits: CrawlLimits, concurrency: int = 2, name: str = "j") -> str:
@@ -61,6 +70,50 @@ def test_domains_take_turns_so_a_big_site_does_not_starve_a_small_one(tracker_fa
         pending += handed_out[-1:]
     # Turns alternate: the small site's 10 items all went out among the next 20, not after 1000.
     assert domain_counts(handed_out) == {"big.invalid": 10, "small.invalid": 10}
+
+
+def test_a_slow_domain_gets_its_turn_ahead_of_faster_ones_that_waited_less_than_its_fetches():
+    """The domain whose leases last longest decides when a crawl ends: while the broker has
+    little room, its turns come as if it had waited its mean lease time longer. A domain with a
+    fetch interval keeps to its slots and gets no head start. (The in-memory tracker runs the
+    Redis scripts; its clock is moved by hand so that the lease times are exact.)"""
+    clock = FakeClock()
+    t = InMemoryTracker(dispatch_factor=1, save_backlog_factor=100, bound_refresh_seconds=0,
+                        clock=clock)
+    w = job(t, CrawlLimits(default=UNCAPPED, overrides={"rated.invalid": DomainLimits(
+        concurrency=10_000, interval=0.001)}), concurrency=1)  # one scrape message at a time
+    assert t.add("j", ["http://blocker.invalid/"]).dispatch == ["http://blocker.invalid/"]
+    # Each domain queues 4 items and fetches its first (leased straight from its queue: the
+    # broker is full), which takes `held` seconds. The fast domain waits longest.
+    order = {}
+    for host, held in (("fast.invalid", 0.0), ("slow.invalid", 1.0), ("rated.invalid", 0.4)):
+        first, *rest = urls(host, 4)
+        order[host] = rest
+        assert t.add("j", [first, *rest]).dispatch == []
+        token = t.checkout("j", first, w, max_lost=1).token
+        clock.now += held + 0.05
+        t.scraped("j", first, token)
+    fast, slow, rated = order["fast.invalid"], order["slow.invalid"], order["rated.invalid"]
+    handed_out = t.checkout("j", "http://blocker.invalid/", w, max_lost=1).dispatch
+    while len(handed_out) < 6:
+        handed_out += t.checkout("j", handed_out[-1], w, max_lost=1).dispatch
+    # fast0 first (waiting longest); then slow's turns come 1 s early, ahead of rated0, which
+    # waited 0.45 s; rated's next turn is 1 ms after its last, without a head start, so fast1
+    # goes first.
+    assert handed_out[:6] == [fast[0], slow[0], slow[1], slow[2], rated[0], fast[1]]
+
+
+def test_a_domain_keeps_its_lease_times_only_while_it_has_work(tracker_factory):
+    """Kept for every domain ever fetched, lease times would grow with a broad crawl's hosts."""
+    t = tracker_factory(dispatch_factor=1)
+    w = job(t, CrawlLimits(default=UNCAPPED), concurrency=2)
+    a0, a1 = urls("a.invalid", 2)
+    assert t.add("j", [a0, a1]).dispatch == [a0, a1]
+    latency = keys.JobKeys("j").latency
+    t.scraped("j", a0, t.checkout("j", a0, w, max_lost=1).token)
+    assert set(t.client.hgetall(latency)) == {"a.invalid"}  # a1 is still in flight
+    t.scraped("j", a1, t.checkout("j", a1, w, max_lost=1).token)
+    assert t.client.hgetall(latency) == {}  # nothing queued or in flight: forgotten
 
 
 def test_in_flight_cap_holds_across_dispatch_and_checkout(tracker_factory):

@@ -56,7 +56,8 @@ end
 return out
 """
     items = [f"http://h{i}.invalid/p?{i}" for i in range(300)] + ["", "x" * 5000, "é"]
-    res = redis_client.eval(probe, 20, *keys.JobKeys("j").item_keys(), *items)
+    res = redis_client.eval(probe, len(keys.JobKeys("j").item_keys()), *keys.JobKeys("j").item_keys(),
+                            *items)
     for n, item in enumerate(items):
         fp, high = res[2 * n], res[2 * n + 1]
         want = expected_fingerprint(item)
@@ -75,7 +76,7 @@ def test_buckets_split_as_the_set_grows_and_dedup_stays_exact(redis_url, redis_c
     assert t.add("j", items).added == n
     pipe = redis_client.pipeline(transaction=False)
     for item in items:  # done: only now is a fingerprint written
-        t._scripts["complete"](keys=keys.JobKeys("j").item_keys(), args=[item, 0, 0, 60],
+        t._scripts["complete"](keys=keys.JobKeys("j").item_keys(), args=[item, "0 0", 0, 60],
                                client=pipe)
     assert pipe.execute() == [[1]] * n
     assert t.add("j", items[::-1]).added == 0  # every one already seen
@@ -159,14 +160,14 @@ def test_live_buckets_split_and_stay_listpacks(redis_url, redis_client):
     # Done, every item leaves its bucket; the empty buckets are gone (Redis deletes an empty hash).
     pipe = redis_client.pipeline(transaction=False)
     for item in items:
-        t._scripts["complete"](keys=k.item_keys(), args=[item, 0, 0, 60], client=pipe)
+        t._scripts["complete"](keys=k.item_keys(), args=[item, "0 0", 0, 60], client=pipe)
     assert pipe.execute() == [[1]] * n
     assert live_buckets(redis_client, "j") == {}
     assert t.add("j", items).added == 0
 
 
 def test_done_items_leave_the_live_hash_and_stay_seen(redis_url, redis_client):
-    t = RedisTracker.from_url(redis_url)
+    t = RedisTracker.from_url(redis_url, dispatch_factor=1)  # both items go out
     t.create_job("j", SPEC)
     w = t.register_worker("h", 1, 4)
     sent = t.add("j", ["http://a.invalid/1", "http://a.invalid/2"]).dispatch

@@ -433,7 +433,7 @@ def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
     of complete's batch form), each with its own answer, dropping each staged body; what
     completing hands out is returned with the item that freed the room; after Redis lost its
     scripts too."""
-    t = tracker_factory(lease_seconds=30, save_timeout=30, dispatch_factor=1)
+    t = tracker_factory(lease_seconds=30, save_timeout=30, dispatch_factor=1, save_backlog_factor=1)
     bodies = body_reader(t)
     w = new_job(t, concurrency=2)
     t.add("j", ["a", "b", "done"])
@@ -637,20 +637,35 @@ def test_defer_save_keeps_the_item_and_counts_nothing(tracker_factory):
     assert t.complete("j", "x").changed
 
 
-def test_pending_saves_count_against_the_dispatch_bound(tracker_factory):
-    t = tracker_factory(dispatch_factor=1)
-    w = new_job(t, concurrency=2)  # bound 2
-    assert t.add("j", ["a", "b", "c", "d"]).dispatch == ["a", "b"]
-    co = t.checkout("j", "a", w, max_lost=LOST)
-    assert co.dispatch == ["c"]  # "a" left the broker
-    assert t.scraped("j", "a", co.token).dispatch == []
-    # "b" leaves the broker too, but the save message of "a" holds the slot.
-    assert t.checkout("j", "b", w, max_lost=LOST).dispatch == []
-    assert t.begin_save("j", "a", co.token, w, max_lost=LOST).dispatch == ["d"]
+def test_pending_saves_hold_dispatch_back_at_a_bound_of_their_own(tracker_factory):
+    """Scrape messages and the pages of save messages have bounds of their own: saves at theirs
+    hold dispatch back even while there is room for scrape messages."""
+    t = tracker_factory(dispatch_factor=1, save_backlog_factor=1)
+    w = new_job(t, concurrency=2)  # 2 scrape messages, 2 pages of saves
+    assert t.add("j", list("abcdef")).dispatch == ["a", "b"]
+    ta = t.checkout("j", "a", w, max_lost=LOST)
+    assert ta.dispatch == ["c"]  # "a" left the broker
+    assert t.scraped("j", "a", ta.token).dispatch == []  # b, c wait: no room for scrapes
+    tb = t.checkout("j", "b", w, max_lost=LOST)
+    assert tb.dispatch == ["d"]  # one save pending is under its bound
+    assert t.scraped("j", "b", tb.token).dispatch == []
+    # "c" leaves the broker, but the two saves pending fill their bound.
+    assert t.checkout("j", "c", w, max_lost=LOST).dispatch == []
+    assert t.begin_save("j", "a", ta.token, w, max_lost=LOST).dispatch == ["e"]
+
+
+def test_scrape_messages_are_a_share_of_the_worker_slots_and_at_least_one(tracker_factory):
+    t = tracker_factory(dispatch_factor=0.25, save_backlog_factor=3)
+    w = new_job(t, concurrency=1)
+    assert (t.dispatch_bound(), t.save_bound()) == (1, 3)
+    assert t.add("j", list("abcdef")).dispatch == ["a"]
+    t.register_worker("h2", 2, 9)
+    assert (t.dispatch_bound(), t.save_bound()) == (3, 30)  # 10 / 4, rounded up
+    assert t.checkout("j", "a", w, max_lost=LOST).dispatch == ["b", "c", "d"]
 
 
 def test_release_gives_back_at_once_without_counting(tracker_factory):
-    t = tracker_factory(dispatch_factor=1)
+    t = tracker_factory(dispatch_factor=1, save_backlog_factor=1)
     w1 = new_job(t, concurrency=3)
     w2 = t.register_worker("h2", 2, 1)
     t.add("j", ["a", "b", "c", "d", "e"])
@@ -677,7 +692,7 @@ def test_release_queues_kept_saves_at_once_and_returns_reserved_ones_to_the_brok
     a save batch they never queued waited the whole save timeout after the worker stopped, as if
     their save messages were coming back from the broker. Only the saves the worker says it had
     reserved wait; a kept one, or one whose token is stale, is queued again at once."""
-    t = tracker_factory(save_timeout=600, dispatch_factor=1)
+    t = tracker_factory(save_timeout=600, dispatch_factor=1, save_backlog_factor=1)
     w = new_job(t, concurrency=4)
     other = t.register_worker("h2", 2, 1)
     t.add("j", ["kept", "claimed", "stale", "theirs"])
@@ -774,7 +789,7 @@ def test_large_batches_are_chunked(tracker_factory):
     new_job(t, concurrency=1)
     n = MAX_ADD_BATCH * 3 + 7
     res = t.add("j", [f"u{i}" for i in range(n)])
-    assert res.added == n and len(res.dispatch) == 2
+    assert res.added == n and len(res.dispatch) == 1  # the default bound: one message at least
     assert t.stats("j").queued == n
 
 
@@ -987,6 +1002,8 @@ def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
         assert t.stats("j").done == len(items)
         dumps.append(job_keys(t.client))
     memory_live, memory, real_live, real = dumps
+    latency = keys.JobKeys("j").latency  # lease times: they differ, their domains do not
+    assert memory.pop(latency)[1].keys() == real.pop(latency)[1].keys() == {"h0.invalid"}
     assert len(real_live) > 1  # the live buckets split
     assert memory_live == real_live
     buckets = [k for k in real if k.startswith(keys.JobKeys("j").seen_buckets)]

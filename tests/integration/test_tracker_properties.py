@@ -21,6 +21,7 @@ the same way.
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
@@ -209,8 +210,15 @@ class TrackerMachine(RuleBasedStateMachine):
     def live(self) -> list[str]:
         return [w for w, (_, alive) in self.workers.items() if alive]
 
+    def slots(self) -> int:
+        return sum(c for c, alive in self.workers.values() if alive)
+
     def bound(self) -> int:
-        return self.factor * sum(c for c, alive in self.workers.values() if alive)
+        """Scrape messages the broker may hold: a share of the slots, at least one."""
+        return max(1, math.ceil(self.factor * self.slots())) if self.slots() else 0
+
+    def save_bound(self) -> int:
+        return self.save_factor * self.slots()
 
     def count(self, states: str) -> int:
         return sum(it.state in states for it in self.items.values())
@@ -259,12 +267,14 @@ class TrackerMachine(RuleBasedStateMachine):
 
     def took(self, dispatch: list[str]) -> None:
         """Check what a call handed out for dispatch: first, backed-off items whose time came are
-        queued again; then exactly enough queued items to fill the broker up to the bound, as
-        far as the domains' caps allow, each once; they become dispatched."""
+        queued again; then exactly enough queued items to fill the broker up to its bound of
+        scrape messages, while the save pages are under theirs, as far as the domains' caps
+        allow, each once; they become dispatched."""
         for it in self.items.values():
             if it.state == "w" and it.expired:
                 it.state, it.expired = "q", False
-        room = min(self.bound() - self.count("d") - self.count("s"), MAX_DISPATCH_BATCH)
+        room = min(self.bound() - self.count("d"), self.save_bound() - self.count("s"),
+                   MAX_DISPATCH_BATCH)
         if self.held():
             room = 0
         able = {d: self.dispatchable(d) for d in DOMAINS}
@@ -329,14 +339,16 @@ class TrackerMachine(RuleBasedStateMachine):
 
     @initialize(
         concurrency=st.lists(st.integers(1, 2), min_size=1, max_size=3),
-        factor=st.integers(1, 2), max_retries=st.integers(0, 2), max_lost=st.integers(0, 2),
+        factor=st.sampled_from([0.25, 0.5, 1, 2]), save_factor=st.integers(1, 2),
+        max_retries=st.integers(0, 2), max_lost=st.integers(0, 2),
         seeds=st.lists(st.sampled_from(UNIVERSE), min_size=1, max_size=6),
         cap=st.integers(1, 3), b_cap=st.integers(1, 3),
         max_pages=st.sampled_from([None, None, 6, 10]), per_domain=st.sampled_from([None, None, 2, 3]),
     )
-    def start(self, concurrency, factor, max_retries, max_lost, seeds, cap, b_cap, max_pages,
-              per_domain):
-        self.factor, self.max_retries, self.max_lost = factor, max_retries, max_lost
+    def start(self, concurrency, factor, save_factor, max_retries, max_lost, seeds, cap, b_cap,
+              max_pages, per_domain):
+        self.factor, self.save_factor = factor, save_factor
+        self.max_retries, self.max_lost = max_retries, max_lost
         self.max_pages, self.per_domain = max_pages, per_domain
         self.caps = {d: cap for d in DOMAINS}
         self.caps.update({"b.invalid": b_cap, SLOW: 2})
@@ -348,18 +360,22 @@ class TrackerMachine(RuleBasedStateMachine):
         )
         if self.redis_url:
             self.t = RedisTracker.from_url(
-                self.redis_url, lease_seconds=LEASE, dispatch_factor=factor, bound_refresh_seconds=0
+                self.redis_url, lease_seconds=LEASE, dispatch_factor=factor,
+                save_backlog_factor=save_factor, bound_refresh_seconds=0,
             )
         else:
             self.t = InMemoryTracker(lease_seconds=LEASE, dispatch_factor=factor,
-                                     bound_refresh_seconds=0, clock=self.clock)
+                                     save_backlog_factor=save_factor, bound_refresh_seconds=0,
+                                     clock=self.clock)
         assert self.t.create_job(JOB, SPEC, limits)
         for c in concurrency:
             self.workers[self.t.register_worker("host", next(self.hosts), c)] = [c, True]
         # The slow domain's two items go out; then its robots.txt asks for an hour between
         # fetches, and the first fetch takes its slot: every later checkout of it is throttled.
-        helper = self.t.register_worker("host", next(self.hosts), 2)
-        self.workers[helper] = [2, True]
+        # The helper's slots let the broker take both at once.
+        helper_slots = max(2, math.ceil(2 / factor))
+        helper = self.t.register_worker("host", next(self.hosts), helper_slots)
+        self.workers[helper] = [helper_slots, True]
         res = self.t.add(JOB, SLOW_ITEMS)
         assert res.added == self.add_model(SLOW_ITEMS, 0)
         self.took(res.dispatch)

@@ -55,6 +55,9 @@ ROUTES = {
 def pipeline_env(redis_url, server, tmp_path, politeness=None, **settings):
     # A save message per page, sent at once, unless a test gathers them (save_batch_size).
     settings.setdefault("save_batch_size", 1)
+    # Room for 8 scrape messages (4 task slots, below): these tests are about what a page hands
+    # out, not about the broker's bound.
+    settings.setdefault("dispatch_factor", 2)
     rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30, **settings))
     rt.tracker.register_worker("test", 1, 4)  # the only live worker: 4 task slots
     spec = build_spec(

@@ -77,14 +77,15 @@ class RedisCore(Tracker):
         client: redis.Redis,
         *,
         lease_seconds: float = 60.0,
-        dispatch_factor: int = 2,
+        dispatch_factor: float = 0.25,
+        save_backlog_factor: int = 2,
         save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
     ) -> None:
         super().__init__(
-            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor, save_timeout=save_timeout,
-            body_ttl=body_ttl,
+            lease_seconds=lease_seconds, dispatch_factor=dispatch_factor,
+            save_backlog_factor=save_backlog_factor, save_timeout=save_timeout, body_ttl=body_ttl,
         )
         self._body_ttl_ms = body_ttl_ms(self.body_ttl)
         if not client.get_connection_kwargs().get("decode_responses"):
@@ -104,13 +105,13 @@ class RedisCore(Tracker):
         self._prune_script = scripts.register(client, "prune_workers")
         self._create_job_script = scripts.register(client, "create_job")
         self._finish_job_script = scripts.register(client, "finish_job")
-        self._bound_refresh = (
+        self._slots_refresh = (
             bound_refresh_seconds
             if bound_refresh_seconds is not None
             else min(max(self.lease_seconds / 4, 0.2), 2.0)
         )
-        self._bound: Optional[int] = None
-        self._bound_at = 0.0
+        self._slots: Optional[int] = None
+        self._slots_at = 0.0
         self._local = threading.local()  # the connection each thread keeps (_thread_connection)
 
     @classmethod
@@ -135,7 +136,8 @@ class RedisCore(Tracker):
         return cls.from_url(
             settings.redis_url, cluster=settings.redis_cluster,
             socket_timeout=settings.redis_socket_timeout, lease_seconds=settings.lease_seconds,
-            dispatch_factor=settings.dispatch_factor, save_timeout=settings.save_timeout,
+            dispatch_factor=settings.dispatch_factor,
+            save_backlog_factor=settings.save_backlog_factor, save_timeout=settings.save_timeout,
             body_ttl=settings.body_ttl,
         )
 

@@ -20,10 +20,10 @@ ITEM_SCRIPTS = (
 )
 # Item scripts with a batch form, NAME_many: what a save batch calls once for all its pages.
 BATCH_SCRIPTS = ("begin_save", "complete")
-# The item keys every item script takes (KEYS[1] to KEYS[20], see _lib.lua).
-ITEM_KEYS = 20
+# The item keys every item script takes (KEYS[1] to KEYS[21], see _lib.lua).
+ITEM_KEYS = 21
 
-# NAME_many: the item keys, then each call's one extra key (KEYS[21] of NAME alone), in order.
+# NAME_many: the item keys, then each call's one extra key (KEYS[22] of NAME alone), in order.
 # ARGV[1]: the calls; ARGV[2]: the arguments of each; then every call's arguments, in order.
 # Each call runs NAME's text as a function whose KEYS and ARGV are that call's own (the
 # library's key names, read from the batch's KEYS, are the same for every call); the reply is

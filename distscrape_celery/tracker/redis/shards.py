@@ -101,7 +101,7 @@ class ShardLayout(RedisCore):
         return keys.shard_of(keys.domain_of(item, id_domain), shards)
 
     def _item_keys(self, job: str, shard: int = 0) -> tuple[str, ...]:
-        # Built once per job and shard: every item call takes them (20 names).
+        # Built once per job and shard: every item call takes them (21 names).
         found = self._key_lists.get((job, shard))
         if found is None:
             found = keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
@@ -150,8 +150,8 @@ class ShardLayout(RedisCore):
         own: it gets an even share of the bound, rounded up so that none is starved (the broker
         may hold up to shards-1 messages over the bound)."""
         shards = self._shards(job)
-        bound = self.dispatch_bound()
-        return [-(-bound // shards), MAX_DISPATCH_BATCH, self.lease_seconds]
+        bound = f"{-(-self.dispatch_bound() // shards)} {-(-self.save_bound() // shards)}"
+        return [bound, MAX_DISPATCH_BATCH, self.lease_seconds]
 
     def _run(self, name: str, job: str, args: Sequence[Any], shard: int = 0) -> Any:
         return self._eval(name, self._item_keys(job, shard), args)

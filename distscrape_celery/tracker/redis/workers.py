@@ -35,9 +35,9 @@ class WorkerCalls(RedisCore):
         total, _live = self._heartbeat_script(
             keys=[keys.HEARTBEATS, keys.WORKER_CONCURRENCY], args=[worker_id, self.lease_seconds]
         )
-        self._bound = int(total) * self.dispatch_factor
-        self._bound_at = time.monotonic()
-        return self._bound
+        self._slots = int(total)
+        self._slots_at = time.monotonic()
+        return self._slots
 
     @converts_redis_errors
     def deregister_worker(self, worker_id: str) -> None:
@@ -80,7 +80,7 @@ class WorkerCalls(RedisCore):
         return out
 
     @converts_redis_errors
-    def dispatch_bound(self) -> int:
-        if self._bound is None or time.monotonic() - self._bound_at > self._bound_refresh:
+    def worker_slots(self) -> int:
+        if self._slots is None or time.monotonic() - self._slots_at > self._slots_refresh:
             return self._beat("")
-        return self._bound
+        return self._slots

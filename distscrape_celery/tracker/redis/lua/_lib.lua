@@ -47,6 +47,8 @@
 --                              Cluster), which the client mirrors into ds:active-jobs
 --   KEYS[20] seen        the prefix of the seen-set buckets: `KEYS[20] .. n` is a set of the
 --                        fingerprints of done items (JobKeys.seen_bucket in keys.py)
+--   KEYS[21] latency     hash  domain -> how long its leases last from checkout to scraped, a
+--                              moving mean in microseconds (its head start, see schedule)
 -- Every deadline is on Redis's clock (TIME), never a worker's, in whole microseconds: Redis
 -- parses, stores and compares an integer score several times faster than a fractional one (a
 -- small sorted set keeps its scores as text and reads each back with strtod on every search).
@@ -58,7 +60,7 @@ local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
 local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
-local K_SEEN = KEYS[20]
+local K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
 
 if redis.call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
@@ -177,12 +179,39 @@ local function limits(dom)
   return l[1], l[2]
 end
 
+-- How much earlier than its waiting time says a domain without a fetch interval gets its turn:
+-- its leases' mean duration, capped. When the task slots are fewer than the domains could use,
+-- the slow domains, which decide when a crawl ends, go first; each still keeps to its cap, and
+-- no domain waits more than the cap longer than it would without head starts.
+local MAX_HEAD_START = 60 * 1000000
+local head_starts = {}
+local function head_start(dom)
+  local h = head_starts[dom]
+  if not h then
+    h = math.min(tonumber(redis.call('HGET', K_LATENCY, dom) or '0'), MAX_HEAD_START)
+    head_starts[dom] = h
+  end
+  return h
+end
+
+-- A lease of `dom` that began at `since` (Redis time) ended now: fold its duration into the
+-- domain's moving mean (a quarter weight to the newest).
+local function record_lease_time(dom, since)
+  local took = redis_now() - since
+  if took < 0 then took = 0 end
+  local mean = tonumber(redis.call('HGET', K_LATENCY, dom) or '')
+  if mean then took = math.floor((3 * mean + took) / 4) end
+  redis.call('HSET', K_LATENCY, dom, took)
+  head_starts[dom] = nil
+end
+
 local function inflight(dom)
   return tonumber(redis.call('HGET', K_INFLIGHT, dom) or '0')
 end
 
 -- `dom` has queued items: list it for dispatch if it has room under its cap (`n` in flight, if
--- the caller knows), keeping a turn it already has; a new turn comes when its fetch slot opens.
+-- the caller knows), keeping a turn it already has; a new turn comes when its fetch slot opens,
+-- or, without an interval, now less its head start.
 local function schedule(dom, n)
   local interval, cap = limits(dom)
   if (n or inflight(dom)) < cap then
@@ -190,6 +219,8 @@ local function schedule(dom, n)
     if interval > 0 then
       local slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0')
       if slot > at then at = slot end
+    else
+      at = at - head_start(dom)
     end
     redis.call('ZADD', K_DOMAINS, 'NX', at, dom)
   end
@@ -198,8 +229,14 @@ end
 -- A d or l item of `dom` left flight: that may open room under the domain's cap.
 local function vacate(dom)
   local n = redis.call('HINCRBY', K_INFLIGHT, dom, -1)
-  if n <= 0 then redis.call('HDEL', K_INFLIGHT, dom) end
-  if redis.call('LLEN', K_QUEUES .. dom) > 0 then schedule(dom, n) end
+  local queued = redis.call('LLEN', K_QUEUES .. dom) > 0
+  if n <= 0 then
+    redis.call('HDEL', K_INFLIGHT, dom)
+    -- An idle domain forgets its lease times: kept for every domain ever fetched, they would
+    -- grow with a broad crawl's millions of hosts.
+    if not queued then redis.call('HDEL', K_LATENCY, dom) end
+  end
+  if queued then schedule(dom, n) end
 end
 
 -- An item of `dom` went into flight (dispatched, or leased straight from its queue).
@@ -502,14 +539,28 @@ local function promote_due(max_batch)
   end
 end
 
--- Move queued items to `dispatched` until the broker holds `bound` messages of this job, scrape
--- and save messages together (at most `max_batch` per call), and return them; the caller
--- publishes one scrape task for each. Domains take turns, those waiting longest first, one item
--- per turn; a domain with an interval gets one turn per interval, and none at its in-flight cap.
+-- How many more scrape messages the broker may take under `bound`, the text
+-- '<scrape messages> <save pages>' that callers pass: the most scrape messages, and the most
+-- pages of save messages (and of saves kept for a batch), of this job (of this shard) the broker
+-- may hold. Saves waiting over their bound hold dispatch back too, so slow saving slows the
+-- scraping rather than filling the broker.
+local function dispatch_room(bound)
+  local scrapes, saves = string.match(bound, '^(%d+) (%d+)$')
+  if not scrapes then error('bad dispatch bound: ' .. bound) end
+  local room = tonumber(scrapes) - redis.call('ZCARD', K_DISPATCHED)
+  local save_room = tonumber(saves) - redis.call('ZCARD', K_PENDING)
+  if save_room < room then room = save_room end
+  return room
+end
+
+-- Move queued items to `dispatched` while dispatch_room(bound) allows (at most `max_batch` per
+-- call), and return them; the caller publishes one scrape task for each. Domains take turns,
+-- those waiting longest first (with their head starts), one item per turn; a domain with an
+-- interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
   promote_due(max_batch)
   if dispatch_held() then return out end
-  local room = bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING)
+  local room = dispatch_room(bound)
   if room > max_batch then room = max_batch end
   if room <= 0 then return out end
   local now = redis_now()
@@ -533,8 +584,10 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
         if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap
             or redis.call('LLEN', K_QUEUES .. dom) == 0 then
           redis.call('ZREM', K_DOMAINS, dom)
-        else
+        elseif interval > 0 then
           redis.call('ZADD', K_DOMAINS, now + interval, dom)
+        else
+          redis.call('ZADD', K_DOMAINS, now - head_start(dom), dom)
         end
       end
     end

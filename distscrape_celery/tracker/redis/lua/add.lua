@@ -2,12 +2,13 @@
 -- up dispatch.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] depth       depth of the new items
--- ARGV[2] bound       most messages of this job the broker may hold
+-- ARGV[2] bound       "<scrape messages> <save pages>": what the broker may hold of this job
+--                     (dispatch_room in _lib.lua)
 -- ARGV[3] max_batch   most items to hand out for dispatch in this call
 -- ARGV[4] lease       seconds before an undelivered dispatch is reclaimed
 -- ARGV[5..] items     the batch (the caller keeps it small: one call is one block of Redis)
 -- Returns {added, dispatch_item...}
 local depth = ARGV[1]
-local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
 local out = {add_items(5, depth)}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

@@ -5,7 +5,7 @@
 -- the dead run's lease must have expired first (a live one means a duplicate delivery).
 -- A stale token changes nothing: the caller may still save (a late save completes the item).
 -- KEYS: the item keys (see _lib.lua), then
--- KEYS[21] body      optional: the body staged for this save (keys.body_key of the token), read
+-- KEYS[22] body      optional: the body staged for this save (keys.body_key of the token), read
 --                    here so the save needs no second round trip
 -- ARGV[1] item
 -- ARGV[2] token      the fencing token the save message carries
@@ -16,11 +16,11 @@
 -- Returns {status, lost, body, created, dispatch_item...}; status is ok|busy|stale|done|dead|
 -- unknown; lost is the item's count of vanished holders; busy: a run of this save holds a live
 -- lease; body is the staged body with ok and stale (whoever saves), false otherwise or when it is
--- gone (or without KEYS[21]); created is the job's creation (_lib.lua). The body is binary: the
+-- gone (or without KEYS[22]); created is the job's creation (_lib.lua). The body is binary: the
 -- caller reads this reply undecoded.
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
 local lease, max_lost = us(ARGV[4]), tonumber(ARGV[5])
-local bound, max_batch = tonumber(ARGV[6]), tonumber(ARGV[7])
+local bound, max_batch = ARGV[6], tonumber(ARGV[7])
 local v = item_value(item)
 if not v then return {'unknown', 0, false, job_created} end
 local state, depth = split_state(v)
@@ -28,7 +28,7 @@ local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')
 if state == 'D' then return {'done', lost, false, job_created} end
 if state == 'X' then return {'dead', lost, false, job_created} end
 local who, held = holder(item)
-local function body() return KEYS[21] and redis.call('GET', KEYS[21]) or false end
+local function body() return KEYS[22] and redis.call('GET', KEYS[22]) or false end
 if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then
   return {'stale', lost, body(), job_created}
 end

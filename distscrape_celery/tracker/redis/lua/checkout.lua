@@ -20,7 +20,7 @@
 -- is how long a throttled item's domain waits for its next fetch slot; created is the job's
 -- creation (_lib.lua)
 local item, worker = ARGV[1], ARGV[2]
-local lease, bound, max_batch = us(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local lease, bound, max_batch = us(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0', job_created} end

@@ -2,15 +2,15 @@
 -- that succeeded late, after the item was handed to another worker, still completes it (the
 -- savers are idempotent, so the other worker's save leaves one copy).
 -- KEYS: the item keys (see _lib.lua), then
--- KEYS[21] body   optional: the body staged for this save, dropped here (whatever the item's
+-- KEYS[22] body   optional: the body staged for this save, dropped here (whatever the item's
 --                 state: the save is over) to spare the saver a round trip
 -- ARGV[1] item
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
-local bound, max_batch, lease = tonumber(ARGV[2]), tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
 local changed = 0
-if KEYS[21] then redis.call('UNLINK', KEYS[21]) end
+if KEYS[22] then redis.call('UNLINK', KEYS[22]) end
 local v = live_get(item)
 if v then
   local state = split_state(v)

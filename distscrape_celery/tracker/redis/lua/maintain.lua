@@ -14,7 +14,7 @@
 -- Returns {reclaimed, dead, wake, finished, dispatch_item...}; finished is 1 for the one call
 -- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
 -- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
-local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), us(ARGV[3])
+local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), us(ARGV[3])
 local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), us(ARGV[6])
 local now = redis_now()
 local reclaimed, died = 0, 0
@@ -75,14 +75,16 @@ if job_state() == 'running' and tonumber(redis.call('HGET', K_STATS, 'seen') or 
 end
 local out = {reclaimed, died, '', finished}
 take_for_dispatch(bound, max_batch, now + lease, out)
-if bound - redis.call('ZCARD', K_DISPATCHED) - redis.call('ZCARD', K_PENDING) > 0 then
-  local wake = nil
+local wake = nil
+if dispatch_room(bound) > 0 then
   for _, zset in ipairs({K_DOMAINS, K_DELAYED}) do
     local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
     if first[2] and (not wake or tonumber(first[2]) < wake) then wake = tonumber(first[2]) end
   end
-  local fetching = redis.call('ZCARD', K_LEASED) + redis.call('ZCARD', K_DISPATCHED) > 0
-  if fetching and (not wake or now + poll < wake) then wake = now + poll end
-  if wake then out[3] = string.format('%.3f', math.max(wake - now, 0) / 1000000) end
 end
+-- With items in flight, look again soon even while the broker is full: a failure may start a
+-- short backoff after the room it frees was filled by the call that freed it.
+local fetching = redis.call('ZCARD', K_LEASED) + redis.call('ZCARD', K_DISPATCHED) > 0
+if fetching and (not wake or now + poll < wake) then wake = now + poll end
+if wake then out[3] = string.format('%.3f', math.max(wake - now, 0) / 1000000) end
 return out

@@ -4,7 +4,7 @@
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4..] items (the caller sends at most one batch)
 -- Returns {requeued, dispatch_item...}
-local bound, max_batch, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), us(ARGV[3])
+local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), us(ARGV[3])
 local n = 0
 for i = 4, #ARGV do
   local item = ARGV[i]

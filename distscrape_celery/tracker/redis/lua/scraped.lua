@@ -5,14 +5,14 @@
 -- a page, and a stale holder stages nothing, so it has nothing to drop.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
 -- KEYS: the item keys (see _lib.lua), then
--- KEYS[21] body         where the body waits (keys.body_key of the token; the token's shard is
+-- KEYS[22] body         where the body waits (keys.body_key of the token; the token's shard is
 --                       the item's, so it shares the slot); absent: the caller staged it itself
 -- ARGV[1] item
 -- ARGV[2] token         the caller's fencing token
 -- ARGV[3] save_timeout  seconds the save message may take to start
 -- ARGV[4] depth         depth of the found items
 -- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
--- ARGV[8] body_ttl     milliseconds the staged body is kept (ignored without KEYS[21])
+-- ARGV[8] body_ttl     milliseconds the staged body is kept (ignored without KEYS[22])
 -- ARGV[9] body         the downloaded body (bytes)
 -- ARGV[10] saver       '' or the id of the calling worker, which saves the item itself at once
 --                       (save_inline): the item turns saving under its lease, as begin_save
@@ -27,8 +27,8 @@
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], us(ARGV[3])
 local depth = ARGV[4]
-local bound, max_batch, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), us(ARGV[7])
-local body_key, body_ttl = KEYS[21], ARGV[8]
+local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), us(ARGV[7])
+local body_key, body_ttl = KEYS[22], ARGV[8]
 local saver, keeper = ARGV[10], ARGV[11]
 local added = add_items(13, depth)
 if tonumber(ARGV[12]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[12]) end
@@ -39,7 +39,12 @@ if v then
   local state, item_depth = split_state(v)
   local who, held = holder(item)
   if state == 'l' and held == token then
-    vacate(domain_of(item))  -- its fetch is over
+    local dom = domain_of(item)
+    -- The lease began lease seconds before its deadline (a heartbeat that extended it makes
+    -- this shorter, which only lessens the domain's head start).
+    local deadline = redis.call('ZSCORE', K_LEASED, item)
+    if deadline then record_lease_time(dom, tonumber(deadline) - lease) end
+    vacate(dom)  -- its fetch is over
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
