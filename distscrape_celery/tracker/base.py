@@ -32,8 +32,8 @@ The values the calls take and return (results, limits, states) are in :mod:`.mod
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import queue
 import threading
 from abc import ABC, abstractmethod

@@ -95,8 +95,9 @@ class InMemoryTracker(RedisTracker):
 
     def __init__(
         self, *, lease_seconds: float = 60.0, dispatch_factor: float = 0.25,
-        save_backlog_factor: int = 2, save_timeout: Optional[float] = None, body_ttl: Optional[float] = None,
-        bound_refresh_seconds: Optional[float] = None, clock: Optional[Clock] = None,
+        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        body_ttl: Optional[float] = None, bound_refresh_seconds: Optional[float] = None,
+        clock: Optional[Clock] = None,
     ) -> None:
         server = fakeredis.FakeServer()
         connection_class = _connection_class(clock)
