@@ -59,8 +59,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from suite import (  # noqa: E402
-    PEERS, ROBOTS, ROOT, Result, Site, crawl_default, crawl_scrapy, crawl_scrapy_redis,
-    crawl_workers, ensure_peers, machine, unwind_on_sigterm, wait_port,
+    BENCH_SETTINGS, PEERS, ROBOTS, ROOT, Result, Site, crawl_default, crawl_scrapy,
+    crawl_scrapy_redis, crawl_workers, ensure_peers, machine, unwind_on_sigterm, wait_port,
 )
 from tests.support.sitegen import generate_site  # noqa: E402  (suite put the root on the path)
 from latency_site import one_port  # noqa: E402
@@ -280,6 +280,9 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(ALL),
                         help=f"some of {','.join(ALL)}; also crawl-N (`distscrape crawl "
                         "--concurrency N`) and workers-cN (the workers with -P threads -c N)")
+    parser.add_argument("--dispatch-factor", type=float,
+                        help="DISTSCRAPE_DISPATCH_FACTOR of our crawlers (default: theirs, 2); "
+                             "0.25 is the broad-crawl setting (docs/architecture.md)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument("--sample", action="store_true",
                         help="for the workers: poll the tracker every 30 ms and add the mean "
@@ -291,6 +294,8 @@ def main() -> int:
     if not 1 <= args.hosts <= 200 or args.pages < 2 or not 0 < args.min_delay <= args.max_delay:
         parser.error("--hosts 1 to 200, --pages at least 2, 0 < --min-delay <= --max-delay")
     args.scrapy_concurrency = args.scrapy_concurrency or args.hosts * POLITENESS
+    if args.dispatch_factor:
+        BENCH_SETTINGS["DISTSCRAPE_DISPATCH_FACTOR"] = str(args.dispatch_factor)
     # What suite.py's crawl helpers read: the peers crawl the whole site.
     args.peer_pages = 0
     if args.profile:

@@ -506,8 +506,14 @@ def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
                            f"90th {lag[int(len(lag) * 0.9)]:.1f}")
 
 
+# Settings a bench sets for every crawler of ours (broad.py's --dispatch-factor); nothing else of
+# the shell's DISTSCRAPE_* reaches a crawl.
+BENCH_SETTINGS: dict[str, str] = {}
+
+
 def clean_env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    return {**env, **BENCH_SETTINGS}
 
 
 # ------------------------------------------------------------------------------------ crawls

@@ -89,14 +89,14 @@ class Settings(BaseModel):
         "lease through heartbeats, so this, not the lease, bounds how long one item may take.",
     )
     dispatch_factor: float = Field(
-        0.25,
+        2.0,
         gt=0,
         le=100,
         description="The broker holds at most this many scrape messages per unit of live worker "
         "concurrency (at least one); the rest of the frontier waits in the tracker. A message "
-        "waiting in the broker holds one of its domain's in-flight slots, and its queue is "
-        "first come, first served, so the fewer wait there, the sooner a slow domain's turn "
-        "comes (docs/performance.md).",
+        "waiting in the broker holds one of its domain's in-flight slots and its queue is first "
+        "come, first served: for a broad crawl of many slow hosts, 0.25 lets the slow hosts go "
+        "first; on CPU-bound workers it costs CPU a page (docs/performance.md).",
     )
     save_backlog_factor: int = Field(
         2,

@@ -94,7 +94,7 @@ class InMemoryTracker(RedisTracker):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 0.25,
+        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 2.0,
         save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None, bound_refresh_seconds: Optional[float] = None,
         clock: Optional[Clock] = None,

@@ -77,7 +77,7 @@ class RedisCore(Tracker):
         client: redis.Redis,
         *,
         lease_seconds: float = 60.0,
-        dispatch_factor: float = 0.25,
+        dispatch_factor: float = 2.0,
         save_backlog_factor: int = 2,
         save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
