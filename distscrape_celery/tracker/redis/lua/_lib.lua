@@ -202,7 +202,7 @@ local function record_lease_time(dom, since)
   local mean = tonumber(redis.call('HGET', K_LATENCY, dom) or '')
   if mean then took = math.floor((3 * mean + took) / 4) end
   redis.call('HSET', K_LATENCY, dom, took)
-  head_starts[dom] = nil
+  head_starts[dom] = math.min(took, MAX_HEAD_START)  -- the vacate that follows reads it
 end
 
 local function inflight(dom)
@@ -234,7 +234,10 @@ local function vacate(dom)
     redis.call('HDEL', K_INFLIGHT, dom)
     -- An idle domain forgets its lease times: kept for every domain ever fetched, they would
     -- grow with a broad crawl's millions of hosts.
-    if not queued then redis.call('HDEL', K_LATENCY, dom) end
+    if not queued then
+      redis.call('HDEL', K_LATENCY, dom)
+      head_starts[dom] = nil
+    end
   end
   if queued then schedule(dom, n) end
 end
