@@ -24,6 +24,7 @@ from .model import (
     SaveBegin,
     SaveStart,
     ScrapedResult,
+    Urgent,
     WorkerInfo,
 )
 
@@ -46,6 +47,5 @@ __all__ = [
     "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",
     "ControlResult", "FailOutcome", "FailResult", "Fault", "JobAction", "JobInfo", "JobState",
     "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart",
-    "ScrapedResult", "Tracker",
-    "WorkerInfo",
+    "ScrapedResult", "Tracker", "Urgent", "WorkerInfo",
 ]

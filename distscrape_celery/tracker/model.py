@@ -95,6 +95,15 @@ class Checkout:
     created: str = ""
 
 
+class Urgent(str):
+    """An item handed out for dispatch whose message goes ahead of those waiting in the broker
+    (where the broker allows it): its domain's fetches take at least twice the job's mean, and
+    while the message waits it holds one of the domain's places under its concurrency cap. It
+    equals, and serializes as, the plain item."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class Dispatchable:
     """Result of a tracker call that may also hand out items to publish as tasks."""

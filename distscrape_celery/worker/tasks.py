@@ -22,6 +22,7 @@ from kombu.utils.uuid import uuid
 from ..core.pipeline import ItemPipeline, left_for_recovery
 from ..core.runtime import current_runtime
 from ..errors import TrackerUnavailable
+from ..tracker.model import Urgent
 from .app import app, current_settings
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
@@ -158,22 +159,25 @@ class _RedisSender:
             body=_ENCODER.encode(encoded),
         )
 
-    def send(self, messages: Sequence[tuple[str, str]]) -> None:
-        """LPUSH the ``(key, message)`` pairs in order, in one round trip: a run of messages to
-        one list is one command, and more than one command go in a pipeline."""
-        runs: list[tuple[str, list[str]]] = []
-        for key, message in messages:
-            if runs and runs[-1][0] == key:
-                runs[-1][1].append(message)
+    def send(self, messages: Sequence[tuple[str, str, bool]]) -> None:
+        """Push the ``(key, message, ahead)`` triples in order, in one round trip: LPUSH, or
+        RPUSH for a message ``ahead`` of those waiting (kombu's consumers pop from the right). A
+        run of messages to one end of one list is one command, and more than one command go in
+        a pipeline."""
+        runs: list[tuple[str, bool, list[str]]] = []
+        for key, message, ahead in messages:
+            if runs and runs[-1][0] == key and runs[-1][1] == ahead:
+                runs[-1][2].append(message)
             else:
-                runs.append((key, [message]))
+                runs.append((key, ahead, [message]))
         with self.channel.conn_or_acquire() as client:
             if len(runs) == 1:
-                client.lpush(runs[0][0], *runs[0][1])
+                key, ahead, run = runs[0]
+                (client.rpush if ahead else client.lpush)(key, *run)
                 return
             with client.pipeline(transaction=False) as pipe:
-                for key, run in runs:
-                    pipe.lpush(key, *run)
+                for key, ahead, run in runs:
+                    (pipe.rpush if ahead else pipe.lpush)(key, *run)
                 pipe.execute()
 
 
@@ -219,7 +223,7 @@ class CeleryPublisher:
         own = self._own()
         try:
             if own.redis is not None:
-                pending: list[tuple[str, str]] = []
+                pending: list[tuple[str, str, bool]] = []
                 local.producer, local.redis, local.pending = own.producer, own.redis, pending
                 try:
                     yield
@@ -269,9 +273,15 @@ class CeleryPublisher:
                 own.producer.connection.close()
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
+        """Queue a scrape task for each of ``items``; on the Redis broker an :class:`Urgent` one
+        goes ahead of the messages waiting (elsewhere, behind them)."""
         with self.batch():
-            self._send(SCRAPE_TASK, current_settings().scrape_queue,
-                       [(job, item) for item in items])
+            queue = current_settings().scrape_queue
+            self._send(SCRAPE_TASK, queue,
+                       [(job, item) for item in items if not isinstance(item, Urgent)])
+            self._send(SCRAPE_TASK, queue,
+                       [(job, str(item)) for item in items if isinstance(item, Urgent)],
+                       ahead=True)
 
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
         with self.batch():
@@ -284,9 +294,11 @@ class CeleryPublisher:
                        [(job, [list(entry) for entry in saves])])
 
     def _send(self, name: str, queue: str, messages: Sequence[tuple],
-              countdown: Optional[float] = None) -> None:
+              countdown: Optional[float] = None, ahead: bool = False) -> None:
         """Publish a message of task ``name`` to ``queue`` for each of the arguments
-        ``messages`` (inside a batch)."""
+        ``messages`` (inside a batch); ``ahead`` of those waiting, where the broker allows it."""
+        if not messages:
+            return
         local, conf = self._local, app.conf
         producer, redis = local.producer, local.redis
         parent_id = root_id = None
@@ -307,7 +319,8 @@ class CeleryPublisher:
                 eta = maybe_make_aware(add_seconds_to_datetime(app.now(), countdown),
                                        tz=app.timezone).isoformat()
             local.pending.extend(
-                (template.key, redis.message(template, args, uuid(), root_id, parent_id, eta))
+                (template.key, redis.message(template, args, uuid(), root_id, parent_id, eta),
+                 ahead)
                 for args in messages)
             return
         for args in messages:

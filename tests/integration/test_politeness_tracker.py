@@ -16,6 +16,7 @@ from distscrape_celery.tracker import (
     InMemoryTracker,
     LeaseStatus,
     RedisTracker,
+    Urgent,
 )
 from distscrape_celery.tracker.base import WAKE_WHILE_LEASED
 
@@ -104,16 +105,61 @@ def test_a_slow_domain_gets_its_turn_ahead_of_faster_ones_that_waited_less_than_
 
 
 def test_a_domain_keeps_its_lease_times_only_while_it_has_work(tracker_factory):
-    """Kept for every domain ever fetched, lease times would grow with a broad crawl's hosts."""
+    """Kept for every domain ever fetched, lease times would grow with a broad crawl's hosts.
+    The job's own mean is one field."""
     t = tracker_factory(dispatch_factor=1)
     w = job(t, CrawlLimits(default=UNCAPPED), concurrency=2)
     a0, a1 = urls("a.invalid", 2)
     assert t.add("j", [a0, a1]).dispatch == [a0, a1]
     latency = keys.JobKeys("j").latency
     t.scraped("j", a0, t.checkout("j", a0, w, max_lost=1).token)
-    assert set(t.client.hgetall(latency)) == {"a.invalid"}  # a1 is still in flight
+    assert set(t.client.hgetall(latency)) == {"a.invalid", "/job"}  # a1 is still in flight
     t.scraped("j", a1, t.checkout("j", a1, w, max_lost=1).token)
-    assert t.client.hgetall(latency) == {}  # nothing queued or in flight: forgotten
+    assert set(t.client.hgetall(latency)) == {"/job"}  # nothing queued or in flight: forgotten
+
+
+def test_a_slow_domains_items_go_ahead_of_the_broker_queue(tracker_factory):
+    """While a message waits in the broker it holds one of its domain's places under the cap:
+    an item of a domain whose leases take at least twice the job's mean comes out Urgent (its
+    message goes ahead of those waiting). Not before any lease time is known, never for a fast
+    domain, nor for one with a fetch interval, which keeps to its slots."""
+    t = tracker_factory(dispatch_factor=1, save_backlog_factor=100)
+    w = job(t, CrawlLimits(default=UNCAPPED, overrides={"rated.invalid": DomainLimits(
+        concurrency=10_000, interval=0.001)}), concurrency=3)  # three scrape messages at a time
+    fast, slow, rated = urls("fast.invalid", 6), urls("slow.invalid", 4), urls("rated.invalid", 4)
+    first = t.add("j", [*fast, *slow, *rated]).dispatch
+    assert first == [fast[0], rated[0], slow[0]]
+    assert not any(isinstance(x, Urgent) for x in first)
+    tokens, handed = {}, []
+    for x in first:
+        co = t.checkout("j", x, w, max_lost=1)
+        tokens[x] = co.token
+        handed += co.dispatch
+    handed += t.scraped("j", fast[0], tokens[fast[0]]).dispatch  # a few ms: the job's mean
+    assert handed and not any(isinstance(x, Urgent) for x in handed)
+    time.sleep(0.3)  # slow and rated leases last 0.3 s, 100 times the fast one's
+    early, handed = handed, []
+    for x in (slow[0], rated[0]):
+        handed += t.scraped("j", x, tokens[x]).dispatch
+
+    def fetch(x: str) -> list[str]:
+        co = t.checkout("j", x, w, max_lost=1)
+        return co.dispatch + t.scraped("j", x, co.token).dispatch
+
+    for x in early:  # handed out before: their messages are out already
+        handed += fetch(x)
+    seen = {*first, *early}
+    deadline = time.monotonic() + 10
+    while seen != {*fast, *slow, *rated} and time.monotonic() < deadline:
+        if not handed:  # rated's next fetch slot was not open yet
+            handed = list(t.maintain("j", max_lost=1).dispatch)
+            continue
+        x = handed.pop(0)
+        seen.add(x)
+        assert isinstance(x, Urgent) == (keys.domain_of(x) == "slow.invalid"), x
+        handed += fetch(x)
+    assert seen == {*fast, *slow, *rated}
+    assert any(keys.domain_of(x) == "slow.invalid" for x in seen - {*first, *early})
 
 
 def test_in_flight_cap_holds_across_dispatch_and_checkout(tracker_factory):

@@ -7,8 +7,9 @@ import redis.connection
 
 from tests.support.crawl import crawl_settings
 
+from distscrape_celery.tracker import Urgent
 from distscrape_celery.worker.app import configure_app
-from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE
+from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE, SCRAPE_TASK
 from distscrape_celery.worker.tasks import publisher
 
 
@@ -81,6 +82,23 @@ def _decoded(raw: bytes) -> dict:
     assert message["properties"]["body_encoding"] == "base64"  # kombu's Redis transport
     message["body"] = json.loads(base64.b64decode(message["body"]))
     return message
+
+
+def test_an_urgent_scrape_message_goes_ahead_of_those_waiting(redis_url, redis_client):
+    """kombu's consumers take from the right end of a queue's list: an Urgent item's message is
+    pushed there, so the next free worker takes it before every message that waited; the others
+    keep their order, and the message is the one a plain item gets."""
+    configure_app(crawl_settings(redis_url))
+    redis_client.delete(SCRAPE_QUEUE)
+    publisher.scrape("j", ["a", "b"])
+    with publisher.batch():
+        publisher.scrape("j", ["c", Urgent("slow-1"), "d", Urgent("slow-2")])
+    taken = []
+    while (raw := redis_client.rpop(SCRAPE_QUEUE)) is not None:
+        message = _decoded(raw)
+        taken.append(message["body"][0][1])
+        assert type(message["body"][0][1]) is str and message["headers"]["task"] == SCRAPE_TASK
+    assert taken == ["slow-2", "slow-1", "a", "b", "c", "d"]
 
 
 @pytest.mark.parametrize("delay", [0, 30])

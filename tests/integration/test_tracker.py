@@ -1003,7 +1003,7 @@ def test_in_memory_tracker_writes_the_keys_a_real_redis_gets(redis_url):
         dumps.append(job_keys(t.client))
     memory_live, memory, real_live, real = dumps
     latency = keys.JobKeys("j").latency  # lease times: they differ, their domains do not
-    assert memory.pop(latency)[1].keys() == real.pop(latency)[1].keys() == {"h0.invalid"}
+    assert memory.pop(latency)[1].keys() == real.pop(latency)[1].keys() == {"h0.invalid", "/job"}
     assert len(real_live) > 1  # the live buckets split
     assert memory_live == real_live
     buckets = [k for k in real if k.startswith(keys.JobKeys("j").seen_buckets)]

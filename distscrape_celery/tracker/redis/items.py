@@ -26,6 +26,7 @@ from ..model import (
     ScrapedResult,
 )
 from .connection import converts_redis_errors
+from .scripts import dispatched
 from .shards import ShardLayout, chunks
 
 
@@ -64,7 +65,7 @@ class ItemCalls(ShardLayout):
         added, dispatch, grew = 0, [], set()
         for (s, _), res in zip(calls, results):
             added += int(res[0])
-            dispatch.extend(res[1:])
+            dispatch.extend(dispatched(res[1:]))
             if int(res[0]):
                 grew.add(s)
         if grew:
@@ -77,7 +78,7 @@ class ItemCalls(ShardLayout):
         res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
-            token=int(res[3]), wait=float(res[4]), created=res[5], dispatch=list(res[6:]),
+            token=int(res[3]), wait=float(res[4]), created=res[5], dispatch=dispatched(res[6:]),
         )
 
     @converts_redis_errors
@@ -112,7 +113,7 @@ class ItemCalls(ShardLayout):
         if int(res[1]):
             self._mirror_active(job, [home])
         return ScrapedResult(
-            dispatch=dispatch + list(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
+            dispatch=dispatch + dispatched(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
         )
 
     @converts_redis_errors
@@ -125,7 +126,7 @@ class ItemCalls(ShardLayout):
             [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
              max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
         )
-        return FailResult(dispatch=list(res[1:]), outcome=FailOutcome(res[0]))
+        return FailResult(dispatch=dispatched(res[1:]), outcome=FailOutcome(res[0]))
 
     @converts_redis_errors
     def extend(
@@ -157,7 +158,7 @@ class ItemCalls(ShardLayout):
                 [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
             )
             reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
-            dispatch.extend(res[4:])
+            dispatch.extend(dispatched(res[4:]))
             if res[2] and (wake is None or float(res[2]) < wake):
                 wake = float(res[2])
             finished = finished or bool(res[3])

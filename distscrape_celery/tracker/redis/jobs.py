@@ -16,6 +16,7 @@ from ..model import (
     ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
 )
 from .connection import converts_redis_errors
+from .scripts import dispatched
 from .shards import DELETE_BATCH, SHARDS_FIELD, ShardLayout, shard_policy
 
 
@@ -110,7 +111,7 @@ class JobCalls(ShardLayout):
         if shards == 1:
             res = self._run("control", job, [JobAction(action).value, *self._top_up_args(job)])
             before, after = JobState(res[0]), JobState(res[1])
-            dispatch = list(res[2:])
+            dispatch = dispatched(res[2:])
         else:
             before = self.job_info(job).state
             if before is JobState.FINISHED and action != JobAction.RESUME:
@@ -121,7 +122,7 @@ class JobCalls(ShardLayout):
                     keys=self._item_keys(job, s),
                     args=[JobAction(action).value, *self._top_up_args(job), 1],
                 )
-                dispatch.extend(res[2:])
+                dispatch.extend(dispatched(res[2:]))
             after = self.job_info(job).state
         if self._routed(shards):
             if action == JobAction.CANCEL:
@@ -266,7 +267,7 @@ class JobCalls(ShardLayout):
         res = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
         if int(res[0]):
             self._mirror_active(job, [shard])
-        return n + int(res[0]), dispatch + list(res[1:])
+        return n + int(res[0]), dispatch + dispatched(res[1:])
 
     @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:

@@ -10,6 +10,7 @@ from .. import keys
 from ..base import MAX_ADD_BATCH
 from ..model import CompleteResult, SaveBegin, SaveStart
 from .connection import UNDECODED, converts_redis_errors
+from .scripts import dispatched
 from .shards import ShardLayout
 
 
@@ -34,7 +35,7 @@ class SaveCalls(ShardLayout):
 
     @staticmethod
     def _begin_reply(res: list[Any]) -> SaveBegin:
-        return SaveBegin(dispatch=[x.decode() for x in res[4:]], status=SaveStart(res[0].decode()),
+        return SaveBegin(dispatch=dispatched(res[4:]), status=SaveStart(res[0].decode()),
                          lost=int(res[1]), body=res[2], created=res[3].decode())
 
     @converts_redis_errors
@@ -109,7 +110,7 @@ class SaveCalls(ShardLayout):
         for places in self._places_by_shard(job, saves):
             calls = [self._complete_call(job, *saves[i])[:2] for i in places]
             for i, res in zip(places, self._run_batch("complete", calls)):
-                out[i] = CompleteResult(dispatch=[x.decode() for x in res[1:]],
+                out[i] = CompleteResult(dispatch=dispatched(res[1:]),
                                         changed=bool(res[0]))
         return out
 
@@ -120,7 +121,7 @@ class SaveCalls(ShardLayout):
         if token is not None and not body_keys:
             # A token of another shard (none can hold the item): its body is dropped on its own.
             self.client.unlink(keys.body_key(job, token))
-        return CompleteResult(dispatch=list(res[1:]), changed=bool(res[0]))
+        return CompleteResult(dispatch=dispatched(res[1:]), changed=bool(res[0]))
 
     @converts_redis_errors
     def unclaimed_saves(self, job: str, age: float, limit: int = MAX_ADD_BATCH) -> list[tuple[str, int]]:

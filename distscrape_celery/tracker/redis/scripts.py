@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from collections.abc import Iterable
 from typing import Any
 
 from redis.commands.core import Script
+
+from ..model import Urgent
 
 # The scripts on a job's items: each runs on one shard's keys and raises NOJOB for a missing job.
 ITEM_SCRIPTS = (
@@ -68,3 +71,16 @@ def register(client: Any, name: str) -> Script:
     """Script ``name`` for ``client``. Nothing is sent to Redis: the script is loaded on its
     first call, and again if Redis lost it."""
     return client.register_script(source(name))
+
+
+def dispatched(entries: Iterable[Any]) -> list[str]:
+    """The items a script handed out for dispatch (the tail of its reply), str or bytes: an item
+    to go ahead of the broker's queue comes as a one-item array and becomes :class:`Urgent`."""
+    out: list[str] = []
+    for entry in entries:
+        if isinstance(entry, list):
+            item = entry[0]
+            out.append(Urgent(item.decode() if isinstance(item, bytes) else item))
+        else:
+            out.append(entry.decode() if isinstance(entry, bytes) else entry)
+    return out

@@ -48,7 +48,9 @@
 --   KEYS[20] seen        the prefix of the seen-set buckets: `KEYS[20] .. n` is a set of the
 --                        fingerprints of done items (JobKeys.seen_bucket in keys.py)
 --   KEYS[21] latency     hash  domain -> how long its leases last from checkout to scraped, a
---                              moving mean in microseconds (its head start, see schedule)
+--                              moving mean in microseconds (its head start, see schedule);
+--                              field '/job': the same over all the job's domains (no domain
+--                              holds a '/')
 -- Every deadline is on Redis's clock (TIME), never a worker's, in whole microseconds: Redis
 -- parses, stores and compares an integer score several times faster than a fractional one (a
 -- small sorted set keeps its scores as text and reads each back with strtod on every search).
@@ -194,15 +196,38 @@ local function head_start(dom)
   return h
 end
 
+local JOB_LATENCY = '/job'
+local job_latency = nil
+local function job_mean()
+  if not job_latency then
+    job_latency = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '0')
+  end
+  return job_latency
+end
+
 -- A lease of `dom` that began at `since` (Redis time) ended now: fold its duration into the
--- domain's moving mean (a quarter weight to the newest).
+-- domain's moving mean (a quarter weight to the newest) and into the job's (a 32nd: it follows
+-- the mix of domains being fetched, not one page).
 local function record_lease_time(dom, since)
   local took = redis_now() - since
   if took < 0 then took = 0 end
-  local mean = tonumber(redis.call('HGET', K_LATENCY, dom) or '')
+  local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
+  local mean, all = tonumber(m[1] or ''), tonumber(m[2] or '')
+  all = all and math.floor((31 * all + took) / 32) or took
   if mean then took = math.floor((3 * mean + took) / 4) end
-  redis.call('HSET', K_LATENCY, dom, took)
+  redis.call('HSET', K_LATENCY, dom, took, JOB_LATENCY, all)
   head_starts[dom] = math.min(took, MAX_HEAD_START)  -- the vacate that follows reads it
+  job_latency = all
+end
+
+-- Whether an item of `dom` (a domain without a fetch interval) goes to the head of the broker's
+-- queue: while its message waits there it holds one of the domain's few places under its cap,
+-- and a domain whose leases take at least twice the job's mean is one that decides when a crawl
+-- ends. The job's mean rises as slow domains take more of the task slots, so they cannot keep
+-- all of them.
+local function goes_first(dom)
+  local all = job_mean()
+  return all > 0 and head_start(dom) >= 2 * all
 end
 
 local function inflight(dom)
@@ -557,7 +582,8 @@ local function dispatch_room(bound)
 end
 
 -- Move queued items to `dispatched` while dispatch_room(bound) allows (at most `max_batch` per
--- call), and return them; the caller publishes one scrape task for each. Domains take turns,
+-- call), and return them; the caller publishes one scrape task for each, ahead of the broker's
+-- queue for an item returned as a one-item table (goes_first). Domains take turns,
 -- those waiting longest first (with their head starts), one item per turn; a domain with an
 -- interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
@@ -580,10 +606,11 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
       else
         live_set(item, 'd', depth)
         redis.call('ZADD', K_DISPATCHED, deadline, item)
-        out[#out + 1] = item
+        local interval, cap = limits(dom)
+        -- The caller publishes an item that comes wrapped in a table ahead of the others.
+        out[#out + 1] = (interval == 0 and goes_first(dom)) and {item} or item
         taken = taken + 1
         room = room - 1
-        local interval, cap = limits(dom)
         if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap
             or redis.call('LLEN', K_QUEUES .. dom) == 0 then
           redis.call('ZREM', K_DOMAINS, dom)
