@@ -281,8 +281,7 @@ def main() -> int:
                         help=f"some of {','.join(ALL)}; also crawl-N (`distscrape crawl "
                         "--concurrency N`) and workers-cN (the workers with -P threads -c N)")
     parser.add_argument("--dispatch-factor", type=float,
-                        help="DISTSCRAPE_DISPATCH_FACTOR of our crawlers (default: theirs, 2); "
-                             "0.25 is the broad-crawl setting (docs/architecture.md)")
+                        help="DISTSCRAPE_DISPATCH_FACTOR of our crawlers (default: theirs, 2)")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument("--sample", action="store_true",
                         help="for the workers: poll the tracker every 30 ms and add the mean "

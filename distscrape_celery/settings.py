@@ -93,10 +93,9 @@ class Settings(BaseModel):
         gt=0,
         le=100,
         description="The broker holds at most this many scrape messages per unit of live worker "
-        "concurrency (at least one); the rest of the frontier waits in the tracker. A message "
-        "waiting in the broker holds one of its domain's in-flight slots and its queue is first "
-        "come, first served: for a broad crawl of many slow hosts, 0.25 lets the slow hosts go "
-        "first; on CPU-bound workers it costs CPU a page (docs/performance.md).",
+        "concurrency (at least one); the rest of the frontier waits in the tracker. Fewer "
+        "leave worker threads idle more often; more keep more of the frontier in the broker "
+        "(docs/architecture.md, 'The broker stays bounded').",
     )
     save_backlog_factor: int = Field(
         2,
