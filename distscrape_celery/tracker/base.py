@@ -159,9 +159,10 @@ class Tracker(ABC):
     """Central authority for a crawl: hands out worker IDs, leases items, deduplicates new items.
 
     Every method is atomic. Item methods that free a dispatch slot also return items to publish
-    as tasks (``.dispatch``); the caller must publish each of them once. The broker then holds at
-    most ``dispatch_factor`` x the live workers' concurrency scrape messages per job (at least
-    one), and ``save_backlog_factor`` x that concurrency pages of save messages.
+    as tasks (``.dispatch``); the caller must publish each of them once, a
+    :class:`~.model.Urgent` one ahead of the messages waiting where the broker allows it. The
+    broker then holds at most ``dispatch_factor`` x the live workers' concurrency scrape messages
+    per job (at least one), and ``save_backlog_factor`` x that concurrency pages of save messages.
     """
 
     def __init__(

@@ -222,9 +222,8 @@ end
 
 -- Whether an item of `dom` (a domain without a fetch interval) goes to the head of the broker's
 -- queue: while its message waits there it holds one of the domain's few places under its cap,
--- and a domain whose leases take at least twice the job's mean is one that decides when a crawl
--- ends. The job's mean rises as slow domains take more of the task slots, so they cannot keep
--- all of them.
+-- and the domains with the longest leases are the ones that decide when a crawl ends. The job's
+-- mean rises as slow domains take more of the task slots, so they cannot keep all of them.
 local function goes_first(dom)
   local all = job_mean()
   return all > 0 and head_start(dom) >= 2 * all
