@@ -85,19 +85,32 @@ def _decoded(raw: bytes) -> dict:
 
 
 def test_an_urgent_scrape_message_goes_ahead_of_those_waiting(redis_url, redis_client):
-    """kombu's consumers take from the right end of a queue's list: an Urgent item's message is
-    pushed there, so the next free worker takes it before every message that waited; the others
-    keep their order, and the message is the one a plain item gets."""
+    """An Urgent item's message goes to the end of the queue's list that kombu's consumers take
+    from, so the next free worker takes it before every message that waited; the others keep
+    their order, and the message is the one a plain item gets. Taken here by a kombu consumer on
+    the worker's own app and path (BRPOP), so a kombu that took from the other end fails it."""
+    from kombu import Consumer
+
+    from distscrape_celery.worker.app import app
+
     configure_app(crawl_settings(redis_url))
     redis_client.delete(SCRAPE_QUEUE)
     publisher.scrape("j", ["a", "b"])
     with publisher.batch():
         publisher.scrape("j", ["c", Urgent("slow-1"), "d", Urgent("slow-2")])
     taken = []
-    while (raw := redis_client.rpop(SCRAPE_QUEUE)) is not None:
-        message = _decoded(raw)
-        taken.append(message["body"][0][1])
-        assert type(message["body"][0][1]) is str and message["headers"]["task"] == SCRAPE_TASK
+
+    def on_message(body, message):
+        assert message.headers["task"] == SCRAPE_TASK
+        taken.append(body[0][1])
+        message.ack()
+
+    with app.connection_for_read() as conn:
+        with Consumer(conn, queues=[app.amqp.queues[SCRAPE_QUEUE]], callbacks=[on_message],
+                      accept=["json"]) as consumer:
+            consumer.qos(prefetch_count=1)
+            while len(taken) < 6:
+                conn.drain_events(timeout=5)
     assert taken == ["slow-2", "slow-1", "a", "b", "c", "d"]
 
 
