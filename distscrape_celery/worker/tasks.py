@@ -277,6 +277,9 @@ class CeleryPublisher:
         goes ahead of the messages waiting (elsewhere, behind them)."""
         with self.batch():
             queue = current_settings().scrape_queue
+            if self._local.redis is None:  # no head of the queue there: in the order given
+                self._send(SCRAPE_TASK, queue, [(job, str(item)) for item in items])
+                return
             self._send(SCRAPE_TASK, queue,
                        [(job, item) for item in items if not isinstance(item, Urgent)])
             self._send(SCRAPE_TASK, queue,

@@ -107,6 +107,31 @@ def test_a_killed_workers_message_is_redelivered_at_once(amqp_settings, workers,
         assert len(saved_files(out)) == 1
 
 
+def test_an_urgent_item_is_sent_in_line_on_rabbitmq(amqp_settings):
+    """RabbitMQ has no head of the queue for a message: an Urgent item's message is published
+    like any other, in the order given, and none is lost."""
+    from kombu import Consumer
+
+    from distscrape_celery.tracker import Urgent
+    from distscrape_celery.worker.app import app
+
+    configure_app(amqp_settings)
+    with publisher.batch():
+        publisher.scrape("j", ["a", Urgent("slow"), "b"])
+    taken = []
+
+    def on_message(body, message):
+        taken.append(body[0][1])
+        message.ack()
+
+    with app.connection_for_read() as conn:
+        with Consumer(conn, queues=[app.amqp.queues[amqp_settings.scrape_queue]],
+                      callbacks=[on_message], accept=["json"]):
+            while len(taken) < 3:
+                conn.drain_events(timeout=5)
+    assert taken == ["a", "slow", "b"]
+
+
 def test_the_queue_prefix_names_queues_and_exchanges():
     from distscrape_celery.worker.app import celery_config
     from distscrape_celery.worker.names import SAVE_TASK, SCRAPE_TASK
