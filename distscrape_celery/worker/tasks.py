@@ -274,7 +274,7 @@ class CeleryPublisher:
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
         """Queue a scrape task for each of ``items``; on the Redis broker an :class:`Urgent` one
-        goes ahead of the messages waiting (elsewhere, behind them)."""
+        goes ahead of the messages waiting (elsewhere all go in the order given)."""
         with self.batch():
             queue = current_settings().scrape_queue
             if self._local.redis is None:  # no head of the queue there: in the order given

@@ -126,7 +126,7 @@ def test_a_slow_domains_items_go_ahead_of_the_broker_queue(tracker_factory):
     t = tracker_factory(dispatch_factor=1, save_backlog_factor=100)
     w = job(t, CrawlLimits(default=UNCAPPED, overrides={"rated.invalid": DomainLimits(
         concurrency=10_000, interval=0.001)}), concurrency=3)  # three scrape messages at a time
-    fast, slow, rated = urls("fast.invalid", 6), urls("slow.invalid", 4), urls("rated.invalid", 4)
+    fast, slow, rated = urls("fast.invalid", 5), urls("slow.invalid", 4), urls("rated.invalid", 4)
     first = t.add("j", [*fast, *slow, *rated]).dispatch
     assert first == [fast[0], rated[0], slow[0]]
     assert not any(isinstance(x, Urgent) for x in first)
@@ -137,7 +137,9 @@ def test_a_slow_domains_items_go_ahead_of_the_broker_queue(tracker_factory):
         handed += co.dispatch
     handed += t.scraped("j", fast[0], tokens[fast[0]]).dispatch  # a few ms: the job's mean
     assert handed and not any(isinstance(x, Urgent) for x in handed)
-    time.sleep(0.3)  # slow and rated leases last 0.3 s, 100 times the fast one's
+    # Slow and rated leases last 1 s, hundreds of times the fast ones: a fast lease would have to
+    # stall some 0.35 s on a loaded machine to make its domain's mean twice the job's.
+    time.sleep(1.0)
     early, handed = handed, []
     for x in (slow[0], rated[0]):
         handed += t.scraped("j", x, tokens[x]).dispatch
