@@ -277,14 +277,12 @@ class CeleryPublisher:
         goes ahead of the messages waiting (elsewhere all go in the order given)."""
         with self.batch():
             queue = current_settings().scrape_queue
-            if self._local.redis is None:  # no head of the queue there: in the order given
-                self._send(SCRAPE_TASK, queue, [(job, str(item)) for item in items])
-                return
-            self._send(SCRAPE_TASK, queue,
-                       [(job, item) for item in items if not isinstance(item, Urgent)])
-            self._send(SCRAPE_TASK, queue,
-                       [(job, str(item)) for item in items if isinstance(item, Urgent)],
-                       ahead=True)
+            # Only kombu's Redis transport has a head of the queue: elsewhere the order given.
+            ahead = ([item for item in items if isinstance(item, Urgent)]
+                     if self._local.redis is not None else [])
+            in_line = [item for item in items if not isinstance(item, Urgent)] if ahead else items
+            self._send(SCRAPE_TASK, queue, [(job, item) for item in in_line])
+            self._send(SCRAPE_TASK, queue, [(job, item) for item in ahead], ahead=True)
 
     def save(self, job: str, item: str, token: int, meta: dict, delay: float = 0) -> None:
         with self.batch():

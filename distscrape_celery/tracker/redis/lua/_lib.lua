@@ -186,23 +186,18 @@ end
 -- the slow domains, which decide when a crawl ends, go first; each still keeps to its cap, and
 -- no domain waits more than the cap longer than it would without head starts.
 local MAX_HEAD_START = 60 * 1000000
-local head_starts = {}
+local JOB_LATENCY = '/job'
+-- Read once a call: each domain's head start, and the job's mean lease time with the first.
+local head_starts, job_latency = {}, nil
 local function head_start(dom)
   local h = head_starts[dom]
   if not h then
-    h = math.min(tonumber(redis.call('HGET', K_LATENCY, dom) or '0'), MAX_HEAD_START)
+    local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
+    h = math.min(tonumber(m[1] or '0'), MAX_HEAD_START)
     head_starts[dom] = h
+    if not job_latency then job_latency = tonumber(m[2] or '0') end
   end
   return h
-end
-
-local JOB_LATENCY = '/job'
-local job_latency = nil
-local function job_mean()
-  if not job_latency then
-    job_latency = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '0')
-  end
-  return job_latency
 end
 
 -- A lease of `dom` that began at `since` (Redis time) ended now: fold its duration into the
@@ -225,8 +220,11 @@ end
 -- and the domains with the longest leases are the ones that decide when a crawl ends. The job's
 -- mean rises as slow domains take more of the task slots, so they cannot keep all of them.
 local function goes_first(dom)
-  local all = job_mean()
-  return all > 0 and head_start(dom) >= 2 * all
+  local h = head_start(dom)
+  if not job_latency then  -- the domain's head start was known already this call
+    job_latency = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '0')
+  end
+  return job_latency > 0 and h >= 2 * job_latency
 end
 
 local function inflight(dom)
