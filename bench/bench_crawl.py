@@ -269,6 +269,8 @@ class MonitorCounter:
         cmd = cmd.lower()
         if cmd == "evalsha" and arg is not None:
             return f"evalsha {self.sha_names.get(arg, arg[:8])}"
+        if cmd == "fcall" and arg is not None:  # the function library: distscrape_<hash>_NAME
+            return f"fcall {arg[len('distscrape_') + 17:]}"
         return cmd
 
     def _line(self, line: bytes) -> None:
@@ -368,17 +370,13 @@ def own_redis_addresses(port: int) -> set[str]:
 
 def script_names() -> dict[str, str]:
     """SHA1 -> name of the tracker's Lua scripts, to label EVALSHA calls."""
-    out: dict[str, str] = {}
-    try:  # private helpers of RedisTracker: without them EVALSHA calls show a SHA prefix
-        from distscrape_celery.tracker import redis as rt
+    try:  # an older checkout's scripts module: its EVALSHA calls show a SHA prefix
+        from distscrape_celery.tracker.redis import scripts
 
-        lib = rt._read_lua("_lib")
-        for name in rt._ITEM_SCRIPTS:
-            out[hashlib.sha1((lib + "\n" + rt._read_lua(name)).encode()).hexdigest()] = name
-        out[hashlib.sha1(rt._read_lua("heartbeat").encode()).hexdigest()] = "heartbeat"
-    except Exception:
-        pass
-    return out
+        names = (*scripts.item_script_names(), "heartbeat")
+    except (ImportError, AttributeError):
+        return {}
+    return {hashlib.sha1(scripts.source(name).encode()).hexdigest(): name for name in names}
 
 
 # ---------------------------------------------------------------------------------- one crawl

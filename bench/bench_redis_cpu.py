@@ -15,7 +15,7 @@ and microseconds of each command. A command a Lua script runs is counted on its 
 its time is in the script's ``evalsha`` too.
 
 ``--trace`` also logs every command (SLOWLOG at threshold 0, drained every 0.25 s), to split
-``evalsha`` by tracker script (each script's SHA1 computed from the package's ``lua/`` files) and
+``evalsha`` and ``fcall`` by tracker script (each script's SHA1 computed from the package's ``lua/`` files) and
 the rest by what it is: the broker's queues, its unacked bookkeeping, event and remote-control
 ``PUBLISH``, the tracker's plain commands. The log costs Redis CPU of its own (about a tenth):
 compare Redis CPU between crawls traced alike only.
@@ -101,6 +101,8 @@ def classifier(shas: dict[bytes, str]):
         if cmd in (b"evalsha", b"eval"):
             script = shas.get(key.lower(), f"? {key[:8].decode(errors='replace')}")
             return f"tracker script: {script}"
+        if cmd == b"fcall":  # the function library: distscrape_<hash>_NAME
+            return f"tracker script: {key.decode(errors='replace')[len('distscrape_') + 17:]}"
         if cmd in PROBE_COMMANDS:
             return f"bench: {name}"
         if cmd == b"brpop":

@@ -1,6 +1,7 @@
 """Tracker throughput: operations per second and Redis CPU per operation, one client.
 
-    python bench/bench_tracker_ops.py [--urls 50000] [--pages 10000] [--code PATH]
+    python bench/bench_tracker_ops.py [--urls 50000] [--pages 10000] [--code PATH] [--scripts]
+        [--callgrind]
 
 Starts a throwaway Redis and creates a job with default settings. Then:
 
@@ -15,15 +16,26 @@ and prints, for each, items per second (wall, one client: round trips included) 
 per item (INFO cpu, used_cpu_user + used_cpu_sys, of the embedded server only); for the cycle
 also the client's own CPU per page (this process: redis-py and the tracker's Python). ``--code``
 imports distscrape_celery from another checkout (e.g. /work/main) to measure before and after in
-one session; run both while the machine's load is the same and compare ratios.
+one session; run both while the machine's load is the same and compare ratios. ``--scripts``
+runs the item scripts with EVALSHA on a Redis that has functions (the form Redis 6.2 and a
+cluster get). ``--callgrind`` also counts the instructions Redis runs a page in the cycle
+(valgrind): the same count however busy the machine is.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+
+def callgrind_control(option: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
 
 
 def redis_cpu(client) -> float:
@@ -41,6 +53,12 @@ def main() -> int:
     parser.add_argument("--body", type=int, default=6000, help="bytes of each staged body")
     parser.add_argument("--code", default=str(Path(__file__).resolve().parent.parent),
                         help="the checkout whose distscrape_celery to measure")
+    parser.add_argument("--scripts", action="store_true",
+                        help="run the item scripts with EVALSHA where Redis has functions too")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="run Redis under valgrind's callgrind and also print the instructions "
+                             "it runs a page in the cycle: a count that a busy machine does not "
+                             "change, unlike CPU time (slow: try --urls 2000 --pages 500)")
     args = parser.parse_args()
     sys.path.insert(0, args.code)
     import redis
@@ -56,9 +74,18 @@ def main() -> int:
     def url(n: int) -> str:
         return f"http://n{n % 1000}.example.invalid/2026/11/22/s-{n % 97}/article-{n:09d}.html"
 
-    with EmbeddedRedis() as server:
+    tmp = tempfile.mkdtemp(prefix="bench-ops-")
+    embedded = EmbeddedRedis()
+    if args.callgrind:
+        # The server runs in valgrind, exec'd in the place of a wrapper: the same PID.
+        wrapper = Path(tmp, "redis-server")
+        wrapper.write_text(f"#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file="
+                           f"{tmp}/callgrind.out {shlex.quote(embedded.binary)} \"$@\"\n")
+        wrapper.chmod(0o755)
+        embedded = EmbeddedRedis(binary=str(wrapper), startup_timeout=120)
+    with embedded as server:
         client = redis.Redis.from_url(server.url)
-        t = RedisTracker.from_url(server.url)
+        t = RedisTracker.from_url(server.url, **({"functions": False} if args.scripts else {}))
         spec = JobSpec.model_validate({"seeds": [url(0)]})
         t.create_job("ops", spec.to_json(), spec.crawl_limits())
         cpu, started = redis_cpu(client), time.monotonic()
@@ -72,6 +99,8 @@ def main() -> int:
         w = t.register_worker("bench", 0, 8)
         todo = list(t.add("ops", []).dispatch)
         client.config_resetstat()
+        if args.callgrind:
+            callgrind_control("-z", server.pid)  # count from here
         cpu, started, pages = redis_cpu(client), time.monotonic(), 0
         own = time.process_time()
         while pages < args.pages and todo:
@@ -99,6 +128,11 @@ def main() -> int:
             pages += 1
         cycle_own = time.process_time() - own
         cycle_wall, cycle_cpu = time.monotonic() - started, redis_cpu(client) - cpu
+        if args.callgrind:
+            callgrind_control("-d", server.pid)
+            dumps = sorted(Path(tmp).glob("callgrind.out.*"), key=lambda p: p.stat().st_mtime)
+            match = re.search(r"^summary: (\d+)", dumps[-1].read_text(), re.M)
+            instructions = int(match.group(1)) if match else 0
         commands = client.info("commandstats")
         assert t.stats("ops").done == pages == args.pages, (t.stats("ops"), pages)
 
@@ -108,8 +142,11 @@ def main() -> int:
     print(f"cycle: {pages / cycle_wall:,.0f} pages/s ({trips} round trips, body {args.body} B), "
           f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page, client CPU {cycle_own / pages * 1e6:.1f} "
           f"us/page")
+    if args.callgrind:
+        print(f"cycle: {instructions / pages:,.0f} Redis instructions a page (callgrind; "
+              "redis-server's own counts under valgrind)")
     if args.commands:
-        print("cycle, per page: command, calls, us (Redis's own timing; evalsha includes the "
+        print("cycle, per page: command, calls, us (Redis's own timing; evalsha and fcall include the "
               "calls it makes)")
         rows = sorted(commands.items(), key=lambda kv: -kv[1]["usec"])
         for name, c in rows:

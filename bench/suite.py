@@ -244,7 +244,7 @@ class Result:
     cpu: float = 0.0  # seconds, crawler processes, Redis excluded
     redis_cmds: float = 0.0
     redis_reads: float = 0.0  # requests Redis read from clients: round trips
-    redis_scripts: float = 0.0  # Lua script calls (EVALSHA, EVAL)
+    redis_scripts: float = 0.0  # Lua script calls (EVALSHA, EVAL, FCALL)
     redis_cpu: float = 0.0
     redis_probe: Optional[RedisProbe] = None  # the probe behind the three Redis figures
     site_cpu: float = 0.0  # seconds, the site's server, over the whole crawl
@@ -300,7 +300,7 @@ class RedisProbe:
                      "cpu": info["used_cpu_user"] + info["used_cpu_sys"],
                      "reads": info.get("total_reads_processed", 0),
                      "scripts": sum(info.get(f"cmdstat_{c}", {}).get("calls", 0)
-                                    for c in ("evalsha", "eval")),
+                                    for c in ("evalsha", "eval", "fcall")),
                      # INFO commandstats: calls and microseconds of each command (those a script
                      # runs counted on their own, and in the script's time too).
                      "commands": {k[len("cmdstat_"):]: (v["calls"], v["usec"])

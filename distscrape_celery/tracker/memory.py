@@ -110,7 +110,7 @@ class InMemoryTracker(RedisTracker):
         super().__init__(
             text, lease_seconds=lease_seconds, dispatch_factor=dispatch_factor,
             save_backlog_factor=save_backlog_factor, save_timeout=save_timeout, body_ttl=body_ttl,
-            bound_refresh_seconds=bound_refresh_seconds,
+            bound_refresh_seconds=bound_refresh_seconds, functions=False,
         )
         self.url = "the in-memory tracker"
         _prepare_lua(server, text)

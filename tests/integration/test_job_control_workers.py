@@ -18,6 +18,7 @@ from tests.support.cli import run
 
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.tracker import JobAction, JobState, RedisTracker
+from distscrape_celery.tracker.redis import scripts
 
 PAGES = 30
 
@@ -64,14 +65,16 @@ def settled(tracker, job):
 
 def maintain_calls(redis_url, tracker, seconds: float) -> dict[str, int]:
     """How many maintain script calls each job got during ``seconds`` (Redis MONITOR)."""
-    sha = tracker._scripts["maintain"].sha
+    # The script by its SHA1, or the library's function (Redis 7 and later).
+    calls = (f"EVALSHA {tracker._scripts['maintain'].sha}",
+             f"FCALL {scripts.library().functions['maintain']}")
     counts: dict[str, int] = {}
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     with client.monitor() as m:
         end = time.monotonic() + seconds
         for cmd in m.listen():
             text = cmd["command"]
-            if text.startswith(f"EVALSHA {sha}"):
+            if text.startswith(calls):
                 job = text.split("ds:{", 1)[1].split("}", 1)[0]
                 counts[job] = counts.get(job, 0) + 1
             if time.monotonic() > end:

@@ -8,13 +8,13 @@ test_tracker.py for both trackers; these tests look at the Redis layout itself.
 from __future__ import annotations
 
 import hashlib
-from importlib import resources
 
 import pytest
 
 from distscrape_celery.tracker import keys
 from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
+from distscrape_celery.tracker.redis.scripts import with_library
 from tests.support.tracker_state import live_items
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
@@ -42,8 +42,7 @@ def expected_fingerprint(item: str) -> int:
 def test_fingerprints_are_canonical_int64_and_parse_back(redis_url, redis_client):
     t = RedisTracker.from_url(redis_url)
     t.create_job("j", SPEC)
-    lib = resources.files("distscrape_celery.tracker.redis").joinpath("lua", "_lib.lua").read_text()
-    probe = lib + """
+    probe = with_library("""
 local out = {}
 for i = 1, #ARGV do
   local fp, a = fingerprint(ARGV[i])
@@ -54,7 +53,7 @@ for _, m in ipairs({'7', '123456789', '1000000000', '8589934591999999999'}) do
   out[#out + 1] = string.format('%.0f', fingerprint_high(m))
 end
 return out
-"""
+""")
     items = [f"http://h{i}.invalid/p?{i}" for i in range(300)] + ["", "x" * 5000, "é"]
     res = redis_client.eval(probe, len(keys.JobKeys("j").item_keys()), *keys.JobKeys("j").item_keys(),
                             *items)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from distscrape_celery.tracker import keys
-from distscrape_celery.tracker.redis.scripts import read_lua
+from distscrape_celery.tracker.redis.scripts import with_library
 
 # KEYS: the item keys (see _lib.lua)
 # ARGV[1] mode    'all': every live item; 'one': the state of the items ARGV[2..]
@@ -57,7 +57,7 @@ end
 return out
 """
 
-SOURCE = read_lua("_lib") + "\n" + _BODY
+SOURCE = with_library(_BODY)
 
 
 def _text(v: Any) -> Any:

@@ -4,7 +4,7 @@ RedisTracker is made of one class per kind of call, each built on the state they
 
 * :mod:`.connection`: :class:`~.connection.RedisCore`, the client, its scripts and running them
   on each thread's own connection, with redis-py's errors turned into the tracker's;
-* :mod:`.scripts`: the Lua scripts in ``lua/``, read once;
+* :mod:`.scripts`: the Lua scripts in ``lua/``, read once, and their function library;
 * :mod:`.shards`: which shard holds an item, the active-jobs mirror, finishing sharded jobs;
 * :mod:`.workers`, :mod:`.jobs`, :mod:`.items`, :mod:`.saves`: the calls of the
   :class:`~distscrape_celery.tracker.base.Tracker` contract on each.
@@ -16,8 +16,6 @@ from .connection import connect
 from .items import ItemCalls
 from .jobs import JobCalls
 from .saves import SaveCalls
-# bench/bench_crawl.py labels EVALSHA calls with these.
-from .scripts import ITEM_SCRIPTS as _ITEM_SCRIPTS, read_lua as _read_lua  # noqa: F401
 from .shards import shard_policy
 from .workers import WorkerCalls
 

@@ -2,13 +2,15 @@
 
 Every call of the tracker enters through :func:`converts_redis_errors`, which turns redis-py's
 errors into the tracker's. Item scripts run on a connection each thread keeps
-(:meth:`RedisCore._eval`); the other modules of this package add the calls of the
+(:meth:`RedisCore._eval`), from the function library where Redis takes it (scripts.py); the
+other modules of this package add the calls of the
 :class:`~distscrape_celery.tracker.base.Tracker` contract on top of :class:`RedisCore`.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -31,8 +33,16 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T", bound="RedisCore")
 
+log = logging.getLogger(__name__)
+
 # execute_command's option for a reply read as bytes (bodies are binary).
 UNDECODED = {NEVER_DECODE: []}
+
+
+def _function_missing(exc: Exception) -> bool:
+    """Whether ``exc`` is Redis's answer to an FCALL of a function it does not have (it was
+    restarted without persistence, or its functions were flushed)."""
+    return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
 
 
 def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
@@ -82,6 +92,7 @@ class RedisCore(Tracker):
         save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
+        functions: Optional[bool] = None,
     ) -> None:
         super().__init__(
             lease_seconds=lease_seconds, dispatch_factor=dispatch_factor,
@@ -98,8 +109,11 @@ class RedisCore(Tracker):
         # job -> (shards, id_domain): both fixed when the job is created.
         self._layouts: dict[str, tuple[int, str]] = {}
         self._key_lists: dict[tuple[str, int], tuple[str, ...]] = {}
-        self._scripts = {name: scripts.register(client, name) for name in (
-            *scripts.ITEM_SCRIPTS, *(f"{n}_many" for n in scripts.BATCH_SCRIPTS))}
+        self._scripts = {name: scripts.register(client, name)
+                         for name in scripts.item_script_names()}
+        # Whether the item scripts run from the function library: None until the first call
+        # finds out (FUNCTION LOAD); a cluster runs scripts, each on the node of its keys.
+        self._functions = False if self.cluster else functions
         self._heartbeat_script = scripts.register(client, "heartbeat")
         self._deregister_script = scripts.register(client, "deregister")
         self._prune_script = scripts.register(client, "prune_workers")
@@ -148,22 +162,32 @@ class RedisCore(Tracker):
     def _eval(
         self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
     ) -> Any:
-        """Run item script ``name``, as ``Script.__call__`` would; ``undecoded``: its reply as
-        bytes, whatever the client decodes. On one Redis, on a connection this thread keeps:
-        taking a connection from redis-py's pool and going through its command layers cost about
-        as much client CPU as the round trip itself (28 of 72 us for a checkout), and a page
-        makes two of these calls. A cluster client routes the call by slot."""
+        """Run item script ``name``; ``undecoded``: its reply as bytes, whatever the client
+        decodes. On one Redis, on a connection this thread keeps: taking a connection from
+        redis-py's pool and going through its command layers cost about as much client CPU as
+        the round trip itself (28 of 72 us for a checkout), and a page makes two of these calls.
+        A cluster client routes the call by slot. A script or library that Redis lost (restarted,
+        flushed) is loaded again."""
+        library = self._library()
+        if library is not None:
+            command = ("FCALL", library.functions[name], len(script_keys), *script_keys, *args)
+            try:
+                return self._send(command, undecoded)
+            except redis.ResponseError as exc:
+                if not _function_missing(exc):
+                    raise
+                self._load_library()
+                return self._send(command, undecoded)
         script = self._scripts[name]
         try:
-            return self._send_script(script.sha, script_keys, args, undecoded)
-        except NoScriptError:  # a restarted or flushed Redis: load it again, as Script does
+            return self._send(("EVALSHA", script.sha, len(script_keys), *script_keys, *args),
+                              undecoded)
+        except NoScriptError:
             script.sha = self.client.script_load(script.script)
-            return self._send_script(script.sha, script_keys, args, undecoded)
+            return self._send(("EVALSHA", script.sha, len(script_keys), *script_keys, *args),
+                              undecoded)
 
-    def _send_script(
-        self, sha: str, script_keys: Sequence[str], args: Sequence[Any], undecoded: bool
-    ) -> Any:
-        command = ("EVALSHA", sha, len(script_keys), *script_keys, *args)
+    def _send(self, command: tuple[Any, ...], undecoded: bool) -> Any:
         if self.cluster:
             return self.client.execute_command(*command, **(UNDECODED if undecoded else {}))
         conn = self._thread_connection()
@@ -171,6 +195,51 @@ class RedisCore(Tracker):
         # its late reply is never read as the next call's.
         conn.send_command(*command)
         return conn.read_response(disable_decoding=undecoded)
+
+    def _eval_pipelined(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run item script ``name`` once for each (keys, args) of ``calls`` in one round trip
+        (one Redis, not a cluster: a cluster pipeline does not load missing scripts); the
+        replies, in order. A call that found the library missing runs again on its own."""
+        library = self._library()
+        pipe = self.client.pipeline(transaction=False)
+        for script_keys, args in calls:
+            if library is not None:
+                pipe.execute_command(
+                    "FCALL", library.functions[name], len(script_keys), *script_keys, *args)
+            else:
+                self._scripts[name](keys=script_keys, args=args, client=pipe)
+        replies = pipe.execute(raise_on_error=False)
+        for i, reply in enumerate(replies):
+            if _function_missing(reply):
+                replies[i] = self._eval(name, *calls[i])
+            elif isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _library(self) -> Optional[scripts.Library]:
+        """The function library the item scripts run from; None: they run as scripts."""
+        if self._functions is None:
+            self._functions = self._load_library(required=False)
+        return scripts.library() if self._functions else None
+
+    def _load_library(self, *, required: bool = True) -> bool:
+        """Load the item scripts' function library (it may be there already); whether Redis
+        has it. Unless ``required``, a Redis that refuses it (6.2 has no functions; an ACL or a
+        proxy may forbid FUNCTION) is no error: the item scripts then run as scripts."""
+        library = scripts.library()
+        try:
+            self.client.function_load(library.code)
+        except redis.ResponseError as exc:
+            if "already exists" in str(exc):
+                return True
+            if required:
+                raise
+            log.info("Redis at %s refused the function library (%s): the tracker runs its "
+                     "item scripts with EVALSHA", self.url, exc)
+            return False
+        return True
 
     def _thread_connection(self) -> "redis.connection.AbstractConnection":
         """This thread's own connection, checked as redis-py's pool checks one it hands out: a

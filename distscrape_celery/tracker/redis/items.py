@@ -57,11 +57,8 @@ class ItemCalls(ShardLayout):
             results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
                        for s, chunk in calls]
         else:
-            pipe = self.client.pipeline(transaction=False)
-            for s, chunk in calls:
-                self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk],
-                                     client=pipe)
-            results = pipe.execute()
+            results = self._eval_pipelined("add", [
+                (self._item_keys(job, s), [depth, *top_up, *chunk]) for s, chunk in calls])
         added, dispatch, grew = 0, [], set()
         for (s, _), res in zip(calls, results):
             added += int(res[0])

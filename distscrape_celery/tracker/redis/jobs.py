@@ -118,10 +118,8 @@ class JobCalls(ShardLayout):
                 raise JobStateError(f"job {job!r}: the job is finished")
             dispatch = []
             for s in range(shards):  # shard 0 first: it speaks for the job (job_info)
-                res = self._scripts["control"](
-                    keys=self._item_keys(job, s),
-                    args=[JobAction(action).value, *self._top_up_args(job), 1],
-                )
+                res = self._eval("control", self._item_keys(job, s),
+                                 [JobAction(action).value, *self._top_up_args(job), 1])
                 dispatch.extend(dispatched(res[2:]))
             after = self.job_info(job).state
         if self._routed(shards):

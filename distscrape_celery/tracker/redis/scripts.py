@@ -1,13 +1,23 @@
 """The tracker's Lua scripts (``lua/``), read from the package once per process.
 
-An item script is ``_lib.lua`` followed by its own file; the others stand alone. A batch script
-(``NAME_many``, for NAME in BATCH_SCRIPTS) runs NAME's own file once per item of a batch, in one
-call: built here from that same file, so the protocol has one text.
+An item script is ``_lib.lua``, then ``_begin.lua`` (the call's keys, the job checked), then its
+own file; the others stand alone. A batch script (``NAME_many``, for NAME in BATCH_SCRIPTS) runs
+NAME's file as a function once per item of a batch, in one call. Redis runs the item scripts in
+one of two forms of the same text:
+
+- a **function library** (Redis 7 and later): the library and every item script are loaded once
+  with FUNCTION LOAD and called with FCALL, so a call does not build the library's ~50 closures
+  and tables again; its name carries a hash of its text, so two versions of distscrape can share
+  a Redis;
+- a **script** per item script (EVALSHA), the library first: for Redis 6.2, a Redis Cluster, a
+  server that refuses FUNCTION LOAD, and the in-memory tracker.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+from dataclasses import dataclass
 from importlib import resources
 from collections.abc import Iterable
 from typing import Any
@@ -26,27 +36,6 @@ BATCH_SCRIPTS = ("begin_save", "complete")
 # The item keys every item script takes (KEYS[1] to KEYS[21], see _lib.lua).
 ITEM_KEYS = 21
 
-# NAME_many: the item keys, then each call's one extra key (KEYS[22] of NAME alone), in order.
-# ARGV[1]: the calls; ARGV[2]: the arguments of each; then every call's arguments, in order.
-# Each call runs NAME's text as a function whose KEYS and ARGV are that call's own (the
-# library's key names, read from the batch's KEYS, are the same for every call); the reply is
-# the list of their replies. The library's checks (the job exists, its format) run once.
-_BATCH = """
-local function one(KEYS, ARGV)
-%s
-end
-local calls, width = tonumber(ARGV[1]), tonumber(ARGV[2])
-local call_keys, replies = {}, {}
-for k = 1, %d do call_keys[k] = KEYS[k] end
-for i = 1, calls do
-  call_keys[%d] = KEYS[%d + i]
-  local args, base = {}, 2 + (i - 1) * width
-  for j = 1, width do args[j] = ARGV[base + j] end
-  replies[i] = one(call_keys, args)
-end
-return replies
-"""
-
 
 @functools.cache
 def read_lua(name: str) -> str:
@@ -54,17 +43,70 @@ def read_lua(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
+def _run_function(name: str) -> str:
+    """Item script ``name``'s file as the Lua function ``run_<name>`` of KEYS and ARGV."""
+    return f"local function run_{name}(KEYS, ARGV)\n{read_lua(name)}\nend\n"
+
+
+def item_script_names() -> tuple[str, ...]:
+    """Every item script, the batch forms included."""
+    return (*ITEM_SCRIPTS, *(f"{n}_many" for n in BATCH_SCRIPTS))
+
+
+def with_library(text: str) -> str:
+    """EVAL text that runs ``text`` as an item script's file: at the top level, after the
+    library and its checks, with KEYS and ARGV."""
+    return read_lua("_lib") + "\n" + read_lua("_begin") + "\n" + text
+
+
 def source(name: str) -> str:
-    """The text Redis runs for script ``name`` (an item script with the library first; a
-    ``NAME_many`` batch script built from NAME's file)."""
-    if name.endswith("_many") and name[:-len("_many")] in BATCH_SCRIPTS:
-        body = read_lua(name[:-len("_many")])
-        return (read_lua("_lib") + "\n"
-                + _BATCH % (body, ITEM_KEYS, ITEM_KEYS + 1, ITEM_KEYS))
-    text = read_lua(name)
-    if name in ITEM_SCRIPTS:
-        text = read_lua("_lib") + "\n" + text
-    return text
+    """The text Redis runs for script ``name`` with EVAL (an item script with the library
+    first; a ``NAME_many`` batch script built from NAME's file)."""
+    if name not in item_script_names():
+        return read_lua(name)
+    if name.endswith("_many"):
+        base = name[:-len("_many")]
+        return with_library(_run_function(base) + f"return batch(run_{base})(KEYS, ARGV)\n")
+    return with_library(read_lua(name))
+
+
+# The functions of the library: begin, each script's run function, and what registers them.
+_ENTRIES = """
+local function begin(KEYS)
+%s
+end
+local function item_script(run)
+  return function(keys, args)
+    local err = begin(keys)
+    if err then return err end
+    return run(keys, args)
+  end
+end
+"""
+
+
+@dataclass(frozen=True)
+class Library:
+    """The item scripts as one Redis function library: ``code`` for FUNCTION LOAD, and the
+    function that runs each item script (``functions[name]``, for FCALL)."""
+
+    name: str
+    code: str
+    functions: dict[str, str]
+
+
+@functools.cache
+def library() -> Library:
+    """The function library of this version's item scripts."""
+    body = (read_lua("_lib") + _ENTRIES % read_lua("_begin")
+            + "".join(_run_function(n) for n in ITEM_SCRIPTS))
+    name = "distscrape_" + hashlib.sha1(body.encode()).hexdigest()[:16]
+    functions = {n: f"{name}_{n}" for n in item_script_names()}
+    registers = "".join(
+        f"redis.register_function('{functions[n]}', item_script("
+        + (f"batch(run_{n[:-len('_many')]})" if n.endswith("_many") else f"run_{n}") + "))\n"
+        for n in item_script_names())
+    return Library(name, f"#!lua name={name}\n{body}{registers}", functions)
 
 
 def register(client: Any, name: str) -> Script:

@@ -1,4 +1,5 @@
--- Shared by every item script (prepended to each). The item scripts all take the same KEYS:
+-- Shared by every item script: a script runs this text, then _begin.lua, then its own file, with
+-- the call's KEYS and ARGV (scripts.py). The item scripts all take the same KEYS:
 --   KEYS[1]  items       the prefix of the live-item buckets: `KEYS[1] .. n` is a hash of the live
 --                        items' fingerprints -> state and depth (see "live items" below;
 --                        JobKeys.item_bucket in keys.py). The states:
@@ -57,29 +58,26 @@
 -- Callers pass durations in seconds; us() converts them. Lua's doubles hold these integers
 -- exactly (2^53 microseconds is some 285 years).
 
-local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
-local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
-local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
-local K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
-
-if redis.call('EXISTS', K_SPEC) == 0 then
-  return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
-end
--- The job's state is read with its format, once a call (every call's dispatch top-up asks for it):
+-- A script's state lives in the locals below, which _begin.lua sets at the start of every call.
+-- In a Redis function library (Redis 7 and later, see scripts.py) this text runs once, when the
+-- library is loaded, and its locals outlive the call: nothing a call cached may be read by the
+-- next one, so every cache is declared here and set anew there.
+local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED
+local K_OWNERS, K_STATS, K_FAILS, K_DEAD
+local K_PENDING, K_LOST, K_SPEC
+local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN
+local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE
+local K_SEEN, K_LATENCY
+-- The job's state, read with its format once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
-local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created')
-if control[1] ~= '4' then
-  return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
-    'are kept another way); export what you need, delete it and seed it again')
-end
-local job_state_now = control[2] or 'running'
+local job_state_now
 -- Which creation of the job this is (create_job.lua): checkout and begin_save hand it to the
 -- worker, whose components built from an earlier job of the same name must not be used.
-local job_created = control[3] or ''
+local job_created
+-- The call's caches (begin).
+local now_cache, id_domain, limits_cache, head_starts, job_latency, fingerprints
+local seen, live, seen_count, STATE_SET
 
-local now_cache = nil
 -- Redis's clock in whole microseconds.
 local function redis_now()
   if not now_cache then
@@ -153,7 +151,6 @@ end
 
 -- -- domains ----------------------------------------------------------------------------------
 
-local id_domain = nil
 -- The domain `item` is fetched from: its URL's host[:port], lower case, user info dropped; or the
 -- job's id_domain for an item that is not a URL (keys.domain_of is the same rule in Python).
 local function domain_of(item)
@@ -165,7 +162,6 @@ local function domain_of(item)
   return string.lower((string.gsub(authority, '^.*@', '')))
 end
 
-local limits_cache = {}
 -- The domain's least microseconds between two fetch starts, and its in-flight cap.
 local function limits(dom)
   local l = limits_cache[dom]
@@ -187,8 +183,8 @@ end
 -- no domain waits more than the cap longer than it would without head starts.
 local MAX_HEAD_START = 60 * 1000000
 local JOB_LATENCY = '/job'
--- Read once a call: each domain's head start, and the job's mean lease time with the first.
-local head_starts, job_latency = {}, nil
+-- Read once a call (head_starts, job_latency): each domain's head start, and the job's mean
+-- lease time with the first.
 local function head_start(dom)
   local h = head_starts[dom]
   if not h then
@@ -288,7 +284,6 @@ end
 -- seen-set bucket. Two items with one fingerprint are one item to the job: the second is never
 -- fetched (about n / 8.6e18 for each new item when n are known).
 local TWO_33 = 8589934592
-local fingerprints = {}  -- item -> {fingerprint, high part}, computed once per call
 
 -- The fingerprint of `item` (a decimal string: a * 10^9 + b, a < 2^33, b < 10^9, so it fits an
 -- int64) and its high part a. Lua numbers are doubles (exact to 2^53), so the two parts are kept
@@ -368,9 +363,6 @@ end
 -- member, while a bucket holds at most set-max-intset-entries, 512 by default). A fingerprint is
 -- written when its item is done. Level and split pointer: stats fl and fs; size: fn.
 local SEEN_FILL = 160
-local seen = bucketed(K_SEEN, 'fl', 'fs')
-local live = bucketed(K_ITEMS, 'il', 'is')  -- the live items (below)
-local seen_count = nil
 
 -- The geometry of both bucketed sets and the seen set's size, read in one HMGET once a call
 -- (an item is looked up in both, or finished from one to the other).
@@ -494,9 +486,10 @@ local function item_value(item)
   return nil
 end
 
--- Queue the new items among ARGV[first..] at `depth`, deduplicated, within the job's max_pages
--- and max_pages_per_domain (an item over a limit is dropped, not remembered). Returns how many.
-local function add_items(first, depth)
+-- Queue the new items among args[first..] (a script's ARGV) at `depth`, deduplicated, within the
+-- job's max_pages and max_pages_per_domain (an item over a limit is dropped, not remembered).
+-- Returns how many.
+local function add_items(args, first, depth)
   local p = redis.call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
   local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
   local room = math.huge
@@ -504,9 +497,9 @@ local function add_items(first, depth)
   -- The new items' names are written a slice at a time (one RPUSH per domain).
   local added, new_of, doms = 0, {}, {}
   local value = pack('q', depth)
-  for i = first, #ARGV do
+  for i = first, #args do
     if added >= room then break end
-    local item = ARGV[i]
+    local item = args[i]
     local dom = domain_of(item)
     if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
       -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
@@ -625,7 +618,6 @@ end
 
 -- The deadline set that holds an item in each state (a live item's name is kept only where its
 -- state puts it, see KEYS[1] above), and the states whose items have a holder in owners.
-local STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
 local HELD = {l = true, s = true, S = true}
 
 -- Take `item` (in `state`) out of the in-flight or delayed set its state puts it in, and forget
@@ -699,4 +691,27 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
   end
   give_up(item, state, depth, reason)
   return 'dead'
+end
+
+-- -- batches ----------------------------------------------------------------------------------
+
+-- The batch form of `run` (NAME_many): KEYS are the item keys, then each call's one extra key
+-- (KEYS[22] of NAME alone), in order; ARGV[1] the calls, ARGV[2] the arguments of each, then
+-- every call's arguments, in order. Each call runs with KEYS and ARGV of its own (the job's key
+-- names, set by _begin.lua from the batch's KEYS, are the same for every call); the reply is the
+-- list of their replies. _begin.lua's checks run once.
+local ITEM_KEYS = 21
+local function batch(run)
+  return function(keys, args)
+    local calls, width = tonumber(args[1]), tonumber(args[2])
+    local call_keys, replies = {}, {}
+    for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
+    for i = 1, calls do
+      call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]
+      local call_args, base = {}, 2 + (i - 1) * width
+      for j = 1, width do call_args[j] = args[base + j] end
+      replies[i] = run(call_keys, call_args)
+    end
+    return replies
+  end
 end

@@ -10,5 +10,5 @@
 -- Returns {added, dispatch_item...}
 local depth = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
-local out = {add_items(5, depth)}
+local out = {add_items(ARGV, 5, depth)}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

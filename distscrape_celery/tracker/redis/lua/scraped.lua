@@ -30,7 +30,7 @@ local depth = ARGV[4]
 local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), us(ARGV[7])
 local body_key, body_ttl = KEYS[22], ARGV[8]
 local saver, keeper = ARGV[10], ARGV[11]
-local added = add_items(13, depth)
+local added = add_items(ARGV, 13, depth)
 if tonumber(ARGV[12]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[12]) end
 local now = redis_now()
 local status = 'stale'

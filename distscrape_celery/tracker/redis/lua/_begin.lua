@@ -1,0 +1,25 @@
+-- The start of every item script call, after _lib.lua: the job's key names from the call's KEYS,
+-- the caches of _lib.lua emptied, the job checked (it returns an error reply if the job is
+-- missing or of another layout). In a script (EVAL) this runs at the top level; in the function
+-- library it is the body of begin(KEYS), called first by every function (scripts.py).
+K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
+K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
+K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
+now_cache, id_domain, job_latency, seen_count = nil, nil, nil, nil
+-- fingerprints: item -> {fingerprint, high part}, computed once a call.
+limits_cache, head_starts, fingerprints = {}, {}, {}
+seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')
+STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
+if redis.call('EXISTS', K_SPEC) == 0 then
+  return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
+end
+local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created')
+if control[1] ~= '4' then
+  return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
+    'are kept another way); export what you need, delete it and seed it again')
+end
+job_state_now = control[2] or 'running'
+job_created = control[3] or ''

