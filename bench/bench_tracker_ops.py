@@ -79,7 +79,7 @@ def main() -> int:
     if args.callgrind:
         # The server runs in valgrind, exec'd in the place of a wrapper: the same PID.
         wrapper = Path(tmp, "redis-server")
-        wrapper.write_text(f"#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file="
+        wrapper.write_text(f"#!/bin/sh\nexec valgrind --tool=callgrind --compress-strings=no --callgrind-out-file="
                            f"{tmp}/callgrind.out {shlex.quote(embedded.binary)} \"$@\"\n")
         wrapper.chmod(0o755)
         embedded = EmbeddedRedis(binary=str(wrapper), startup_timeout=120)
