@@ -7,8 +7,8 @@ Starts a throwaway Redis and creates a job with default settings. Then:
 
 - add: ``--urls`` new URLs through ``RedisTracker.add_stream`` (as ``distscrape seed`` does);
 - cycle: ``--pages`` pages through the whole item protocol a worker runs, one call at a time
-  (checkout, scraped with no links, begin_save, complete), each dispatched item as soon as a
-  call hands it out, with a ``--body``-byte body staged, read and dropped as the pipeline does
+  (checkout, scraped with no links, begin_save, complete; with ``--save-batch N``, begin_saves
+  and complete_many for N pages at a time), each dispatched item as soon as a call hands it out, with a ``--body``-byte body staged, read and dropped as the pipeline does
   (``--body 0``: no body). Code whose tracker stages the body in ``scraped`` and drops it in
   ``complete`` does it so (5 round trips a page); older code uses the staging's own calls (7);
 
@@ -53,6 +53,10 @@ def main() -> int:
     parser.add_argument("--body", type=int, default=6000, help="bytes of each staged body")
     parser.add_argument("--code", default=str(Path(__file__).resolve().parent.parent),
                         help="the checkout whose distscrape_celery to measure")
+    parser.add_argument("--save-batch", type=int, default=1,
+                        help="pages a save batch begins and completes in one call each, as "
+                             "workers do (begin_saves, complete_many; needs --body > 0); 1: a "
+                             "begin_save and a complete a page")
     parser.add_argument("--scripts", action="store_true",
                         help="run the item scripts with EVALSHA where Redis has functions too")
     parser.add_argument("--callgrind", action="store_true",
@@ -103,7 +107,20 @@ def main() -> int:
             callgrind_control("-z", server.pid)  # count from here
         cpu, started, pages = redis_cpu(client), time.monotonic(), 0
         own = time.process_time()
-        while pages < args.pages and todo:
+        batch: list[tuple[str, int]] = []  # scraped pages whose saves wait for a batch
+
+        def save_batch() -> None:
+            for begin in t.begin_saves("ops", batch, w, max_lost=3):
+                todo.extend(begin.dispatch)
+                assert begin.body == body
+            for done in t.complete_many("ops", batch):
+                todo.extend(done.dispatch)
+            batch.clear()
+
+        while pages < args.pages and (todo or batch):
+            if not todo or len(batch) == args.save_batch:
+                save_batch()
+                continue
             item = todo.pop()
             co = t.checkout("ops", item, w, max_lost=3)
             todo.extend(co.dispatch)
@@ -116,6 +133,10 @@ def main() -> int:
             else:
                 staging.stage("ops", co.token, body)
                 todo.extend(t.scraped("ops", item, co.token).dispatch)
+            pages += 1
+            if args.save_batch > 1:
+                batch.append((item, co.token))
+                continue
             todo.extend(t.begin_save("ops", item, co.token, w, max_lost=3).dispatch)
             if body:
                 assert staging.get("ops", co.token) == body
@@ -125,7 +146,8 @@ def main() -> int:
                 todo.extend(t.complete("ops", item).dispatch)
                 if body:
                     staging.discard("ops", co.token)
-            pages += 1
+        if batch:
+            save_batch()
         cycle_own = time.process_time() - own
         cycle_wall, cycle_cpu = time.monotonic() - started, redis_cpu(client) - cpu
         if args.callgrind:
@@ -139,6 +161,8 @@ def main() -> int:
     print(f"code: {Path(distscrape_celery.__file__).parent.parent}")
     print(f"add:   {args.urls / add_wall:,.0f} URLs/s, Redis CPU {add_cpu / args.urls * 1e6:.1f} us/URL")
     trips = 4 + (0 if not body else 1 if fused else 3)
+    if args.save_batch > 1:
+        trips = f"2 + 2/{args.save_batch}"
     print(f"cycle: {pages / cycle_wall:,.0f} pages/s ({trips} round trips, body {args.body} B), "
           f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page, client CPU {cycle_own / pages * 1e6:.1f} "
           f"us/page")

@@ -492,6 +492,45 @@ def test_a_save_batch_begins_and_completes_in_one_script_call_each(redis_url):
     assert t.stats("j").done == 7
 
 
+def _commands(client, *names: str) -> int:
+    stats = client.info("commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in names)
+
+
+def test_a_save_batch_tops_up_dispatch_once_with_the_room_of_all(redis_url):
+    """A batch of saves looks for room in the broker once, after its last save (each look is
+    two ZCARDs), and hands out what that room allows with its last reply."""
+    t = RedisTracker.from_url(redis_url, lease_seconds=30, save_timeout=30, dispatch_factor=1,
+                              bound_refresh_seconds=0)
+    w = new_job(t, concurrency=3)  # room for 3 scrape messages
+    saved = [f"http://a{n}.invalid/" for n in range(3)]
+    assert t.add("j", saved).dispatch == saved
+    saves = [(item, lease(t, item, w)) for item in saved]
+    for item, token in saves:
+        assert t.scraped("j", item, token).held
+    t.begin_saves("j", saves, w, max_lost=LOST)
+    waiting = [f"http://b{n}.invalid/" for n in range(6)]
+    assert t.add("j", waiting).dispatch == waiting[:3]
+    t.register_worker("host2", 2, 3)  # room for 3 more
+    before = _commands(t.client, "zcard")
+    done = t.complete_many("j", saves)
+    assert _commands(t.client, "zcard") - before == 2
+    assert [r.dispatch for r in done] == [[], [], waiting[3:]]
+    assert [r.changed for r in done] == [True] * 3
+
+
+def test_a_top_up_asks_for_ready_domains_again_only_if_one_may_be_ready_again(redis_url):
+    """Domains that get their next turn an interval later cannot be ready again in the same
+    top-up: one ZRANGEBYSCORE of the domains is enough (and one of the delayed items)."""
+    t = RedisTracker.from_url(redis_url, lease_seconds=30)
+    t.create_job("j", SPEC, CrawlLimits(default=DomainLimits(interval=60)))
+    t.register_worker("host", 1, 10)
+    items = [f"http://d{n}.invalid/{k}" for n in range(3) for k in range(2)]
+    before = _commands(t.client, "zrangebyscore")
+    assert sorted(t.add("j", items).dispatch) == [f"http://d{n}.invalid/0" for n in range(3)]
+    assert _commands(t.client, "zrangebyscore") - before == 2
+
+
 def test_begin_save_hands_over_the_staged_body(tracker_factory):
     """The save reads its body in the begin_save step (in Redis: the same round trip), binary
     bytes as they are, for the live holder and for a stale one (whose late save still counts);

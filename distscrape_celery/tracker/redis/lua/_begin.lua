@@ -9,6 +9,7 @@ K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
 K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
 now_cache, id_domain, job_latency, seen_count = nil, nil, nil, nil
+topup_deferred = false
 -- fingerprints: item -> {fingerprint, high part}, computed once a call.
 limits_cache, head_starts, fingerprints = {}, {}, {}
 seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')
@@ -16,10 +17,11 @@ STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_
 if redis.call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
-local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created')
+local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job')
 if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
 end
 job_state_now = control[2] or 'running'
 job_created = control[3] or ''
+job_name = control[4]

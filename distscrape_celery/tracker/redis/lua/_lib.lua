@@ -77,6 +77,10 @@ local job_created
 -- The call's caches (begin).
 local now_cache, id_domain, limits_cache, head_starts, job_latency, fingerprints
 local seen, live, seen_count, STATE_SET
+-- Set while a batch runs a call that is not its last: the batch tops up dispatch once, at its end.
+local topup_deferred
+-- The job's name (control's field job).
+local job_name
 
 -- Redis's clock in whole microseconds.
 local function redis_now()
@@ -133,8 +137,7 @@ local function record_end(state)
     'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
   job_state_now = state
   redis.call('HINCRBY', K_CONTROL, 'epoch', 1)
-  local name = redis.call('HGET', K_CONTROL, 'job')
-  if name then redis.call('SREM', K_ACTIVE, name) end
+  if job_name then redis.call('SREM', K_ACTIVE, job_name) end
 end
 
 -- New work arrived (items added, dead ones queued again): a finished job runs again, and one
@@ -145,8 +148,7 @@ local function reactivate()
     set_job_state('running')
     redis.call('HDEL', K_CONTROL, 'ended')
   end
-  local name = redis.call('HGET', K_CONTROL, 'job')
-  if s ~= 'cancelled' and name then redis.call('SADD', K_ACTIVE, name) end
+  if s ~= 'cancelled' and job_name then redis.call('SADD', K_ACTIVE, job_name) end
 end
 
 -- -- domains ----------------------------------------------------------------------------------
@@ -577,6 +579,7 @@ end
 -- those waiting longest first (with their head starts), one item per turn; a domain with an
 -- interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
+  if topup_deferred then return out end
   promote_due(max_batch)
   if dispatch_held() then return out end
   local room = dispatch_room(bound)
@@ -584,8 +587,11 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   if room <= 0 then return out end
   local now = redis_now()
   local taken = 0
-  -- Each round serves every ready domain once (or drops it, its queue empty), so it ends.
+  -- Each round serves every ready domain once (or drops it, its queue empty), so it ends. A
+  -- round that found fewer domains than it asked for found them all: another is needed only if
+  -- one of them got its next turn at once.
   while room > 0 do
+    local asked, again = room, false
     local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', now, 'LIMIT', 0, room)
     if #doms == 0 then break end
     for _, dom in ipairs(doms) do
@@ -608,9 +614,11 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
           redis.call('ZADD', K_DOMAINS, now + interval, dom)
         else
           redis.call('ZADD', K_DOMAINS, now - head_start(dom), dom)
+          again = true
         end
       end
     end
+    if #doms < asked and not again then break end
   end
   if taken > 0 then redis.call('HINCRBY', K_STATS, 'queued', -taken) end
   return out
@@ -699,7 +707,8 @@ end
 -- (KEYS[22] of NAME alone), in order; ARGV[1] the calls, ARGV[2] the arguments of each, then
 -- every call's arguments, in order. Each call runs with KEYS and ARGV of its own (the job's key
 -- names, set by _begin.lua from the batch's KEYS, are the same for every call); the reply is the
--- list of their replies. _begin.lua's checks run once.
+-- list of their replies. _begin.lua's checks run once, and so does the dispatch top-up: only the
+-- last call's reply hands items out.
 local ITEM_KEYS = 21
 local function batch(run)
   return function(keys, args)
@@ -710,8 +719,11 @@ local function batch(run)
       call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]
       local call_args, base = {}, 2 + (i - 1) * width
       for j = 1, width do call_args[j] = args[base + j] end
+      -- The room the last call finds is that of the whole batch.
+      topup_deferred = i < calls
       replies[i] = run(call_keys, call_args)
     end
+    topup_deferred = false
     return replies
   end
 end
