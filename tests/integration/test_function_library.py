@@ -116,3 +116,40 @@ def test_nothing_a_call_caches_reaches_the_next_call(redis_url, functions_redis)
     assert t.add("five", items + ["http://d.invalid/new"]).added == 1
     assert sorted(live_items(functions_redis, "five")) == sorted(items + ["http://d.invalid/new"])
     assert t.stats("big").seen == 200 and t.stats("five").seen == 7
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
+def test_a_body_is_staged_and_read_beside_the_scripts_never_through_lua(
+        redis_url, functions_redis, functions):
+    """Lua copies and hashes every byte of a string it is given (Redis hashes all of a string's
+    bytes): a page's body goes to Redis and back in plain SET and MGET/GET commands, in the
+    round trips of scraped and of the save's begin, never as a script's argument or reply."""
+    t = RedisTracker.from_url(redis_url, functions=functions)
+    t.create_job("j", SPEC)
+    w = t.register_worker("h", 1, 4)
+    pages = [f"http://p{n}.invalid/" for n in range(3)]
+    t.add("j", pages)
+    body = b"<html>" + b"\xfe" * 5000 + b"</html>"
+    marker = "\\xfe\\xfe\\xfe\\xfe"  # as MONITOR prints the body's bytes
+    with functions_redis.monitor() as monitor:
+        tokens = {}
+        for page in pages:
+            tokens[page] = t.checkout("j", page, w, max_lost=3).token
+            assert t.scraped("j", page, tokens[page], body=body).held
+        one = t.begin_save("j", pages[0], tokens[pages[0]], w, max_lost=3)
+        rest = t.begin_saves("j", [(p, tokens[p]) for p in pages[1:]], w, max_lost=3)
+        assert [b.body for b in [one, *rest]] == [body] * 3
+        functions_redis.set("monitor-end", "1")
+        lines = []
+        for command in monitor.listen():
+            if command["command"].startswith("SET monitor-end"):
+                break
+            lines.append(command)
+    with_body = [c for c in lines if marker in c["command"]]
+    assert with_body, "the body was not seen at all"
+    assert all(c["command"].startswith("SET ") and c.get("client_type") != "lua"
+               for c in with_body), [c["command"][:60] for c in with_body]
+    reads = [c["command"].split()[0] for c in lines
+             if c.get("client_type") != "lua" and c["command"].startswith(("GET ", "MGET "))]
+    # Once each (twice where Redis had to be given the script first: it is sent again).
+    assert set(reads) == {"GET", "MGET"}

@@ -39,7 +39,13 @@ log = logging.getLogger(__name__)
 UNDECODED = {NEVER_DECODE: []}
 
 
-def _function_missing(exc: Exception) -> bool:
+def _raise_first(replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+def _function_missing(exc: Any) -> bool:
     """Whether ``exc`` is Redis's answer to an FCALL of a function it does not have (it was
     restarted without persistence, or its functions were flushed)."""
     return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
@@ -163,38 +169,63 @@ class RedisCore(Tracker):
         self, name: str, script_keys: Sequence[str], args: Sequence[Any], *, undecoded: bool = False
     ) -> Any:
         """Run item script ``name``; ``undecoded``: its reply as bytes, whatever the client
-        decodes. On one Redis, on a connection this thread keeps: taking a connection from
+        decodes."""
+        return self._eval_around(name, script_keys, args, undecoded=undecoded)[0]
+
+    def _eval_around(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *,
+        before: Sequence[tuple[Any, ...]] = (), after: Sequence[tuple[Any, ...]] = (),
+        undecoded: bool = False,
+    ) -> tuple[Any, list[Any]]:
+        """Run item script ``name`` with the commands ``before`` and ``after`` it in the same
+        round trip (a body is staged and read so, never through Lua); its reply and those of
+        ``after``. On one Redis, on a connection this thread keeps: taking a connection from
         redis-py's pool and going through its command layers cost about as much client CPU as
         the round trip itself (28 of 72 us for a checkout), and a page makes two of these calls.
-        A cluster client routes the call by slot. A script or library that Redis lost (restarted,
-        flushed) is loaded again."""
+        A cluster client routes each command by slot. A script or library that Redis lost
+        (restarted, flushed) is loaded again, and the script and ``after`` sent again."""
         library = self._library()
-        if library is not None:
-            command = ("FCALL", library.functions[name], len(script_keys), *script_keys, *args)
-            try:
-                return self._send(command, undecoded)
-            except redis.ResponseError as exc:
-                if not _function_missing(exc):
-                    raise
-                self._load_library()
-                return self._send(command, undecoded)
         script = self._scripts[name]
-        try:
-            return self._send(("EVALSHA", script.sha, len(script_keys), *script_keys, *args),
-                              undecoded)
-        except NoScriptError:
-            script.sha = self.client.script_load(script.script)
-            return self._send(("EVALSHA", script.sha, len(script_keys), *script_keys, *args),
-                              undecoded)
 
-    def _send(self, command: tuple[Any, ...], undecoded: bool) -> Any:
+        def call() -> tuple[Any, ...]:
+            if library is not None:
+                return ("FCALL", library.functions[name], len(script_keys), *script_keys, *args)
+            return ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+
+        replies = self._send_many([*before, call(), *after], undecoded)
+        _raise_first(replies[:len(before)])
+        replies = replies[len(before):]
+        if _function_missing(replies[0]) or isinstance(replies[0], NoScriptError):
+            if library is not None:
+                self._load_library()
+            else:
+                script.sha = self.client.script_load(script.script)
+            replies = self._send_many([call(), *after], undecoded)
+        _raise_first(replies)
+        return replies[0], replies[1:]
+
+    def _send_many(self, commands: Sequence[tuple[Any, ...]], undecoded: bool) -> list[Any]:
+        """The replies to ``commands``, sent in one round trip on one Redis; an error reply is
+        in its place, as the exception, so that every reply is read."""
+        options = UNDECODED if undecoded else {}
+        replies: list[Any] = []
         if self.cluster:
-            return self.client.execute_command(*command, **(UNDECODED if undecoded else {}))
+            for command in commands:
+                try:
+                    replies.append(self.client.execute_command(*command, **options))
+                except redis.ResponseError as exc:
+                    replies.append(exc)
+            return replies
         conn = self._thread_connection()
         # A call cut off (timeout, error, interrupt) disconnects, as redis-py's own calls do:
-        # its late reply is never read as the next call's.
-        conn.send_command(*command)
-        return conn.read_response(disable_decoding=undecoded)
+        # its late replies are never read as the next call's.
+        conn.send_packed_command(conn.pack_commands(commands))
+        for _ in commands:
+            try:
+                replies.append(conn.read_response(disable_decoding=undecoded))
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
 
     def _eval_pipelined(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]

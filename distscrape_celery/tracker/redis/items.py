@@ -99,13 +99,14 @@ class ItemCalls(ShardLayout):
         if later:
             res = self.add(job, later, depth)
             added, dispatch = res.added, list(res.dispatch)
-        # The body rides with the state change: one round trip, and staged only if still held.
+        # The body is staged in the same round trip as the state change, by a SET before it
+        # (the script drops it if the lease is stale); it never goes through Lua.
         body_keys = self._body_keys(job, token, home) if body is not None else []
-        res = self._eval(
+        res, _ = self._eval_around(
             "scraped", [*self._item_keys(job, home), *body_keys],
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
-             self._body_ttl_ms, body if body_keys else b"", save_as or "", keep_as or "", int(cut),
-             *found],
+             save_as or "", keep_as or "", int(cut), *found],
+            before=[("SET", key, body, "PX", self._body_ttl_ms) for key in body_keys],
         )
         if int(res[1]):
             self._mirror_active(job, [home])

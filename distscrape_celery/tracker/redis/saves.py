@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, Optional
 
 from .. import keys
 from ..base import MAX_ADD_BATCH
 from ..model import CompleteResult, SaveBegin, SaveStart
-from .connection import UNDECODED, converts_redis_errors
+from .connection import converts_redis_errors
+from . import scripts
 from .scripts import dispatched
 from .shards import ShardLayout
 
@@ -26,28 +26,27 @@ class SaveCalls(ShardLayout):
     def _begin_save_call(
         self, job: str, item: str, token: int, worker_id: str, max_lost: int
     ) -> tuple[list[str], list[Any]]:
-        """The keys and arguments of begin_save.lua for one save. The staged body comes back in
-        the same round trip (binary: the reply is read undecoded, see _begin_reply)."""
+        """The keys and arguments of begin_save.lua for one save."""
         bound, max_batch, lease = self._top_up_args(job)
-        home = self._shard_of(job, item)
-        return ([*self._item_keys(job, home), *self._body_keys(job, token, home)],
+        return (list(self._item_keys(job, self._shard_of(job, item))),
                 [item, token, worker_id, lease, max_lost, bound, max_batch])
 
     @staticmethod
-    def _begin_reply(res: list[Any]) -> SaveBegin:
-        return SaveBegin(dispatch=dispatched(res[4:]), status=SaveStart(res[0].decode()),
-                         lost=int(res[1]), body=res[2], created=res[3].decode())
+    def _begin_reply(res: list[Any], body: Optional[bytes]) -> SaveBegin:
+        """begin_save.lua's reply (undecoded) and the staged body, read after it: the body is
+        the save's with ok and stale."""
+        status = SaveStart(res[0].decode())
+        return SaveBegin(dispatch=dispatched(res[3:]), status=status, lost=int(res[1]),
+                         body=body if status in (SaveStart.OK, SaveStart.STALE) else None,
+                         created=res[2].decode())
 
     @converts_redis_errors
     def begin_save(self, job: str, item: str, token: int, worker_id: str, *, max_lost: int) -> SaveBegin:
-        begin = self._begin_reply(self._eval(
+        # The staged body is read in the same round trip, after the script.
+        res, (body,) = self._eval_around(
             "begin_save", *self._begin_save_call(job, item, token, worker_id, max_lost),
-            undecoded=True))
-        if begin.status is SaveStart.STALE and not self._token_home(job, item, token):
-            # A token of another shard (see _body_keys): its body is read on its own.
-            body = self.client.execute_command("GET", keys.body_key(job, token), **UNDECODED)
-            begin = dataclasses.replace(begin, body=body)
-        return begin
+            after=[("GET", keys.body_key(job, token))], undecoded=True)
+        return self._begin_reply(res, body)
 
     def _batched(self, job: str, saves: Sequence[tuple[str, int]]) -> bool:
         """Whether the item scripts of these saves can go in one batch call: one Redis (a
@@ -65,15 +64,20 @@ class SaveCalls(ShardLayout):
             by_shard.setdefault(self._shard_of(job, item), []).append(i)
         return list(by_shard.values())
 
-    def _run_batch(self, name: str, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+    def _run_batch(
+        self, name: str, calls: list[tuple[list[str], list[Any]]],
+        after: Sequence[tuple[Any, ...]] = (),
+    ) -> tuple[list[Any], list[Any]]:
         """Item script ``name`` once per (keys, args) of ``calls``, in one call of its batch form
-        (scripts.BATCH_SCRIPTS): every call's keys are the same item keys and one key of its
-        own, and its arguments as many as every other's. Replies undecoded."""
-        item_keys = calls[0][0][:-1]
+        (scripts.BATCH_SCRIPTS): every call's keys are the same item keys and at most one key of
+        its own, and its arguments as many as every other's; the commands ``after`` in the same
+        round trip. Replies undecoded: the calls', and those of ``after``."""
+        item_keys = calls[0][0][:scripts.ITEM_KEYS]
         width = len(calls[0][1])
-        return self._eval(f"{name}_many", [*item_keys, *(k[-1] for k, _ in calls)],
-                          [len(calls), width, *(a for _, args in calls for a in args)],
-                          undecoded=True)
+        return self._eval_around(
+            f"{name}_many", [*item_keys, *(k for keys_, _ in calls for k in keys_[scripts.ITEM_KEYS:])],
+            [len(calls), width, *(a for _, args in calls for a in args)],
+            after=after, undecoded=True)
 
     @converts_redis_errors
     def begin_saves(
@@ -84,8 +88,11 @@ class SaveCalls(ShardLayout):
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
             calls = [self._begin_save_call(job, *saves[i], worker_id, max_lost) for i in places]
-            for i, res in zip(places, self._run_batch("begin_save", calls)):
-                out[i] = self._begin_reply(res)
+            replies, (bodies,) = self._run_batch(
+                "begin_save", calls,
+                after=[("MGET", *(keys.body_key(job, saves[i][1]) for i in places))])
+            for i, res, body in zip(places, replies, bodies):
+                out[i] = self._begin_reply(res, body)
         return out
 
     @converts_redis_errors
@@ -109,7 +116,7 @@ class SaveCalls(ShardLayout):
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
             calls = [self._complete_call(job, *saves[i])[:2] for i in places]
-            for i, res in zip(places, self._run_batch("complete", calls)):
+            for i, res in zip(places, self._run_batch("complete", calls)[0]):
                 out[i] = CompleteResult(dispatch=dispatched(res[1:]),
                                         changed=bool(res[0]))
         return out

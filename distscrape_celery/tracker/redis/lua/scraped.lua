@@ -1,37 +1,36 @@
 -- scraped: a worker downloaded its leased item. Queue the items found in it (deduplicated, within
--- the page limits) and, if the caller still holds the lease, stage the body for the save task and
--- make the item save-pending: it then waits for its save message for up to save_timeout, and no
--- other worker scrapes it meanwhile. Staging here rather than in a call before saves a round trip
--- a page, and a stale holder stages nothing, so it has nothing to drop.
+-- the page limits) and, if the caller still holds the lease, keep the body it staged for the save
+-- task and make the item save-pending: it then waits for its save message for up to
+-- save_timeout, and no other worker scrapes it meanwhile. The caller stages the body with a SET
+-- just before this call, in the same round trip (a body that went through Lua would be copied
+-- and hashed byte by byte); a stale holder's body is dropped here, so it has nothing to drop.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
 -- KEYS: the item keys (see _lib.lua), then
--- KEYS[22] body         where the body waits (keys.body_key of the token; the token's shard is
---                       the item's, so it shares the slot); absent: the caller staged it itself
+-- KEYS[22] body         where the caller staged the body (keys.body_key of the token; the token's
+--                       shard is the item's, so it shares the slot); absent: nothing staged
 -- ARGV[1] item
 -- ARGV[2] token         the caller's fencing token
 -- ARGV[3] save_timeout  seconds the save message may take to start
 -- ARGV[4] depth         depth of the found items
 -- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
--- ARGV[8] body_ttl     milliseconds the staged body is kept (ignored without KEYS[22])
--- ARGV[9] body         the downloaded body (bytes)
--- ARGV[10] saver       '' or the id of the calling worker, which saves the item itself at once
+-- ARGV[8] saver         '' or the id of the calling worker, which saves the item itself at once
 --                       (save_inline): the item turns saving under its lease, as begin_save
 --                       would make it, and nothing is staged (the caller has the body)
--- ARGV[11] keeper      '' or the id of the calling worker, which queues the save message later
+-- ARGV[9] keeper        '' or the id of the calling worker, which queues the save message later
 --                       (with those of other pages): until it hands the item over (handoff.lua)
 --                       the item waits under the keeper's lease, so if the keeper dies first the
 --                       item is reclaimed a lease later, not a save timeout later
--- ARGV[12] cut          links of the page left out past max_links_per_page: added to the
+-- ARGV[10] cut          links of the page left out past max_links_per_page: added to the
 --                       job's links_cut count (a figure of its status)
--- ARGV[13..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[11..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], us(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), us(ARGV[7])
-local body_key, body_ttl = KEYS[22], ARGV[8]
-local saver, keeper = ARGV[10], ARGV[11]
-local added = add_items(ARGV, 13, depth)
-if tonumber(ARGV[12]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[12]) end
+local body_key = KEYS[22]
+local saver, keeper = ARGV[8], ARGV[9]
+local added = add_items(ARGV, 11, depth)
+if tonumber(ARGV[10]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[10]) end
 local now = redis_now()
 local status = 'stale'
 local v = live_get(item)
@@ -52,7 +51,6 @@ if v then
       if who ~= saver then redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
       live_set(item, 'S', item_depth)
     else
-      if body_key then redis.call('SET', body_key, ARGV[9], 'PX', body_ttl) end
       redis.call('ZREM', K_LEASED, item)
       if keeper ~= '' then
         redis.call('ZADD', K_PENDING, now + lease, item)
@@ -68,5 +66,6 @@ if v then
     status = 'ok'
   end
 end
+if body_key and status ~= 'ok' then redis.call('UNLINK', body_key) end
 local out = {status, added}
 return take_for_dispatch(bound, max_batch, now + lease, out)
