@@ -91,6 +91,13 @@ local function redis_now()
   return now_cache
 end
 
+-- An integral number as the text of a command's argument. Redis writes a number it is given with
+-- "%.17g", whose arithmetic on every deadline and count cost more than the command; constants
+-- are written as text ('1') for the same reason.
+local function int(n)
+  return string.format('%d', n)
+end
+
 -- `seconds` (a number or its text) in whole microseconds.
 local function us(seconds)
   return math.floor(tonumber(seconds) * 1000000 + 0.5)
@@ -136,7 +143,7 @@ local function record_end(state)
   redis.call('HSET', K_CONTROL, 'state', state, 'ended', ended,
     'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
   job_state_now = state
-  redis.call('HINCRBY', K_CONTROL, 'epoch', 1)
+  redis.call('HINCRBY', K_CONTROL, 'epoch', '1')
   if job_name then redis.call('SREM', K_ACTIVE, job_name) end
 end
 
@@ -208,7 +215,7 @@ local function record_lease_time(dom, since)
   local mean, all = tonumber(m[1] or ''), tonumber(m[2] or '')
   all = all and math.floor((31 * all + took) / 32) or took
   if mean then took = math.floor((3 * mean + took) / 4) end
-  redis.call('HSET', K_LATENCY, dom, took, JOB_LATENCY, all)
+  redis.call('HSET', K_LATENCY, dom, int(took), JOB_LATENCY, int(all))
   head_starts[dom] = math.min(took, MAX_HEAD_START)  -- the vacate that follows reads it
   job_latency = all
 end
@@ -242,13 +249,13 @@ local function schedule(dom, n)
     else
       at = at - head_start(dom)
     end
-    redis.call('ZADD', K_DOMAINS, 'NX', at, dom)
+    redis.call('ZADD', K_DOMAINS, 'NX', int(at), dom)
   end
 end
 
 -- A d or l item of `dom` left flight: that may open room under the domain's cap.
 local function vacate(dom)
-  local n = redis.call('HINCRBY', K_INFLIGHT, dom, -1)
+  local n = redis.call('HINCRBY', K_INFLIGHT, dom, '-1')
   local queued = redis.call('LLEN', K_QUEUES .. dom) > 0
   if n <= 0 then
     redis.call('HDEL', K_INFLIGHT, dom)
@@ -265,7 +272,7 @@ end
 -- An item of `dom` went into flight (dispatched, or leased straight from its queue).
 local function occupy(dom)
   local _, cap = limits(dom)
-  if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap then redis.call('ZREM', K_DOMAINS, dom) end
+  if redis.call('HINCRBY', K_INFLIGHT, dom, '1') >= cap then redis.call('ZREM', K_DOMAINS, dom) end
 end
 
 -- Put `item` (queued now) in its domain's queue: at its head when `front`.
@@ -392,7 +399,7 @@ local function remember_done(item)
   local fp, a = fingerprint(item)
   if redis.call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
-  redis.call('HINCRBY', K_STATS, 'fn', 1)
+  redis.call('HINCRBY', K_STATS, 'fn', '1')
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
   if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
     split_bucket(seen, seen_rehash)
@@ -508,7 +515,7 @@ local function add_items(args, first, depth)
       -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
       if not is_done(item) and redis.call('HSETNX', key, fp, value) == 1 then
-        if per_domain then redis.call('HINCRBY', K_DSEEN, dom, 1) end
+        if per_domain then redis.call('HINCRBY', K_DSEEN, dom, '1') end
         local q = new_of[dom]
         if not q then
           q = {}
@@ -528,8 +535,8 @@ local function add_items(args, first, depth)
     end
     schedule(dom)
   end
-  redis.call('HINCRBY', K_STATS, 'seen', added)
-  redis.call('HINCRBY', K_STATS, 'queued', added)
+  redis.call('HINCRBY', K_STATS, 'seen', int(added))
+  redis.call('HINCRBY', K_STATS, 'queued', int(added))
   grow_live()
   reactivate()
   return added
@@ -547,13 +554,14 @@ end
 
 -- Backed-off items whose time came go to the back of their domain's queue.
 local function promote_due(max_batch)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', redis_now(), 'LIMIT', 0, max_batch)
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', int(redis_now()), 'LIMIT', '0',
+    int(max_batch))
   for _, item in ipairs(due) do
     redis.call('ZREM', K_DELAYED, item)
     local v = live_get(item)
     if v and string.sub(v, 1, 1) == 'w' then
       live_set(item, 'q', string.sub(v, 2))
-      redis.call('HINCRBY', K_STATS, 'queued', 1)
+      redis.call('HINCRBY', K_STATS, 'queued', '1')
       enqueue(item, false)
     end
   end
@@ -592,7 +600,7 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   -- one of them got its next turn at once.
   while room > 0 do
     local asked, again = room, false
-    local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', now, 'LIMIT', 0, room)
+    local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', int(now), 'LIMIT', '0', int(room))
     if #doms == 0 then break end
     for _, dom in ipairs(doms) do
       if room == 0 then break end
@@ -601,26 +609,26 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
         redis.call('ZREM', K_DOMAINS, dom)
       else
         live_set(item, 'd', depth)
-        redis.call('ZADD', K_DISPATCHED, deadline, item)
+        redis.call('ZADD', K_DISPATCHED, int(deadline), item)
         local interval, cap = limits(dom)
         -- The caller publishes an item that comes wrapped in a table ahead of the others.
         out[#out + 1] = (interval == 0 and goes_first(dom)) and {item} or item
         taken = taken + 1
         room = room - 1
-        if redis.call('HINCRBY', K_INFLIGHT, dom, 1) >= cap
+        if redis.call('HINCRBY', K_INFLIGHT, dom, '1') >= cap
             or redis.call('LLEN', K_QUEUES .. dom) == 0 then
           redis.call('ZREM', K_DOMAINS, dom)
         elseif interval > 0 then
-          redis.call('ZADD', K_DOMAINS, now + interval, dom)
+          redis.call('ZADD', K_DOMAINS, int(now + interval), dom)
         else
-          redis.call('ZADD', K_DOMAINS, now - head_start(dom), dom)
+          redis.call('ZADD', K_DOMAINS, int(now - head_start(dom)), dom)
           again = true
         end
       end
     end
     if #doms < asked and not again then break end
   end
-  if taken > 0 then redis.call('HINCRBY', K_STATS, 'queued', -taken) end
+  if taken > 0 then redis.call('HINCRBY', K_STATS, 'queued', int(-taken)) end
   return out
 end
 
@@ -642,37 +650,37 @@ local function requeue(item, state, depth, front)
   if state == 'q' then return end
   clear_inflight(item, state)
   live_set(item, 'q', depth)
-  redis.call('HINCRBY', K_STATS, 'queued', 1)
+  redis.call('HINCRBY', K_STATS, 'queued', '1')
   enqueue(item, front)
 end
 
 -- Leave whatever state `item` is in for the delayed set, until `due` (Redis time).
 local function delay_until(item, state, depth, due)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
+  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
   clear_inflight(item, state)
   live_set(item, 'w', depth)
-  redis.call('ZADD', K_DELAYED, due, item)
+  redis.call('ZADD', K_DELAYED, int(due), item)
 end
 
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
 -- (so it is never added again); `done` counts it.
 local function finish(item, state)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
+  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
   clear_inflight(item, state)
   live_del(item)
   redis.call('HDEL', K_FAILS, item)
   redis.call('HDEL', K_LOST, item)
   remember_done(item)
-  redis.call('HINCRBY', K_STATS, 'done', 1)
+  redis.call('HINCRBY', K_STATS, 'done', '1')
 end
 
 -- Give up on `item` for good, keeping `reason`.
 local function give_up(item, state, depth, reason)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', -1) end
+  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
   clear_inflight(item, state)
   live_set(item, 'X', depth)
   redis.call('HSET', K_DEAD, item, reason)
-  redis.call('HINCRBY', K_STATS, 'dead', 1)
+  redis.call('HINCRBY', K_STATS, 'dead', '1')
 end
 
 -- The one retry-or-dead rule. `mode` says whose fault the attempt was:
@@ -685,9 +693,9 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
                              front, delay)
   local over = false
   if mode == 'item' then
-    over = redis.call('HINCRBY', K_FAILS, item, 1) > max_retries
+    over = redis.call('HINCRBY', K_FAILS, item, '1') > max_retries
   elseif mode == 'lost' then
-    over = redis.call('HINCRBY', K_LOST, item, 1) > max_lost
+    over = redis.call('HINCRBY', K_LOST, item, '1') > max_lost
   end
   if retryable and not over then
     if delay and delay > 0 then

@@ -37,7 +37,7 @@ if state == 'S' then
   if tonumber(redis.call('ZSCORE', K_LEASED, item) or '0') > now then
     return {'busy', lost, job_created}
   end
-  lost = redis.call('HINCRBY', K_LOST, item, 1)
+  lost = redis.call('HINCRBY', K_LOST, item, '1')
   if lost > max_lost then
     give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..
       'process died while saving it (out of memory, or a crashing saver?)')
@@ -46,7 +46,7 @@ if state == 'S' then
 end
 redis.call('ZREM', K_PENDING, item)
 if state == 'l' then vacate(domain_of(item)) end
-redis.call('ZADD', K_LEASED, now + lease, item)
+redis.call('ZADD', K_LEASED, int(now + lease), item)
 -- Often its owner entry already names the worker (it took the save message over at reserve).
 if who ~= worker then redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
 live_set(item, 'S', depth)

@@ -47,7 +47,7 @@ local dom = domain_of(item)
 local function back_to_queue()
   redis.call('ZREM', K_DISPATCHED, item)
   live_set(item, 'q', depth)
-  redis.call('HINCRBY', K_STATS, 'queued', 1)
+  redis.call('HINCRBY', K_STATS, 'queued', '1')
   redis.call('LPUSH', K_QUEUES .. dom, item)
   vacate(dom)
 end
@@ -62,23 +62,23 @@ if interval > 0 then slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0') en
 if slot > now or (state == 'q' and inflight(dom) >= cap) then
   if state == 'd' then back_to_queue() end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
-  if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', slot, dom) end
+  if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', int(slot), dom) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
   local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait / 1000000),
     job_created}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
-if interval > 0 then redis.call('HSET', K_SLOTS, dom, now + interval) end
+if interval > 0 then redis.call('HSET', K_SLOTS, dom, int(now + interval)) end
 if state == 'q' then
   -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
-  redis.call('HINCRBY', K_STATS, 'queued', -1)
+  redis.call('HINCRBY', K_STATS, 'queued', '-1')
   occupy(dom)
 end
-local token = redis.call('HINCRBY', K_STATS, 'tokens', 1)
+local token = redis.call('HINCRBY', K_STATS, 'tokens', '1')
 redis.call('ZREM', K_DISPATCHED, item)
-redis.call('ZADD', K_LEASED, now + lease, item)
-redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+redis.call('ZADD', K_LEASED, int(now + lease), item)
+redis.call('HSET', K_OWNERS, item, worker .. ' ' .. int(token))
 live_set(item, 'l', depth)
 local out = {'ok', tonumber(depth), fails, token, '0', job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

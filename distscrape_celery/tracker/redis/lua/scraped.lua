@@ -47,17 +47,17 @@ if v then
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
-      redis.call('ZADD', K_LEASED, now + lease, item)
+      redis.call('ZADD', K_LEASED, int(now + lease), item)
       if who ~= saver then redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
       live_set(item, 'S', item_depth)
     else
       redis.call('ZREM', K_LEASED, item)
       if keeper ~= '' then
-        redis.call('ZADD', K_PENDING, now + lease, item)
+        redis.call('ZADD', K_PENDING, int(now + lease), item)
         -- Its holder keeps it (the same owner entry, unless another worker id keeps it).
         if who ~= keeper then redis.call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
       else
-        redis.call('ZADD', K_PENDING, now + save_timeout, item)
+        redis.call('ZADD', K_PENDING, int(now + save_timeout), item)
         -- Its save message is in the broker now, not with any worker: no holder, same token.
         redis.call('HSET', K_OWNERS, item, '- ' .. token)
       end
