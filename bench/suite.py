@@ -761,15 +761,18 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     multi_files = [f"--pidfile={work}/{job}-%n.pid", f"--logfile={work}/{job}-%n.log"]
     multi_groups = [([f"g{g}w{i}" for i in range(n)], opts) for g, (n, opts) in enumerate(groups)]
     multi_names = [name for names, _ in multi_groups for name in names]
+    # Started in the work directory: `python -m` puts its directory first on sys.path, and from
+    # a checkout that would import the checkout's package, not the one worker_env's PYTHONPATH
+    # names (a baseline's).
     if launch == "multi":
         for before, (names, opts) in zip(prefix, multi_groups):
             subprocess.run([*before, str(BIN / "celery"), "multi", "start", *names, "-A",
                             "distscrape_celery", *queues, *opts, "--loglevel=WARNING",
-                            *multi_files], env=env, check=True, capture_output=True)
+                            *multi_files], env=env, check=True, capture_output=True, cwd=work)
     elif launch == "loop":
         script = " ".join(f"{shlex.join(c)} >{shlex.quote(str(work / f'{job}-worker{i}.log'))} "
                           f"2>&1 &" for i, c in enumerate(commands)) + " wait"
-        shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
+        shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True, cwd=work)
     elif launch == "forks":
         threads = [opts[opts.index("-c") + 1] for n, opts in groups for _ in range(n)]
         # worker_main's switches (--without-gossip, --without-mingle) pass on; the first
@@ -780,12 +783,13 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
                    "--loglevel", "WARNING", *flags]
         with (work / f"{job}-forks.log").open("ab") as log:
             procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True))
+                                          start_new_session=True, cwd=work))
     else:
         for i, command in enumerate(commands):
             with (work / f"{job}-worker{i}.log").open("ab") as log:
                 procs.append(subprocess.Popen(command, env=env, stdout=log,
-                                              stderr=subprocess.STDOUT, start_new_session=True))
+                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                              cwd=work))
 
     def abandon() -> None:
         """The run failed before it stopped its workers: kill them and the Redis all the same
