@@ -4,6 +4,7 @@ and one script each (EVALSHA: Redis 6.2, a cluster, a Redis that refuses FUNCTIO
 from __future__ import annotations
 
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -43,24 +44,24 @@ def one_page(t: RedisTracker, job: str = "j") -> None:
     assert t.complete(job, item, co.token).changed
 
 
-def test_the_item_scripts_run_from_the_function_library(redis_url, functions_redis):
-    t = RedisTracker.from_url(redis_url)
+def calls_of_one_page(t: RedisTracker, client: redis.Redis) -> dict[str, int]:
+    """The script calls of one page's cycle (creating the job and the worker are scripts of
+    their own, not counted)."""
     t.create_job("j", SPEC)
     t.register_worker("h", 1, 4)
-    functions_redis.config_resetstat()  # creating the job and the worker are scripts
+    client.config_resetstat()
     one_page(t)
-    calls = script_calls(functions_redis)
+    return script_calls(client)
+
+
+def test_the_item_scripts_run_from_the_function_library(redis_url, functions_redis):
+    calls = calls_of_one_page(RedisTracker.from_url(redis_url), functions_redis)
     assert calls["fcall"] >= 4 and calls["evalsha"] == 0, calls
     assert loaded(functions_redis)
 
 
 def test_without_functions_the_item_scripts_run_as_scripts(redis_url, functions_redis):
-    t = RedisTracker.from_url(redis_url, functions=False)
-    t.create_job("j", SPEC)
-    t.register_worker("h", 1, 4)
-    functions_redis.config_resetstat()
-    one_page(t)
-    calls = script_calls(functions_redis)
+    calls = calls_of_one_page(RedisTracker.from_url(redis_url, functions=False), functions_redis)
     assert calls["fcall"] == 0 and calls["evalsha"] >= 4, calls
 
 
@@ -70,15 +71,9 @@ def test_a_redis_that_refuses_function_load_gets_scripts(redis_url, functions_re
     functions_redis.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"],
                                 channels=["*"], commands=["+@all", "-function"])
     try:
-        url = redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
-        if "@" in redis_url:  # the test Redis has a password of its own: keep its host part
-            url = f"redis://{user}:{password}@{redis_url.rsplit('@', 1)[1]}"
-        t = RedisTracker.from_url(url)
-        t.create_job("j", SPEC)
-        t.register_worker("h", 1, 4)
-        functions_redis.config_resetstat()
-        one_page(t)
-        calls = script_calls(functions_redis)
+        u = urlsplit(redis_url)
+        url = u._replace(netloc=f"{user}:{password}@{u.hostname}:{u.port}").geturl()
+        calls = calls_of_one_page(RedisTracker.from_url(url), functions_redis)
         assert calls["fcall"] == 0 and calls["evalsha"] >= 4, calls
     finally:
         functions_redis.acl_deluser(user)
