@@ -95,6 +95,19 @@ def test_a_library_that_redis_lost_is_loaded_again(redis_url, functions_redis):
     assert loaded(functions_redis)
 
 
+def test_scripts_that_redis_lost_are_loaded_again(redis_url, redis_client):
+    """The same for the scripts (EVALSHA) after SCRIPT FLUSH, on any Redis."""
+    t = RedisTracker.from_url(redis_url, functions=False)
+    t.create_job("j", SPEC)
+    t.register_worker("h", 1, 4)
+    one_page(t)
+    redis_client.script_flush()
+    co = t.checkout("j", "http://j.invalid/", "w1", max_lost=3)
+    assert co.status is LeaseStatus.DONE, co
+    redis_client.script_flush()
+    assert t.add("j", [f"http://j.invalid/{i}" for i in range(3)]).added == 3
+
+
 def test_nothing_a_call_caches_reaches_the_next_call(redis_url, functions_redis):
     """The library's state outlives a call: a job's domain limits, its bucket layout and its key
     names must not be those of the job the call before was on."""

@@ -45,10 +45,11 @@ def _raise_first(replies: Sequence[Any]) -> None:
             raise reply
 
 
-def _function_missing(exc: Any) -> bool:
-    """Whether ``exc`` is Redis's answer to an FCALL of a function it does not have (it was
-    restarted without persistence, or its functions were flushed)."""
-    return isinstance(exc, redis.ResponseError) and "Function not found" in str(exc)
+def _lost(reply: Any) -> bool:
+    """Whether ``reply`` is Redis's answer to an FCALL or EVALSHA of a function or script it
+    does not have (it was restarted without persistence, or flushed)."""
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, redis.ResponseError) and "Function not found" in str(reply))
 
 
 def connect(url: str, *, cluster: bool = False, decode_responses: bool = True, **kwargs: Any) -> Any:
@@ -184,25 +185,49 @@ class RedisCore(Tracker):
         the round trip itself (28 of 72 us for a checkout), and a page makes two of these calls.
         A cluster client routes each command by slot. A script or library that Redis lost
         (restarted, flushed) is loaded again, and the script and ``after`` sent again."""
-        library = self._library()
-        script = self._scripts[name]
-
-        def call() -> tuple[Any, ...]:
-            if library is not None:
-                return ("FCALL", library.functions[name], len(script_keys), *script_keys, *args)
-            return ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
-
-        replies = self._send_many([*before, call(), *after], undecoded)
+        replies = self._send_many(
+            [*before, self._script_command(name, script_keys, args), *after], undecoded)
         _raise_first(replies[:len(before)])
         replies = replies[len(before):]
-        if _function_missing(replies[0]) or isinstance(replies[0], NoScriptError):
-            if library is not None:
-                self._load_library()
-            else:
-                script.sha = self.client.script_load(script.script)
-            replies = self._send_many([call(), *after], undecoded)
+        if _lost(replies[0]):
+            self._reload(name)
+            replies = self._send_many(
+                [self._script_command(name, script_keys, args), *after], undecoded)
         _raise_first(replies)
         return replies[0], replies[1:]
+
+    def _eval_pipelined(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Run item script ``name`` once for each (keys, args) of ``calls``, in one round trip
+        on one Redis (on a cluster one call at a time, each to the node of its keys); the
+        replies, in order. A call that found its script lost runs again once it is loaded."""
+        replies = self._send_many(
+            [self._script_command(name, script_keys, args) for script_keys, args in calls], False)
+        for i, reply in enumerate(replies):
+            if _lost(reply):
+                replies[i] = self._eval(name, *calls[i])
+        _raise_first(replies)
+        return replies
+
+    def _script_command(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        """The command that runs item script ``name``: FCALL of the library's function, or
+        EVALSHA of the script."""
+        library = self._library()
+        if library is not None:
+            return ("FCALL", library.functions[name], len(script_keys), *script_keys, *args)
+        return ("EVALSHA", self._scripts[name].sha, len(script_keys), *script_keys, *args)
+
+    def _reload(self, name: str) -> None:
+        """Give Redis the function library, or script ``name``, again: it lost it (a restart
+        without persistence, a flush)."""
+        if self._library() is not None:
+            self._load_library()
+        else:
+            script = self._scripts[name]
+            script.sha = self.client.script_load(script.script)
 
     def _send_many(self, commands: Sequence[tuple[Any, ...]], undecoded: bool) -> list[Any]:
         """The replies to ``commands``, sent in one round trip on one Redis; an error reply is
@@ -225,28 +250,6 @@ class RedisCore(Tracker):
                 replies.append(conn.read_response(disable_decoding=undecoded))
             except redis.ResponseError as exc:
                 replies.append(exc)
-        return replies
-
-    def _eval_pipelined(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
-    ) -> list[Any]:
-        """Run item script ``name`` once for each (keys, args) of ``calls`` in one round trip
-        (one Redis, not a cluster: a cluster pipeline does not load missing scripts); the
-        replies, in order. A call that found the library missing runs again on its own."""
-        library = self._library()
-        pipe = self.client.pipeline(transaction=False)
-        for script_keys, args in calls:
-            if library is not None:
-                pipe.execute_command(
-                    "FCALL", library.functions[name], len(script_keys), *script_keys, *args)
-            else:
-                self._scripts[name](keys=script_keys, args=args, client=pipe)
-        replies = pipe.execute(raise_on_error=False)
-        for i, reply in enumerate(replies):
-            if _function_missing(reply):
-                replies[i] = self._eval(name, *calls[i])
-            elif isinstance(reply, Exception):
-                raise reply
         return replies
 
     def _library(self) -> Optional[scripts.Library]:

@@ -47,18 +47,14 @@ class ItemCalls(ShardLayout):
     def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
         """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
         on one Redis (one call with no items still tops up dispatch, on every shard). On a
-        cluster the calls go one by one: a cluster pipeline does not load missing scripts."""
+        cluster the calls go one by one, each to the node of its shard."""
         shards = self._shards(job)
         top_up = self._top_up_args(job)
         groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
         calls = [(s, chunk) for s, group in sorted(groups.items())
                  for chunk in list(chunks(group, MAX_ADD_BATCH)) or [[]]]
-        if self.cluster:
-            results = [self._scripts["add"](keys=self._item_keys(job, s), args=[depth, *top_up, *chunk])
-                       for s, chunk in calls]
-        else:
-            results = self._eval_pipelined("add", [
-                (self._item_keys(job, s), [depth, *top_up, *chunk]) for s, chunk in calls])
+        results = self._eval_pipelined("add", [
+            (self._item_keys(job, s), [depth, *top_up, *chunk]) for s, chunk in calls])
         added, dispatch, grew = 0, [], set()
         for (s, _), res in zip(calls, results):
             added += int(res[0])
