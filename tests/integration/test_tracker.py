@@ -519,6 +519,26 @@ def test_a_save_batch_tops_up_dispatch_once_with_the_room_of_all(redis_url):
     assert [r.changed for r in done] == [True] * 3
 
 
+def test_a_save_batch_whose_last_save_returns_early_still_tops_up(redis_url):
+    """The batch's one top-up does not depend on its last call reaching its own: a last save
+    that is stale (it returns before any top-up) still gets the batch's items."""
+    t = RedisTracker.from_url(redis_url, lease_seconds=30, save_timeout=30, dispatch_factor=1,
+                              bound_refresh_seconds=0)
+    w = new_job(t, concurrency=3)
+    saved = [f"http://a{n}.invalid/" for n in range(3)]
+    assert t.add("j", saved).dispatch == saved
+    saves = [(item, lease(t, item, w)) for item in saved]
+    for item, token in saves:
+        assert t.scraped("j", item, token).held
+    waiting = [f"http://b{n}.invalid/" for n in range(6)]
+    assert t.add("j", waiting).dispatch == waiting[:3]
+    t.register_worker("host2", 2, 3)  # room for 3 more
+    stale_last = saves[:2] + [(saves[2][0], saves[2][1] + 1000)]
+    begins = t.begin_saves("j", stale_last, w, max_lost=LOST)
+    assert [b.status for b in begins] == [SaveStart.OK, SaveStart.OK, SaveStart.STALE]
+    assert [b.dispatch for b in begins] == [[], [], waiting[3:]]
+
+
 def test_a_top_up_asks_for_ready_domains_again_only_if_one_may_be_ready_again(redis_url):
     """Domains that get their next turn an interval later cannot be ready again in the same
     top-up: one ZRANGEBYSCORE of the domains is enough (and one of the delayed items)."""

@@ -77,8 +77,9 @@ local job_created
 -- The call's caches (begin).
 local now_cache, id_domain, limits_cache, head_starts, job_latency, fingerprints
 local seen, live, seen_count, STATE_SET
--- Set while a batch runs a call that is not its last: the batch tops up dispatch once, at its end.
-local topup_deferred
+-- Set while a batch runs its calls: the batch tops up dispatch once, at its end, with the last
+-- top-up any call asked for (deferred_topup: bound, max_batch, deadline).
+local topup_deferred, deferred_topup
 -- The job's name (control's field job).
 local job_name
 
@@ -587,7 +588,10 @@ end
 -- those waiting longest first (with their head starts), one item per turn; a domain with an
 -- interval gets one turn per interval, and none at its in-flight cap.
 local function take_for_dispatch(bound, max_batch, deadline, out)
-  if topup_deferred then return out end
+  if topup_deferred then
+    deferred_topup = {bound, max_batch, deadline}
+    return out
+  end
   promote_due(max_batch)
   if dispatch_held() then return out end
   local room = dispatch_room(bound)
@@ -722,16 +726,20 @@ local function batch(run)
   return function(keys, args)
     local calls, width = tonumber(args[1]), tonumber(args[2])
     local call_keys, replies = {}, {}
+    topup_deferred, deferred_topup = true, nil
     for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
     for i = 1, calls do
       call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]  -- nil if the calls take no extra key
       local call_args, base = {}, 2 + (i - 1) * width
       for j = 1, width do call_args[j] = args[base + j] end
-      -- The room the last call finds is that of the whole batch.
-      topup_deferred = i < calls
       replies[i] = run(call_keys, call_args)
     end
     topup_deferred = false
+    -- One top-up, with the room the whole batch made, its items after the last reply's own
+    -- (whether or not that call reached its top-up: it may have returned early).
+    if deferred_topup then
+      take_for_dispatch(deferred_topup[1], deferred_topup[2], deferred_topup[3], replies[calls])
+    end
     return replies
   end
 end
