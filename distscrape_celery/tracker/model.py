@@ -142,8 +142,11 @@ class FailResult(Dispatchable):
 
 @dataclass(frozen=True)
 class MaintainResult(Dispatchable):
-    reclaimed: int = 0
+    reclaimed: int = 0  # expired leases and save-pending items: a holder or a message vanished
     died: int = 0
+    # Dispatched items whose message did not start within a lease (lost, or waiting behind a
+    # backlog): queued again, which costs nothing.
+    requeued: int = 0
     # Seconds until a domain's turn or a backoff ends while the broker has room (None: nothing
     # waits for time): maintaining again then dispatches more.
     wake: Optional[float] = None

@@ -223,6 +223,9 @@ class WorkerAgent:
         res = self.rt.tracker.maintain(job, max_lost=self.rt.spec(job).max_lost)
         if res.reclaimed or res.died:
             log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
+        if res.requeued:
+            log.info("job %s: queued %d item(s) again whose scrape message did not start within "
+                     "a lease", job, res.requeued)
         if res.dispatch:
             self.publish(job, res.dispatch)
         if res.finished:

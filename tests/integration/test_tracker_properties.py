@@ -774,9 +774,12 @@ class TrackerMachine(RuleBasedStateMachine):
                 it = self.items[item]
                 if it.expired:
                     was = it.owner[0] if it.owner else "?"
-                    outcomes[self.retry_or_dead(
-                        item, fault, True, 0, f"{why} too often (last holder {was})")] += 1
-        assert (res.reclaimed, res.died) == (outcomes["retry"], outcomes["dead"]), res
+                    outcome = self.retry_or_dead(
+                        item, fault, True, 0, f"{why} too often (last holder {was})")
+                    # A dispatch that expired is requeued, counted apart from lost holders.
+                    outcomes["requeued" if states == "d" and outcome == "retry" else outcome] += 1
+        assert (res.reclaimed, res.died, res.requeued) == (
+            outcomes["retry"], outcomes["dead"], outcomes["requeued"]), res
         ends = self.job_state is JobState.RUNNING and self.items and not self.count("qwdlsS")
         assert res.finished is bool(ends), (res, self.job_state)  # detected once
         if ends:

@@ -142,7 +142,7 @@ class ItemCalls(ShardLayout):
     @converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
         shards = self._shards(job)
-        reclaimed = died = 0
+        reclaimed = died = requeued = 0
         dispatch: list[str] = []
         wake: Optional[float] = None
         finished = False
@@ -152,7 +152,8 @@ class ItemCalls(ShardLayout):
                 [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
             )
             reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
-            dispatch.extend(dispatched(res[4:]))
+            requeued += int(res[4])
+            dispatch.extend(dispatched(res[5:]))
             if res[2] and (wake is None or float(res[2]) < wake):
                 wake = float(res[2])
             finished = finished or bool(res[3])
@@ -166,7 +167,8 @@ class ItemCalls(ShardLayout):
             if idle:
                 self._unlist_if_idle(job)
         return MaintainResult(
-            dispatch=dispatch, reclaimed=reclaimed, died=died, wake=wake, finished=finished,
+            dispatch=dispatch, reclaimed=reclaimed, died=died, requeued=requeued, wake=wake,
+            finished=finished,
         )
 
     @converts_redis_errors

@@ -3,7 +3,8 @@
 -- An expired lease (scraping or saving) or an expired save-pending item means the worker holding
 -- it vanished or its save message was lost: that counts against max_lost, not max_retries (it is
 -- not the item's fault), yet a page that kills every worker that takes it still ends dead. An
--- expired dispatch (the message was lost, or its worker died before starting it) counts nothing.
+-- expired dispatch (the message was lost, its worker died before starting it, or it waited in a
+-- backlog for longer than a lease) counts nothing; it is requeued, and counted apart.
 -- KEYS: the item keys (see _lib.lua)
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4] max_reclaim   most items reclaimed per in-flight set per call
@@ -11,15 +12,18 @@
 -- ARGV[6] poll          wake at most this many seconds from now while items are dispatched or
 --                       leased (their failures may start backoffs that end before the next
 --                       heartbeat)
--- Returns {reclaimed, dead, wake, finished, dispatch_item...}; finished is 1 for the one call
+-- Returns {reclaimed, dead, wake, finished, requeued, dispatch_item...}; reclaimed counts leases
+-- and save-pending items that expired, requeued the dispatched items whose message did not start
+-- within a lease; finished is 1 for the one call
 -- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
 -- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
 local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), us(ARGV[3])
 local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), us(ARGV[6])
 local now = redis_now()
-local reclaimed, died = 0, 0
+local reclaimed, died, requeued = 0, 0, 0
 
 local function reclaim(zset, expected, mode, why)
+  local n = 0
   for _, item in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
     local v = live_get(item)
     local state, depth = nil, nil
@@ -28,7 +32,7 @@ local function reclaim(zset, expected, mode, why)
       local was = holder(item) or '?'
       if retry_or_dead(item, state, depth, mode, true, 0, max_lost,
           why .. ' too often (last holder ' .. was .. ')', true, 0) == 'retry' then
-        reclaimed = reclaimed + 1
+        n = n + 1
       else
         died = died + 1
       end
@@ -36,6 +40,7 @@ local function reclaim(zset, expected, mode, why)
       redis.call('ZREM', zset, item)  -- an entry left behind by a state change
     end
   end
+  return n
 end
 
 -- An expired saving lease: the process saving it died (or hung). When only a pool process died,
@@ -54,16 +59,16 @@ for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT'
       died = died + 1
     else
       redis.call('ZREM', K_LEASED, item)
-      redis.call('ZADD', K_PENDING, now + lease, item)
+      redis.call('ZADD', K_PENDING, int(now + lease), item)
       redis.call('HSET', K_OWNERS, item, '- ' .. token)
       live_set(item, 's', depth)
       reclaimed = reclaimed + 1
     end
   end
 end
-reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
-reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
-reclaim(K_DISPATCHED, 'd', 'free', '')
+reclaimed = reclaimed + reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
+reclaimed = reclaimed + reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
+requeued = reclaim(K_DISPATCHED, 'd', 'free', '')
 -- Completion, detected once: only the call that sees a running job with nothing left ends it.
 local finished = 0
 if job_state() == 'running' and tonumber(redis.call('HGET', K_STATS, 'seen') or '0') > 0
@@ -73,7 +78,7 @@ if job_state() == 'running' and tonumber(redis.call('HGET', K_STATS, 'seen') or 
   record_end('finished')
   finished = 1
 end
-local out = {reclaimed, died, '', finished}
+local out = {reclaimed, died, '', finished, requeued}
 take_for_dispatch(bound, max_batch, now + lease, out)
 local wake = nil
 if dispatch_room(bound) > 0 then
