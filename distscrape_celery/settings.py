@@ -144,6 +144,13 @@ class Settings(BaseModel):
         "queued. Until then the worker holds the page under its lease, so a worker that dies "
         "meanwhile costs a download again, one lease later.",
     )
+    known_links_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=0,
+        description="Memory (bytes) each worker process may spend remembering the links it has "
+        "passed to the tracker, so that a link found again on another page is not sent again "
+        "(the tracker would only find it known). Oldest first out; 0: send every link.",
+    )
     save_timeout_seconds: Optional[float] = Field(
         None,
         ge=1,

@@ -35,6 +35,11 @@ MAX_CRAWL_DELAY = 60.0
 _CRAWL_DELAYS_BYTES = 4 * 1024 * 1024  # some 10,000 domains
 
 
+def _known_link_bytes(key: tuple[str, str, str], _: object) -> int:
+    # The job and creation strings are shared by every entry of the job: the tuple holds them.
+    return text_bytes(key[2]) + 64
+
+
 class Publisher(Protocol):
     """Sends tasks to the broker."""
 
@@ -113,6 +118,13 @@ class ItemPipeline:
             _CRAWL_DELAYS_BYTES, lambda key, delay: text_bytes(*key) + 24
         )
         settings = runtime.settings
+        # Links passed to the tracker, per (job, creation, link). The tracker answered for
+        # each: it holds it for good, or dropped it past max_pages or max_pages_per_domain,
+        # limits that a job's creation never loosens. Sending it again would cost a round of
+        # deduplication in Redis for nothing; a link forgotten here is only sent again.
+        self._known_links: Optional[ByteBoundedCache[tuple[str, str, str], bool]] = (
+            ByteBoundedCache(settings.known_links_bytes, _known_link_bytes)
+            if settings.known_links_bytes else None)
         self._saves: Optional[Batcher[ScrapedSave]] = None
         if settings.save_batch_size > 1 and not settings.save_inline:
             self._saves = Batcher(
@@ -268,6 +280,7 @@ class ItemPipeline:
                 log.exception("%s %s: scraper find_items raised", job, item)
                 return self._fail(job, item, token, f"scraper error: {exc!r}", fault=Fault.ITEM)
             found, cut = cap_links(job, item, found, spec.scraper.max_links_per_page)
+        found = self._unknown_links(job, co.created, found)
         inline = self.rt.settings.save_inline
         if self._saves is not None:
             # Kept under our lease until its save task is queued with those of other pages.
@@ -285,6 +298,8 @@ class ItemPipeline:
             # item is reclaimed a lease later, not a save timeout later.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
                                   keep_as=self.rt.worker_id, cut=cut)
+        # Stale or not, the tracker took the finds.
+        self._remember_links(job, co.created, found)
         if not res.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             self._dispatch(job, res.dispatch)
@@ -323,6 +338,23 @@ class ItemPipeline:
             return self._store(job, item, token, download)
         self._hand_over(job, [(item, token)])
         return "scraped"
+
+    def _unknown_links(self, job: str, created: str, found: list[str]) -> list[str]:
+        """``found`` without the links this process passed to the tracker already for this
+        creation of ``job`` (none left out if the tracker named no creation)."""
+        known = self._known_links
+        if known is None or not created or not found:
+            return found
+        get = known.get
+        return [link for link in found if get((job, created, link)) is None]
+
+    def _remember_links(self, job: str, created: str, sent: list[str]) -> None:
+        """The tracker answered a call that passed it ``sent``."""
+        known = self._known_links
+        if known is None or not created:
+            return
+        for link in sent:
+            known.put((job, created, link), True)
 
     def _queue_saves(self, saves: list[ScrapedSave]) -> None:
         """Publish one save task per job for ``saves``, with the scrape messages of the items
