@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import NamedTuple, Optional, Protocol
@@ -36,7 +37,8 @@ _CRAWL_DELAYS_BYTES = 4 * 1024 * 1024  # some 10,000 domains
 
 
 def _known_link_bytes(key: tuple[str, str, str], _: object) -> int:
-    # The job and creation strings are shared by every entry of the job: the tuple holds them.
+    # The job and creation strings are interned, one of each for all the job's entries: an
+    # entry costs its link and the tuple.
     return text_bytes(key[2]) + 64
 
 
@@ -345,7 +347,7 @@ class ItemPipeline:
         known = self._known_links
         if known is None or not created or not found:
             return found
-        get = known.get
+        get, job, created = known.get, sys.intern(job), sys.intern(created)
         return [link for link in found if get((job, created, link)) is None]
 
     def _remember_links(self, job: str, created: str, sent: list[str]) -> None:
@@ -353,6 +355,7 @@ class ItemPipeline:
         known = self._known_links
         if known is None or not created:
             return
+        job, created = sys.intern(job), sys.intern(created)
         for link in sent:
             known.put((job, created, link), True)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.http import RouteServer
+from tests.support.memory import retained_after
 from tests.support.pipeline import pipeline_env
 from tests.support.tracker_state import item_states, live_items
 
@@ -119,3 +120,22 @@ def test_what_is_remembered_stays_within_its_bytes(redis_url, site, tmp_path, mo
         assert 0 < pipe._known_links.bytes <= budget
     assert all(len(c) > 1 for c in calls), calls  # each page sent some navigation links again
     assert rt.tracker.stats("p").seen == 3 + 6 + 3
+
+
+def test_the_bytes_reckoned_are_the_bytes_held(redis_url, site, tmp_path):
+    """Each page's task gets its own job and creation strings (from its message and its
+    checkout's reply): the entries must not keep one copy of each apiece, which the reckoning
+    does not count."""
+    rt, pipe, rec, server = pipeline_env(redis_url, site, tmp_path, POLITE)
+    links = [f"http://site.invalid/section/page{n}.html" for n in range(3000)]
+
+    def remember() -> None:
+        for n, link in enumerate(links):
+            # Strings made afresh, as a decoded message and a reply make them.
+            job, created = "".join(["job-", "p"]), "".join(["1764284400.", str(123456)])
+            pipe._remember_links(job, created, [link])
+
+    held = retained_after(remember)
+    assert len(pipe._known_links) == len(links)
+    print(f"\nheld {held} bytes, reckoned {pipe._known_links.bytes}")
+    assert held <= pipe._known_links.bytes, (held, pipe._known_links.bytes)

@@ -5,13 +5,11 @@ user regexes run under a time budget that ends a page's extraction instead of ha
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import subprocess
 import sys
 import textwrap
-import tracemalloc
 
 import pytest
 
@@ -26,6 +24,7 @@ from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.core.runtime import Runtime
 from distscrape_celery.scrapers import SimpleScraper
 from tests.support.cli import run
+from tests.support.memory import retained_after
 from tests.support.pipeline import Recorder
 
 MB = 1024 * 1024
@@ -34,19 +33,6 @@ MB = 1024 * 1024
 def html_page(url: str, hrefs: list[str]) -> Download:
     body = "<html>" + "".join(f'<a href="{h}">x</a>' for h in hrefs) + "</html>"
     return Download(url=url, status=200, content_type="text/html", body=body.encode())
-
-
-def retained_after(work) -> int:
-    """Bytes of Python memory still held once ``work()`` has returned (tracemalloc)."""
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        work()
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
 
 
 def test_overlong_links_are_dropped_before_they_are_cached() -> None:
