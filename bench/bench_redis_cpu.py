@@ -105,8 +105,8 @@ def classifier(shas: dict[bytes, str]):
             return f"tracker script: {key.decode(errors='replace')[len('distscrape_') + 17:]}"
         if cmd in PROBE_COMMANDS:
             return f"bench: {name}"
-        if cmd == b"brpop":
-            return "broker: brpop (consume)"
+        if cmd in (b"brpop", b"blmpop"):
+            return f"broker: {name} (consume)"
         if any(key.startswith(q) for q in QUEUES):
             return f"broker: {name} (queue)"
         if key.startswith(b"unacked"):

@@ -72,8 +72,9 @@ def test_worker_refuses_pickle(redis_url, workers, tmp_path):
 
 
 def test_a_worker_waits_on_one_list_per_queue_and_takes_any_priority(redis_url, workers):
-    """A worker's BRPOP names each of its queues once (kombu's default priority lists made it 8
-    keys for our 2 queues), and a message published with a priority is still taken."""
+    """A worker's fetch (BLMPOP with room for several messages, else BRPOP) names each of its
+    queues once (kombu's default priority lists made it 8 keys for our 2 queues), and a message
+    published with a priority is still taken."""
     import redis
 
     settings = crawl_settings(redis_url, lease_seconds=30)
@@ -84,8 +85,13 @@ def test_a_worker_waits_on_one_list_per_queue_and_takes_any_priority(redis_url, 
         while True:
             command = monitor.next_command()["command"].split()
             if command[0] == "BRPOP":
+                keys = command[1:-1]
                 break
-    assert sorted(command[1:-1]) == sorted([SCRAPE_QUEUE, SAVE_QUEUE])
+            if command[0] == "BLMPOP":  # BLMPOP timeout numkeys key... RIGHT COUNT n
+                keys = command[3:3 + int(command[2])]
+                assert command[3 + len(keys):-1] == ["RIGHT", "COUNT"], command
+                break
+    assert sorted(keys) == sorted([SCRAPE_QUEUE, SAVE_QUEUE])
     configure_app(settings)
     app.send_task(SCRAPE_TASK, args=("nojob", "http://127.0.0.1:9/"), queue=SCRAPE_QUEUE,
                   priority=9)

@@ -208,9 +208,10 @@ def test_a_forked_workers_node_name_gets_its_number_before_the_host():
 
 
 def test_an_idle_workers_stop_waits_at_most_a_short_brpop(redis_url, tmp_path):
-    """A worker stopping waits for the BRPOP it has in flight to answer, and an idle one's BRPOP
-    answers only when it times out: kombu's default of 1 s made every stop of an idle worker
-    (each `distscrape crawl`, each `celery multi stopwait`) take up to a second more."""
+    """A worker stopping waits for the fetch it has in flight to answer (BRPOP, or BLMPOP with
+    room for several messages), and an idle one's answers only when it times out: kombu's
+    default of 1 s made every stop of an idle worker (each `distscrape crawl`, each `celery
+    multi stopwait`) take up to a second more."""
     import redis
 
     from distscrape_celery.worker.app import BRPOP_SECONDS
@@ -223,10 +224,12 @@ def test_an_idle_workers_stop_waits_at_most_a_short_brpop(redis_url, tmp_path):
         wait_for_workers(RedisTracker.from_settings(settings), 1, procs=[worker])
         timeouts = []
         with monitor_client.monitor() as monitor:
-            while len(timeouts) < 3:  # the idle worker's BRPOPs, one after another
+            while len(timeouts) < 3:  # the idle worker's fetches, one after another
                 command = monitor.next_command()["command"].split()
                 if command[0] == "BRPOP":
                     timeouts.append(float(command[-1]))
+                elif command[0] == "BLMPOP":  # BLMPOP timeout numkeys key... RIGHT COUNT n
+                    timeouts.append(float(command[1]))
         assert timeouts == [BRPOP_SECONDS] * 3
         assert BRPOP_SECONDS <= 0.25
         started = time.monotonic()
