@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Optional
+from typing import Any, Optional
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
@@ -137,12 +137,14 @@ class Settings(BaseModel):
         "(docs/performance.md). 1: a save task per page, sent at once.",
     )
     save_batch_seconds: float = Field(
-        0.05,
+        0.2,
         ge=0,
         le=5,
         description="Longest a scraped page waits in its worker process for its save task to be "
-        "queued. Until then the worker holds the page under its lease, so a worker that dies "
-        "meanwhile costs a download again, one lease later.",
+        "queued (default 0.2, or a quarter of a shorter lease). Until then the worker holds the "
+        "page under its lease, so a worker that dies meanwhile costs a download again, one "
+        "lease later. Each save task costs four tracker round trips whatever its pages: a "
+        "longer wait gathers more pages into each (docs/performance.md).",
     )
     known_links_bytes: int = Field(
         16 * 1024 * 1024,
@@ -251,6 +253,20 @@ class Settings(BaseModel):
         if not scheme:
             raise ValueError(f"{redact(value)!r} is not a URL (expected e.g. redis://host:6379/0)")
         return value  # another Celery broker (amqp://, ...): Celery checks it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _save_batch_seconds_within_the_lease(cls, data: Any) -> Any:
+        """Unset, the save batches wait the default or a quarter of a shorter lease (a page
+        waits under its lease); a value given is checked instead (``_check_save_batch_seconds``)."""
+        if not isinstance(data, dict) or data.get("save_batch_seconds") is not None:
+            return data
+        try:
+            lease = float(data.get("lease_seconds", cls.model_fields["lease_seconds"].default))
+        except (TypeError, ValueError):
+            return data  # lease_seconds's own check names what is wrong with it
+        default = cls.model_fields["save_batch_seconds"].default
+        return {**data, "save_batch_seconds": min(default, max(lease, 0.0) / 4)}
 
     @model_validator(mode="after")
     def _cluster_needs_broker(self) -> "Settings":

@@ -122,14 +122,16 @@ def _crawl_with_victims(server, tracker, procs, job, spec, victims, timeout=60):
             {p: server.request_times(p) for p in victims.values()})
 
 
-def _assert_nothing_in_flight(redis_client, job, downloaded_again=None) -> None:
-    """No owner, lease, pending save, dispatch or staged body is left. With ``downloaded_again``
-    (pages downloaded a second time), their bodies staged under the old leases may wait out
-    their TTL, at most one each."""
+def _assert_nothing_in_flight(redis_client, job, fetched=None) -> None:
+    """No owner, lease, pending save, dispatch or staged body is left. With ``fetched`` (the
+    downloads of each page), the bodies staged under leases that were lost may wait out their
+    TTL: at most one for each download past a page's first (a page can lose two leases to two
+    kills, each with a body staged)."""
     in_flight = _in_flight(redis_client, job)
-    if downloaded_again is not None:
+    if fetched is not None:
         left = list(redis_client.scan_iter(JobKeys(job).prefix + "body:*"))
-        assert len(left) <= len(downloaded_again) and all(redis_client.pttl(k) > 0 for k in left)
+        extra = sum(k - 1 for k in fetched.values())
+        assert len(left) <= extra and all(redis_client.pttl(k) > 0 for k in left), (left, extra)
         in_flight["bodies"] = 0
     assert in_flight == dict.fromkeys(("owners", "leased", "pending", "dispatched", "bodies"), 0)
 
@@ -280,7 +282,7 @@ def test_sigkill_in_save_then_saved_exactly_once(
         again = [p for p, k in fetched.items() if k > 1]
         assert len(again) <= 5 * DEFAULT_SAVE_BATCH, again
         _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs)
-    _assert_nothing_in_flight(redis_client, job, downloaded_again=again if batch_size is None else None)
+    _assert_nothing_in_flight(redis_client, job, fetched=fetched if batch_size is None else None)
 
 
 def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
@@ -316,7 +318,7 @@ def test_sigkill_in_a_group_commit_loses_nothing_and_downloads_nothing_again(
     again = [p for p, k in fetched.items() if k > 1]
     assert len(again) <= len(kills) * DEFAULT_SAVE_BATCH, again
     _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs)
-    _assert_nothing_in_flight(redis_client, job, downloaded_again=again)
+    _assert_nothing_in_flight(redis_client, job, fetched=fetched)
 
 
 # -- 2 -------------------------------------------------------------------------------------------

@@ -113,6 +113,17 @@ def test_save_timeout_is_five_leases_and_30s_unless_set(redis_url):
         Settings.from_env({"DISTSCRAPE_SAVE_TIMEOUT_SECONDS": "0"})
 
 
+def test_save_batches_wait_200_ms_or_a_quarter_of_a_shorter_lease():
+    """Unset, the wait is 0.2 s, or a quarter of a lease shorter than 0.8 s (a page waits
+    under its lease); a worker given the settings' environment gets the same."""
+    assert Settings().save_batch_seconds == 0.2
+    short = Settings(lease_seconds=0.5)
+    assert short.save_batch_seconds == 0.125
+    assert Settings.from_env(short.to_env()).save_batch_seconds == 0.125
+    assert Settings.from_env({"DISTSCRAPE_LEASE_SECONDS": "0.6"}).save_batch_seconds == 0.15
+    assert Settings.from_env({"DISTSCRAPE_SAVE_BATCH_SECONDS": "0.05"}).save_batch_seconds == 0.05
+
+
 def test_save_batches_wait_far_less_than_a_lease(redis_url):
     """A scraped page waits for its batch under its worker's lease: the wait must leave the lease
     room for a slow broker round trip."""

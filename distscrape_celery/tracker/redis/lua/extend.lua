@@ -17,7 +17,7 @@
 -- ARGV[5+n+m..]    pairs item, token: save messages reserved
 -- Returns the number of items extended
 local now = redis_now()
-local deadline, worker, n = now + us(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local deadline, worker, n = int(now + us(ARGV[1])), ARGV[2], tonumber(ARGV[3])
 local m = tonumber(ARGV[4 + n])
 local extended = 0
 for i = 4, 3 + n do
