@@ -93,15 +93,18 @@ def main() -> int:
                 + "".join(step_function(names[s], text) for s, text in STEPS.items()))
         client.execute_command("FUNCTION", "LOAD", "REPLACE", "#!lua name=bench_ops\n" + code)
 
-        def cpu() -> float:
+        def cpu() -> tuple[float, float]:
+            """Redis's CPU seconds so far: user, and in the kernel."""
             info = client.info("cpu")
-            return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+            return float(info["used_cpu_user"]), float(info["used_cpu_sys"])
+
+        kernel_share = [0.0]  # of the last per_call's figure
 
         def per_call(*command, clients: int = 1) -> float:
             """Redis CPU µs a call of ``command``, sent --calls times in all by ``clients``
             processes (threads would take turns under the GIL: one request at a time)."""
             each = args.calls // clients
-            before = cpu()
+            user, system = cpu()
             if clients == 1:
                 send(server.url, command, each)
             else:
@@ -111,17 +114,15 @@ def main() -> int:
                     p.start()
                 for p in procs:
                     p.join()
-            return (cpu() - before) / (each * clients) * 1e6
+            user_after, system_after = cpu()
+            spent = user_after - user + system_after - system
+            kernel_share[0] = (system_after - system) / spent if spent else 0.0
+            return spent / (each * clients) * 1e6
 
         print("Redis CPU, µs:")
-        info = client.info("cpu")
-        user, system = float(info["used_cpu_user"]), float(info["used_cpu_sys"])
         ping = per_call("PING")
-        info = client.info("cpu")
-        share = (float(info["used_cpu_sys"]) - system) / (
-            float(info["used_cpu_user"]) - user + float(info["used_cpu_sys"]) - system)
         print(f"  a round trip (PING), one client at a time: {ping:8.1f}  "
-              f"({share:.0%} of it in the kernel)")
+              f"({kernel_share[0]:.0%} of it in the kernel)")
         print(f"  a round trip (PING), 16 clients at once:    {per_call('PING', clients=16):8.1f}")
         nothing = per_call("FCALL", "bench_nothing", 0)
         print(f"  FCALL of a function that does nothing:      {nothing:8.1f}")

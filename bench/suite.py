@@ -53,6 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import ClassVar, Optional
 from urllib.parse import urlsplit
 
@@ -1149,23 +1150,33 @@ REDIS_CEILINGS = [
 
 def ceiling_table(rounds: list[tuple[list[Result], dict]]) -> str:
     """Each Redis CPU bound's figure in each round and the median; only crawls that ran."""
-    lines = []
+    figures = []
     for label, most, crawl in REDIS_CEILINGS:
         row: list[Optional[float]] = []
         for results, _ in rounds:
             found = {(r.kind, r.site): r for r in results}.get(crawl)
             row.append(1000 * found.per_page(found.redis_cpu) if found and found.pages else None)
+        figures.append((label, most, row))
+    return bound_table("bound", "at most", figures, len(rounds), lambda x, most: x <= most)
+
+
+def bound_table(what: str, bound: str, figures: list[tuple[str, float, list[Optional[float]]]],
+                rounds: int, meets: Callable[[float, float], bool]) -> str:
+    """A table of (label, bound, figure per round) with each row's median and the rounds whose
+    figure ``meets`` the bound; rows with no figure are left out, and no row is no table."""
+    lines = []
+    for label, limit, row in figures:
         got = [x for x in row if x is not None]
-        if got:
-            cells = " | ".join(f"{x:.2f}" if x is not None else "" for x in row)
-            met = sum(1 for x in got if x <= most)
-            lines.append(f"| {label} | {most:.2f} | {cells} | {statistics.median(got):.2f} | "
-                         f"{met} of {len(got)} |")
+        if not got:
+            continue
+        cells = " | ".join(f"{x:.2f}" if x is not None else "" for x in row)
+        met = sum(1 for x in got if meets(x, limit))
+        lines.append(f"| {label} | {limit:.2f} | {cells} | {statistics.median(got):.2f} | "
+                     f"{met} of {len(got)} |")
     if not lines:
         return ""
-    head = "| bound | at most | " + " | ".join(f"round {i}" for i in range(1, len(rounds) + 1))
-    return "\n".join([head + " | median | met in |", "|---|---|" + "---|" * (len(rounds) + 2),
-                      *lines])
+    head = f"| {what} | {bound} | " + " | ".join(f"round {i}" for i in range(1, rounds + 1))
+    return "\n".join([head + " | median | met in |", "|---|---|" + "---|" * (rounds + 2), *lines])
 
 
 def target_table(rounds: list[tuple[list[Result], dict]], host_cpu: float = 0.3) -> str:
@@ -1180,18 +1191,11 @@ def target_table(rounds: list[tuple[list[Result], dict]], host_cpu: float = 0.3)
             a, b = found.get(top), found.get(bottom)
             row.append(getattr(a, attr) / getattr(b, attr)
                        if a and b and getattr(b, attr) else None)
-        if any(x is not None for x in row):
-            ratios.append((label, least, row))
-    if not ratios:
+        ratios.append((label, least, row))
+    table = bound_table("target", "at least", ratios, len(rounds), lambda x, least: x >= least)
+    if not table:
         return ""
-    head = "| target | at least | " + " | ".join(f"round {i}" for i in range(1, len(rounds) + 1))
-    lines = [head + " | median | met in |", "|---|---|" + "---|" * (len(rounds) + 2)]
-    for label, least, row in ratios:
-        got = [x for x in row if x is not None]
-        cells = " | ".join(f"{x:.2f}" if x is not None else "" for x in row)
-        met = sum(1 for x in got if x >= least)
-        lines.append(f"| {label} | {least:.2f} | {cells} | {statistics.median(got):.2f} | "
-                     f"{met} of {len(got)} |")
+    lines = [table]
     alone = [r.busiest for results, _ in rounds for r in results
              if (r.kind, r.site) == ("scale-1", "latency") and r.busiest]
     if alone:

@@ -341,23 +341,28 @@ class ItemPipeline:
         self._hand_over(job, [(item, token)])
         return "scraped"
 
+    def _links_of(self, job: str, created: str) -> Optional[tuple[str, str]]:
+        """The first two parts of the keys of ``job``'s known links (interned: one copy for
+        all its entries); None if nothing is remembered (none kept, or no creation named)."""
+        if self._known_links is None or not created:
+            return None
+        return sys.intern(job), sys.intern(created)
+
     def _unknown_links(self, job: str, created: str, found: list[str]) -> list[str]:
         """``found`` without the links this process passed to the tracker already for this
-        creation of ``job`` (none left out if the tracker named no creation)."""
-        known = self._known_links
-        if known is None or not created or not found:
+        creation of ``job``."""
+        of = self._links_of(job, created)
+        if of is None or not found:
             return found
-        get, job, created = known.get, sys.intern(job), sys.intern(created)
-        return [link for link in found if get((job, created, link)) is None]
+        get = self._known_links.get
+        return [link for link in found if get((*of, link)) is None]
 
     def _remember_links(self, job: str, created: str, sent: list[str]) -> None:
         """The tracker answered a call that passed it ``sent``."""
-        known = self._known_links
-        if known is None or not created:
-            return
-        job, created = sys.intern(job), sys.intern(created)
-        for link in sent:
-            known.put((job, created, link), True)
+        of = self._links_of(job, created)
+        if of is not None:
+            for link in sent:
+                self._known_links.put((*of, link), True)
 
     def _queue_saves(self, saves: list[ScrapedSave]) -> None:
         """Publish one save task per job for ``saves``, with the scrape messages of the items
