@@ -22,6 +22,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, NoScriptError, SlotNotCoveredError, TryAgainError
 
 from . import scripts
+from .combine import Combiner
 from ...errors import JobNotFound, JobStateError, TrackerUnavailable
 from ...redaction import redact
 from ..base import Tracker
@@ -134,6 +135,7 @@ class RedisCore(Tracker):
         self._slots: Optional[int] = None
         self._slots_at = 0.0
         self._local = threading.local()  # the connection each thread keeps (_thread_connection)
+        self._combiner = Combiner(self._send_combined)
 
     @classmethod
     def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = 30.0,
@@ -195,6 +197,40 @@ class RedisCore(Tracker):
                 [self._script_command(name, script_keys, args), *after], undecoded)
         _raise_first(replies)
         return replies[0], replies[1:]
+
+    def _eval_combined(
+        self, name: str, script_keys: Sequence[str], args: Sequence[Any], *,
+        before: Sequence[tuple[Any, ...]] = (),
+    ) -> Any:
+        """:meth:`_eval_around` for an item script with a batch form, whose calls this process's
+        threads make at the same time go as one call of that form (see combine.py), with the
+        commands ``before`` each of them first. Calls go together only if they run on the same
+        keys and take as many keys of their own (a body key, say): on one Redis, not a cluster,
+        whose extra keys may be in other slots."""
+        if self.cluster:
+            return self._eval_around(name, script_keys, args, before=before)[0]
+        key = (name, tuple(script_keys[:scripts.ITEM_KEYS]), len(script_keys) - scripts.ITEM_KEYS)
+        return self._combiner.call(key, (script_keys, args, before))
+
+    def _send_combined(
+        self, key: tuple[Any, ...], calls: Sequence[tuple[Sequence[str], Sequence[Any], Any]]
+    ) -> list[Any]:
+        """Send the calls of item script ``key[0]`` that came together: one alone as itself, more
+        as one call of the script's batch form (NAME_many, each call's arguments after their
+        count); the reply of each."""
+        name = key[0]
+        if len(calls) == 1:
+            script_keys, args, before = calls[0]
+            return [self._eval_around(name, script_keys, args, before=before)[0]]
+        batch_keys = [*calls[0][0][:scripts.ITEM_KEYS],
+                      *(k for script_keys, _, _ in calls for k in script_keys[scripts.ITEM_KEYS:])]
+        batch_args: list[Any] = [len(calls), 0]
+        for _, args, _ in calls:
+            batch_args.append(len(args))
+            batch_args.extend(args)
+        reply, _ = self._eval_around(f"{name}_many", batch_keys, batch_args,
+                                     before=[c for _, _, before in calls for c in before])
+        return reply
 
     def _eval_pipelined(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]

@@ -68,7 +68,8 @@ class ItemCalls(ShardLayout):
     @converts_redis_errors
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         bound, max_batch, lease = self._top_up_args(job)
-        res = self._run_item("checkout", job, item, [item, worker_id, lease, bound, max_batch, max_lost])
+        res = self._eval_combined("checkout", self._item_keys(job, self._shard_of(job, item)),
+                                  [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
             status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
             token=int(res[3]), wait=float(res[4]), created=res[5], dispatch=dispatched(res[6:]),
@@ -98,7 +99,7 @@ class ItemCalls(ShardLayout):
         # The body is staged in the same round trip as the state change, by a SET before it
         # (the script drops it if the lease is stale); it never goes through Lua.
         body_keys = self._body_keys(job, token, home) if body is not None else []
-        res, _ = self._eval_around(
+        res = self._eval_combined(
             "scraped", [*self._item_keys(job, home), *body_keys],
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
              save_as or "", keep_as or "", int(cut), *found],

@@ -31,8 +31,9 @@ ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
 )
-# Item scripts with a batch form, NAME_many: what a save batch calls once for all its pages.
-BATCH_SCRIPTS = ("begin_save", "complete")
+# Item scripts with a batch form, NAME_many: what a save batch calls once for all its pages, and
+# what threads of a process call at the same time (combine.py).
+BATCH_SCRIPTS = ("begin_save", "complete", "checkout", "scraped")
 # The item keys every item script takes (KEYS[1] to KEYS[21], see _lib.lua).
 ITEM_KEYS = 21
 

@@ -716,8 +716,9 @@ end
 -- -- batches ----------------------------------------------------------------------------------
 
 -- The batch form of `run` (NAME_many): KEYS are the item keys, then each call's one extra key
--- (KEYS[22] of NAME alone), in order, if NAME takes one; ARGV[1] the calls, ARGV[2] the arguments of each, then
--- every call's arguments, in order. Each call runs with KEYS and ARGV of its own (the job's key
+-- (KEYS[22] of NAME alone), in order, if NAME takes one; ARGV[1] the calls, ARGV[2] the arguments
+-- of each, then every call's arguments, in order; ARGV[2] = 0: calls of their own widths, each
+-- call's arguments after their count. Each call runs with KEYS and ARGV of its own (the job's key
 -- names, set by _begin.lua from the batch's KEYS, are the same for every call); the reply is the
 -- list of their replies. _begin.lua's checks run once, and so does the dispatch top-up: only the
 -- last call's reply hands items out.
@@ -728,10 +729,17 @@ local function batch(run)
     local call_keys, replies = {}, {}
     topup_deferred, deferred_topup = true, nil
     for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
+    local base = 2
     for i = 1, calls do
       call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]  -- nil if the calls take no extra key
-      local call_args, base = {}, 2 + (i - 1) * width
-      for j = 1, width do call_args[j] = args[base + j] end
+      local n = width
+      if width == 0 then
+        base = base + 1
+        n = tonumber(args[base])
+      end
+      local call_args = {}
+      for j = 1, n do call_args[j] = args[base + j] end
+      base = base + n
       replies[i] = run(call_keys, call_args)
     end
     topup_deferred = false
