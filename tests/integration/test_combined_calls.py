@@ -216,6 +216,34 @@ def test_combiner_sends_what_came_during_a_send_as_one_and_keys_apart():
     assert c.call("k", 5) == "k:5"  # nothing in flight: at once, alone
 
 
+def test_a_send_carries_at_most_max_calls_and_max_weight():
+    """What waits past the caps goes in the next send, led by the first left waiting; a call
+    heavier than the cap still goes, alone."""
+    gate = Gate()
+    c = Combiner(gate, max_calls=3, max_weight=10)
+    out: dict = {}
+    threads = [start_weighted(c, "k", 1, 1, out)]
+    assert gate.entered.acquire(timeout=5)
+    for payload, weight in [(2, 4), (3, 4), (4, 4), (5, 1), (6, 1), (7, 1), (8, 50), (9, 1)]:
+        threads.append(start_weighted(c, "k", payload, weight, out))
+        wait_waiting(c, "k", payload - 1)
+    for _ in range(6):
+        gate.go.release()
+    for t in threads:
+        t.join(5)
+    # 2+3 weigh 8 (4 would make 12); 4+5+6 are three calls; 7 then 8 would weigh 51; 8 alone.
+    assert gate.sent == [[1], [2, 3], [4, 5, 6], [7], [8], [9]]
+    assert out == {n: f"k:{n}" for n in range(1, 10)}
+
+
+def start_weighted(combiner, key, payload, weight, out):
+    def run():
+        out[payload] = combiner.call(key, payload, weight)
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
 def test_combiner_gives_each_caller_the_error_and_goes_on():
     gate = Gate(fail_with=redis.ConnectionError("gone"))
     c = Combiner(gate)
@@ -249,8 +277,8 @@ def test_an_interrupted_waiter_passes_the_lead_on(monkeypatch):
 
     real_call = combine._Call
 
-    def make(payload):
-        call = real_call(payload)
+    def make(payload, weight=1):
+        call = real_call(payload, weight)
         if payload == 2:
             call.ready = InterruptibleEvent()
         return call

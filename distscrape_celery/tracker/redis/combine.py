@@ -33,10 +33,11 @@ def _copy(exc: Exception) -> Exception:
 
 
 class _Call:
-    __slots__ = ("payload", "reply", "error", "ready", "lead")
+    __slots__ = ("payload", "weight", "reply", "error", "ready", "lead")
 
-    def __init__(self, payload: Any) -> None:
+    def __init__(self, payload: Any, weight: int = 1) -> None:
         self.payload = payload
+        self.weight = weight
         self.reply: Any = None
         self.error: BaseException | None = None
         self.ready = threading.Event()
@@ -55,10 +56,14 @@ class Combiner:
     """Runs ``send`` for the calls of one key that come while an earlier call of that key is in
     flight, all at once; each caller gets its own reply, or the exception that the send raised.
     No thread of its own: the first caller to find no call in flight sends, and when its send
-    returns it hands the calls that came meanwhile to the first of them, which sends those."""
+    returns it hands the calls that came meanwhile to the first of them, which sends those.
+    A send takes at most ``max_calls`` calls and, past its first, ``max_weight`` of their weight
+    (what a call costs Redis, in the caller's units): one script call that ran every waiting
+    thread's work at once would hold Redis up for all other clients that long."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, *, max_calls: int = 32, max_weight: int = 2048) -> None:
         self._send = send
+        self._max_calls, self._max_weight = max_calls, max_weight
         self._reset()
 
     def _reset(self) -> None:
@@ -67,11 +72,11 @@ class Combiner:
         self._lock = threading.Lock()
         self._groups: dict[Hashable, _Group] = {}
 
-    def call(self, key: Hashable, payload: Any) -> Any:
+    def call(self, key: Hashable, payload: Any, weight: int = 1) -> Any:
         """Send ``payload`` under ``key`` (alone or with others) and return its reply."""
         if self._pid != os.getpid():
             self._reset()
-        me = _Call(payload)
+        me = _Call(payload, weight)
         with self._lock:
             group = self._groups.get(key)
             if group is None:
@@ -87,7 +92,7 @@ class Combiner:
             if not me.lead:
                 return self._outcome(me)
         with self._lock:
-            calls, group.waiting = group.waiting, []
+            calls = self._take(group)
         try:
             replies = self._send(key, [c.payload for c in calls])
             if len(replies) != len(calls):
@@ -110,6 +115,17 @@ class Combiner:
                 if c is not me:
                     c.ready.set()
         return self._outcome(me)
+
+    def _take(self, group: _Group) -> list[_Call]:
+        """The calls the next send carries, from the head of the queue, which is the caller
+        that leads it (under the lock)."""
+        n, weight = 1, group.waiting[0].weight
+        for c in group.waiting[1:self._max_calls]:
+            if weight + c.weight > self._max_weight:
+                break
+            n, weight = n + 1, weight + c.weight
+        calls, group.waiting = group.waiting[:n], group.waiting[n:]
+        return calls
 
     @staticmethod
     def _hand_on(group: _Group) -> None:

@@ -210,7 +210,10 @@ class RedisCore(Tracker):
         if self.cluster:
             return self._eval_around(name, script_keys, args, before=before)[0]
         key = (name, tuple(script_keys[:scripts.ITEM_KEYS]), len(script_keys) - scripts.ITEM_KEYS)
-        return self._combiner.call(key, (script_keys, args, before))
+        # A call weighs its arguments (each found link is a few commands) and a unit per KiB it
+        # stages (a body), so a combined call stays a few milliseconds of Redis at most.
+        weight = len(args) + sum(len(a) for c in before for a in c if isinstance(a, bytes)) // 1024
+        return self._combiner.call(key, (script_keys, args, before), weight)
 
     def _send_combined(
         self, key: tuple[Any, ...], calls: Sequence[tuple[Sequence[str], Sequence[Any], Any]]
