@@ -32,9 +32,9 @@ end
 for i = 5 + n + m, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = live_get(item)
-  local _, held = holder(item)
+  local who, held = holder(item)
   if v and string.sub(v, 1, 1) == 's' and held == token then
-    if holder(item) == worker then
+    if who == worker then
       redis.call('ZADD', K_PENDING, 'XX', 'GT', deadline, item)
     else
       redis.call('ZADD', K_PENDING, deadline, item)
