@@ -25,7 +25,8 @@ from distscrape_celery.tracker.staging import RedisBodyStaging
 from tests.support.tracker_state import item_states
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
-PAUSE_MS = 400
+# Far longer than threads let go together take to make their calls, on a loaded machine too.
+PAUSE_MS = 1000
 
 
 def script_calls(client) -> int:
@@ -34,10 +35,10 @@ def script_calls(client) -> int:
     return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha"))
 
 
-def all_at_once(calls):
-    """Run each of ``calls`` in a thread of its own, all started together while Redis is paused
-    for PAUSE_MS (every command waits), so the first is in flight while the others are made.
-    Returns their results in order (an exception raised is returned)."""
+def run_paused(client, calls):
+    """Run each of ``calls`` in a thread of its own, all let go together while Redis is paused
+    for PAUSE_MS (every command waits), so the first call sent is in flight while the others
+    are made. Returns their results in order (an exception raised is returned)."""
     results: list = [None] * len(calls)
     start = threading.Barrier(len(calls))
 
@@ -49,11 +50,6 @@ def all_at_once(calls):
             results[i] = exc
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    return threads, results
-
-
-def run_paused(client, calls):
-    threads, results = all_at_once(calls)
     client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
     for t in threads:
         t.start()
