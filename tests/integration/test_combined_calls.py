@@ -19,7 +19,7 @@ import redis
 
 from distscrape_celery.errors import JobNotFound
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
-from distscrape_celery.tracker.redis import combine
+from distscrape_celery.tracker.redis import combine, scripts
 from distscrape_celery.tracker.redis.combine import Combiner
 from distscrape_celery.tracker.staging import RedisBodyStaging
 from tests.support.tracker_state import item_states
@@ -59,11 +59,18 @@ def run_paused(client, calls):
     return results
 
 
-@pytest.fixture
-def tracker(redis_url):
+@pytest.fixture(params=["functions", "scripts"])
+def tracker(request, redis_url):
+    """A tracker whose item scripts run from the function library (FCALL), or as scripts
+    (EVALSHA: Redis 6.2, a server that refuses FUNCTION LOAD)."""
     # The dispatch bound read once (each refresh is a script call of its own).
     t = RedisTracker.from_url(redis_url, bound_refresh_seconds=600, lease_seconds=30,
-                              save_timeout=60)
+                              save_timeout=60,
+                              functions=None if request.param == "functions" else False)
+    # Every script in Redis's cache already, so that no call below is a NOSCRIPT reply and its
+    # second try (the function library is loaded by the first call).
+    for name in scripts.item_script_names():
+        t.client.script_load(scripts.source(name))
     # Every page of the one test domain in flight at once.
     t.create_job("j", SPEC, CrawlLimits(default=DomainLimits(concurrency=64)))
     yield t
