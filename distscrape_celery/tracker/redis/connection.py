@@ -219,21 +219,31 @@ class RedisCore(Tracker):
         self, key: tuple[Any, ...], calls: Sequence[tuple[Sequence[str], Sequence[Any], Any]]
     ) -> list[Any]:
         """Send the calls of item script ``key[0]`` that came together: one alone as itself, more
-        as one call of the script's batch form (NAME_many, each call's arguments after their
-        count); the reply of each."""
+        as one call of the script's batch form; the reply of each."""
         name = key[0]
         if len(calls) == 1:
             script_keys, args, before = calls[0]
             return [self._eval_around(name, script_keys, args, before=before)[0]]
+        return self._eval_many(name, [(script_keys, args) for script_keys, args, _ in calls],
+                               before=[c for _, _, before in calls for c in before])[0]
+
+    def _eval_many(
+        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *,
+        before: Sequence[tuple[Any, ...]] = (), after: Sequence[tuple[Any, ...]] = (),
+        undecoded: bool = False,
+    ) -> tuple[Any, list[Any]]:
+        """Item script ``name`` once per (keys, args) of ``calls``, in one call of its batch form
+        (NAME_many, scripts.BATCH_SCRIPTS), with ``before`` and ``after`` around it as in
+        :meth:`_eval_around`: every call's keys are the same item keys and, for all of them or
+        none, one key of its own. Its reply (a list, one reply per call) and those of ``after``."""
         batch_keys = [*calls[0][0][:scripts.ITEM_KEYS],
-                      *(k for script_keys, _, _ in calls for k in script_keys[scripts.ITEM_KEYS:])]
-        batch_args: list[Any] = [len(calls), 0]
-        for _, args, _ in calls:
+                      *(k for script_keys, _ in calls for k in script_keys[scripts.ITEM_KEYS:])]
+        batch_args: list[Any] = [len(calls)]
+        for _, args in calls:
             batch_args.append(len(args))
             batch_args.extend(args)
-        reply, _ = self._eval_around(f"{name}_many", batch_keys, batch_args,
-                                     before=[c for _, _, before in calls for c in before])
-        return reply
+        return self._eval_around(f"{name}_many", batch_keys, batch_args, before=before,
+                                 after=after, undecoded=undecoded)
 
     def _eval_pipelined(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]

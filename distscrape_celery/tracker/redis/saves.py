@@ -9,7 +9,6 @@ from .. import keys
 from ..base import MAX_ADD_BATCH
 from ..model import CompleteResult, SaveBegin, SaveStart
 from .connection import converts_redis_errors
-from . import scripts
 from .scripts import dispatched
 from .shards import ShardLayout
 
@@ -64,21 +63,6 @@ class SaveCalls(ShardLayout):
             by_shard.setdefault(self._shard_of(job, item), []).append(i)
         return list(by_shard.values())
 
-    def _run_batch(
-        self, name: str, calls: list[tuple[list[str], list[Any]]],
-        after: Sequence[tuple[Any, ...]] = (),
-    ) -> tuple[list[Any], list[Any]]:
-        """Item script ``name`` once per (keys, args) of ``calls``, in one call of its batch form
-        (scripts.BATCH_SCRIPTS): every call's keys are the same item keys and at most one key of
-        its own, and its arguments as many as every other's; the commands ``after`` in the same
-        round trip. Replies undecoded: the calls', and those of ``after``."""
-        item_keys = calls[0][0][:scripts.ITEM_KEYS]
-        width = len(calls[0][1])
-        return self._eval_around(
-            f"{name}_many", [*item_keys, *(k for keys_, _ in calls for k in keys_[scripts.ITEM_KEYS:])],
-            [len(calls), width, *(a for _, args in calls for a in args)],
-            after=after, undecoded=True)
-
     @converts_redis_errors
     def begin_saves(
         self, job: str, saves: Sequence[tuple[str, int]], worker_id: str, *, max_lost: int
@@ -88,9 +72,10 @@ class SaveCalls(ShardLayout):
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
             calls = [self._begin_save_call(job, *saves[i], worker_id, max_lost) for i in places]
-            replies, (bodies,) = self._run_batch(
+            replies, (bodies,) = self._eval_many(
                 "begin_save", calls,
-                after=[("MGET", *(keys.body_key(job, saves[i][1]) for i in places))])
+                after=[("MGET", *(keys.body_key(job, saves[i][1]) for i in places))],
+                undecoded=True)
             for i, res, body in zip(places, replies, bodies):
                 out[i] = self._begin_reply(res, body)
         return out
@@ -116,7 +101,7 @@ class SaveCalls(ShardLayout):
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
             calls = [self._complete_call(job, *saves[i])[:2] for i in places]
-            for i, res in zip(places, self._run_batch("complete", calls)[0]):
+            for i, res in zip(places, self._eval_many("complete", calls, undecoded=True)[0]):
                 out[i] = CompleteResult(dispatch=dispatched(res[1:]),
                                         changed=bool(res[0]))
         return out

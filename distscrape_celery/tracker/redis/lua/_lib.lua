@@ -716,30 +716,25 @@ end
 -- -- batches ----------------------------------------------------------------------------------
 
 -- The batch form of `run` (NAME_many): KEYS are the item keys, then each call's one extra key
--- (KEYS[22] of NAME alone), in order, if NAME takes one; ARGV[1] the calls, ARGV[2] the arguments
--- of each, then every call's arguments, in order; ARGV[2] = 0: calls of their own widths, each
--- call's arguments after their count. Each call runs with KEYS and ARGV of its own (the job's key
+-- (KEYS[22] of NAME alone), in order, if NAME takes one; ARGV[1] the calls, then each call's
+-- arguments after their count. Each call runs with KEYS and ARGV of its own (the job's key
 -- names, set by _begin.lua from the batch's KEYS, are the same for every call); the reply is the
 -- list of their replies. _begin.lua's checks run once, and so does the dispatch top-up: only the
 -- last call's reply hands items out.
 local ITEM_KEYS = 21
 local function batch(run)
   return function(keys, args)
-    local calls, width = tonumber(args[1]), tonumber(args[2])
+    local calls = tonumber(args[1])
     local call_keys, replies = {}, {}
     topup_deferred, deferred_topup = true, nil
     for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
-    local base = 2
+    local base = 1
     for i = 1, calls do
       call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]  -- nil if the calls take no extra key
-      local n = width
-      if width == 0 then
-        base = base + 1
-        n = tonumber(args[base])
-      end
+      local n = tonumber(args[base + 1])
       local call_args = {}
-      for j = 1, n do call_args[j] = args[base + j] end
-      base = base + n
+      for j = 1, n do call_args[j] = args[base + 1 + j] end
+      base = base + 1 + n
       replies[i] = run(call_keys, call_args)
     end
     topup_deferred = false
