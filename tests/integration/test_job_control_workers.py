@@ -129,7 +129,9 @@ def test_pause_resume_completion_once_and_workers(redis_url, two_workers, tmp_pa
 
 def test_cancel_stops_fetching_and_delete_removes_the_job(redis_url, two_workers, tmp_path):
     tracker, procs, _ = two_workers
-    with RouteServer(fan_out(1.0)) as site:
+    # 2 s a page: the 4 task slots fetch 2 pages a second, so the cancel below has 13 s, two
+    # command-line runs on a loaded machine, to come before the last page is leased.
+    with RouteServer(fan_out(2.0)) as site:
         cli(redis_url, "seed", "c", site.base + "/", "--output", str(tmp_path / "out"))
         wait_until("some pages", lambda: tracker.stats("c").done >= 2, procs=procs)
         refused = run("delete", "c", "--redis-url", redis_url)
