@@ -134,6 +134,13 @@ class ItemPipeline:
                 max_wait=settings.save_batch_seconds, name="distscrape-saves",
             )
 
+    @property
+    def _keeper(self) -> Optional[str]:
+        """Who holds a scraped page until its save message is out: this worker, where it must
+        (``Runtime.keeps_scraped_pages``), so that the page comes back a lease after the worker
+        dies, not a save timeout after; otherwise nobody, and no hand-over follows the message."""
+        return self.rt.worker_id if self.rt.keeps_scraped_pages else None
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Queue the save tasks of every item scraped so far now (a worker stopping calls it).
         True if none is left waiting."""
@@ -285,9 +292,9 @@ class ItemPipeline:
         found = self._unknown_links(job, co.created, found)
         inline = self.rt.settings.save_inline
         if self._saves is not None:
-            # Kept under our lease until its save task is queued with those of other pages.
+            # Its save task is queued later, with those of other pages.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
-                                  keep_as=self.rt.worker_id, cut=cut)
+                                  keep_as=self._keeper, cut=cut)
         elif inline:
             # Saved here and now: the item turns saving under our lease in the same step, and
             # its body, which only a save task on another run would need, is not staged.
@@ -295,11 +302,9 @@ class ItemPipeline:
                                   cut=cut)
         else:
             # Staged in the same step as the item turns save-pending, so a pending save always
-            # has a body to take, and a stale lease stages nothing. Kept under our lease until
-            # its save message is out (handed over below): if this process dies in between, the
-            # item is reclaimed a lease later, not a save timeout later.
+            # has a body to take, and a stale lease stages nothing.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
-                                  keep_as=self.rt.worker_id, cut=cut)
+                                  keep_as=self._keeper, cut=cut)
         # Stale or not, the tracker took the finds.
         self._remember_links(job, co.created, found)
         if not res.held:
@@ -338,7 +343,8 @@ class ItemPipeline:
             # If this process dies now, no save message is left to be delivered again: the item
             # is reclaimed (downloaded again) once its saving lease and one more have passed.
             return self._store(job, item, token, download)
-        self._hand_over(job, [(item, token)])
+        if self._keeper is not None:
+            self._hand_over(job, [(item, token)])
         return "scraped"
 
     def _links_of(self, job: str, created: str) -> Optional[tuple[str, str]]:
@@ -386,7 +392,8 @@ class ItemPipeline:
                     except Exception as again:  # the tracker reclaims it within a lease
                         log.warning("%s %s: left for recovery: %s", job, entry.item, again)
                 continue
-            self._hand_over(job, [(e.item, e.token) for e in group])
+            if self._keeper is not None:
+                self._hand_over(job, [(e.item, e.token) for e in group])
 
     def _hand_over(self, job: str, saves: list[tuple[str, int]]) -> None:
         """Give the items of save messages just queued (item, token) the save timeout: from

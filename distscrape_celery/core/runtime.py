@@ -69,6 +69,25 @@ class Runtime:
         # The tracker stages bodies itself (in scraped): the staging reads them there.
         return cls(settings, tracker, tracker.bodies, in_memory=True)
 
+    @property
+    def finds_lost_saves(self) -> bool:
+        """Whether live workers find the save messages that a dead worker took from the broker
+        (``worker/lost_saves.py``): the broker is Redis, whose save queue can be read, and so is
+        the tracker. They find a page whose worker died before it sent the page's save message
+        the same way."""
+        return isinstance(self.tracker, RedisTracker) and self.settings.broker_is_redis
+
+    @property
+    def keeps_scraped_pages(self) -> bool:
+        """Whether this process holds each page it scraped under its worker's lease until the
+        page's save message is out, and then hands it to the broker's care (one more tracker
+        call). It must where nothing else brings such a page back soon if the process ends with
+        the message unsent: where live workers do not find lost saves, and in a prefork pool
+        process, which a SIGTERM to the worker's process group ends at once, leaving the worker's
+        stop to give its gathered pages back. Elsewhere a scraped page waits for its message with
+        no holder from the start."""
+        return _in_pool_process or not self.finds_lost_saves
+
     def follow_job(self, job: str, created: str) -> None:
         """The tracker answered for the creation ``created`` of ``job``. A job deleted and
         seeded again under its name is another creation, with a spec of its own: when the
@@ -151,6 +170,14 @@ class Runtime:
 
 _runtime: Optional[Runtime] = None
 _runtime_lock = threading.Lock()
+# Set in a prefork pool process (see Runtime.keeps_scraped_pages).
+_in_pool_process = False
+
+
+def note_pool_process() -> None:
+    """This process is a pool process of a prefork worker."""
+    global _in_pool_process
+    _in_pool_process = True
 
 
 def install_runtime(runtime: Optional[Runtime]) -> None:

@@ -27,7 +27,6 @@ import redis
 from ..core.runtime import Runtime
 from ..errors import JobNotFound, TrackerUnavailable
 from ..events import job_finished
-from ..tracker import RedisTracker
 from .lost_saves import LostSaves
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 
@@ -66,7 +65,7 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
     active = set(_snapshot(state.active_requests))
     reserved = _snapshot(state.reserved_requests)
     # With an ETA (a deferred save), a message waits in the worker's timer, in neither set,
-    # until then; it is taken into our hands as it arrives, so it must be kept too.
+    # until then; its items are in our hands all that time, so they must be kept too.
     scheduled = _snapshot(getattr(state, "scheduled_requests", ()))
     requests = list(dict.fromkeys([*reserved, *active, *scheduled]))
     if max_running is not None:
@@ -177,7 +176,7 @@ class WorkerAgent:
         """Items whose save message a dead worker took from the Redis broker wait a lease, not the
         save timeout (see :mod:`.lost_saves`); the maintenance that follows reclaims them."""
         settings = self.rt.settings
-        if not isinstance(self.rt.tracker, RedisTracker) or not settings.broker_is_redis:
+        if not self.rt.finds_lost_saves:
             return  # another broker's queue cannot be read: they wait out the save timeout
         if self._lost_saves is None:
             tracker = self.rt.tracker

@@ -2,11 +2,15 @@
 over (ack emulation off: docs/architecture.md, "Late acknowledgement and ack emulation").
 
 Such an item is save pending with no holder ("- <token>") and its message is in no queue. The
-broker holds few messages (the tracker's dispatch bound), so a live worker reads the save queue
-and ends the wait of the items whose message is not there at two checks in a row: they are
-reclaimed about a lease after their hand-over instead of after the save timeout. A live worker
-that took the message and could not take its items over for a whole heartbeat costs its page one
-download again (its late save finds the lease stale); nothing is lost either way.
+same holds for a page whose worker died before it sent the page's save message: with this check
+at work, a scraped page waits for its message with no holder from the start
+(``Runtime.finds_lost_saves``). The broker holds few messages (the tracker's dispatch bound), so
+a live worker reads the save queue and ends the wait of the items whose message is not there at
+three checks in a row: they are reclaimed about a lease after they were scraped instead of after
+the save timeout. A worker that receives a save message takes its items over at its next
+heartbeat, so three checks, two heartbeats apart, leave a live receiver a heartbeat to spare; one
+that could not take them over for two whole heartbeats costs its pages one download again
+(its late save finds the lease stale). Nothing is lost either way.
 """
 
 from __future__ import annotations
@@ -54,14 +58,18 @@ class LostSaves:
     worker that died, and ends their wait (:meth:`Tracker.expire_saves`).
 
     An item counts as lost when it was handed over ``age`` seconds ago or more, no worker has
-    taken it over, and its message was in no queue at two checks in a row (a heartbeat apart): a
-    live worker that has just taken the message takes the items over within milliseconds, so one
-    check alone could catch that worker between the two steps and have the page downloaded again.
+    taken it over, and its message was in no queue at ``checks`` checks in a row (a heartbeat
+    apart): a live worker that has just received the message takes the items over at its next
+    heartbeat, so fewer checks could catch that worker in between and have the page downloaded
+    again.
     """
 
-    def __init__(self, tracker: Tracker, broker: redis.Redis, queue: str, age: float) -> None:
+    def __init__(self, tracker: Tracker, broker: redis.Redis, queue: str, age: float,
+                 checks: int = 3) -> None:
         self.tracker, self.broker, self.queue, self.age = tracker, broker, queue, age
-        self._missing: dict[str, set[tuple[str, int]]] = {}  # at the last check, by job
+        self.checks = checks
+        # By job: (item, token) -> the checks in a row that found it missing, up to the last.
+        self._missing: dict[str, dict[tuple[str, int], int]] = {}
 
     def check(self, job: str) -> int:
         """One check of ``job``; how many items it ended the wait of."""
@@ -70,9 +78,11 @@ class LostSaves:
             self._missing.pop(job, None)
             return 0
         waiting = queued_saves(self.broker, self.queue)
-        missing = {(item, token) for item, token in candidates if (job, item, token) not in waiting}
-        lost = missing & self._missing.get(job, set())
-        self._missing[job] = missing - lost
+        before = self._missing.get(job, {})
+        missing = {(item, token): before.get((item, token), 0) + 1 for item, token in candidates
+                   if (job, item, token) not in waiting}
+        lost = {pair for pair, n in missing.items() if n >= self.checks}
+        self._missing[job] = {pair: n for pair, n in missing.items() if pair not in lost}
         if not lost:
             return 0
         n = self.tracker.expire_saves(job, sorted(lost))

@@ -16,7 +16,6 @@ import threading
 from typing import Optional
 
 from celery import signals as celery_signals
-from celery.worker import state
 
 from ..core import runtime
 from ..core.runtime import Runtime, current_runtime
@@ -98,6 +97,7 @@ def _on_worker_ready(**_):
 def _on_pool_process_init(**_):
     # A prefork pool process: the worker froze its own objects after the pool had forked.
     freeze_startup_objects()
+    runtime.note_pool_process()
 
 
 def _flush_saves() -> None:
@@ -109,24 +109,18 @@ def _flush_saves() -> None:
 
 @celery_signals.task_received.connect
 def _on_task_received(request, **_):
-    """A save message just left the broker for this worker: take its items into the worker's
-    hands now rather than at its next heartbeat, so that if the worker dies before then, they
-    come back a lease later, not a save timeout later. One round trip per message: per batch of
-    pages by default, per page with ``save_batch_size`` 1 (and for a deferred save)."""
+    """A save message just left the broker for this worker: note its items, so that a stop
+    before the next heartbeat returns them to the broker's care rather than requeueing them.
+    The heartbeat takes them over; until then they wait under the save timeout, and a live
+    worker finds them if this one dies first (``lost_saves``)."""
     if _agent is None:
         return
     if request.name not in (SAVE_BATCH_TASK, SAVE_TASK):
         return
-    if request.eta and not hasattr(state, "scheduled_requests"):
-        # A Celery that does not list messages waiting for their ETA: the heartbeat could not
-        # keep the items until then, so they wait for the message under the save timeout.
-        return
     try:
-        saves = save_pairs(request.name, request.args)
-        _agent.note_received_saves(request.args[0], saves)
-        _agent.rt.tracker.extend(request.args[0], [], _agent.rt.worker_id, saves=saves, running=[])
-    except Exception as exc:  # the next heartbeat claims them instead
-        log.warning("could not claim the items of a received save message: %s", exc)
+        _agent.note_received_saves(request.args[0], save_pairs(request.name, request.args))
+    except Exception as exc:  # a malformed message: its save task reports it
+        log.warning("could not note the items of a received save message: %s", exc)
 
 
 @celery_signals.worker_shutdown.connect

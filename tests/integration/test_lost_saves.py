@@ -55,8 +55,9 @@ def test_a_save_message_taken_by_a_dead_worker_has_its_items_reclaimed(env):
     assert message["headers"]["task"] == "distscrape.save_batch"
     # Not before they were handed over a lease ago...
     assert LostSaves(rt.tracker, broker, queue, age=rt.settings.lease_seconds).check("p") == 0
-    # ... then only those whose message is gone, and missing at two checks in a row.
+    # ... then only those whose message is gone, and missing at three checks in a row.
     finder = LostSaves(rt.tracker, broker, queue, age=0)
+    assert finder.check("p") == 0
     assert finder.check("p") == 0
     assert rt.tracker.stats("p").saving == 3
     assert finder.check("p") == 2
@@ -79,8 +80,10 @@ def test_a_save_taken_over_meanwhile_is_left_alone(env):
     [(same, token)] = rt.tracker.unclaimed_saves("p", age=0)
     broker.rpop(rt.settings.save_queue)
     finder = LostSaves(rt.tracker, broker, rt.settings.save_queue, age=0)
-    assert finder.check("p") == 0  # missing, in the instant before the worker takes it over
-    rt.tracker.extend("p", [], "w9", saves=[(item, token)], running=[])  # task_received's claim
+    assert finder.check("p") == 0  # missing, before the receiver's heartbeat takes it over
+    assert finder.check("p") == 0
+    rt.tracker.extend("p", [], "w9", saves=[(item, token)], running=[])  # that heartbeat
+    assert finder.check("p") == 0
     assert finder.check("p") == 0
     assert rt.tracker.expire_saves("p", [(item, token)]) == 0
     assert rt.tracker.maintain("p", max_lost=3).reclaimed == 0

@@ -99,26 +99,36 @@ def batch_env(redis_url, server, tmp_path):  # noqa: F811
     return pipeline_env(redis_url, server, tmp_path, save_batch_size=8, save_batch_seconds=5)
 
 
+# A broker whose queue a worker cannot read: a scraped page is then kept under its worker's lease
+# until its save message is out (the pipeline publishes through a recorder here, not to it).
+AMQP = "amqp://guest:guest@127.0.0.1:5672//"
+
+
 def owner(rt, item):
     return rt.tracker.client.hget(JobKeys("p").owners, item)
 
 
-def test_saves_wait_for_their_batch_under_the_workers_lease_and_are_then_handed_over(
-        batch_env, tmp_path):
+def test_saves_wait_for_their_batch_with_no_holder_where_lost_saves_are_found(batch_env, tmp_path):
+    """With the Redis broker a live worker finds a page whose worker died before it sent the
+    page's save (lost_saves.py): the page waits for its save message with no holder from the
+    start, and no hand-over call follows the message."""
     rt, pipe, rec, server = batch_env
+    assert rt.finds_lost_saves
     items = [server.base + "/ok", server.base + "/hostile"]
     rt.tracker.add("p", items)
     for item in items:
         assert pipe.scrape("p", item) == "scraped"
-    # Waiting in the process: no save queued yet, each item kept under this worker's lease.
-    assert rec.batches == []
-    assert all(owner(rt, item).startswith(rt.worker_id + " ") for item in items)
+    assert rec.batches == []  # waiting in the process: no save queued yet
+    assert all(owner(rt, item).startswith("- ") for item in items)
+    assert all(_pending_for(rt, item) > 60 for item in items)  # the save timeout, not a lease
     assert rt.tracker.checkout("p", items[0], "w2", max_lost=3).status is LeaseStatus.BUSY
     assert rec.scrapes == [server.base + "/ok2"]  # found in both, queued once, sent at once
+    handoffs = []
+    rt.tracker.handoff = lambda *args: handoffs.append(args) or 0
     assert pipe.flush()
+    assert handoffs == []
     [batch] = rec.batches
     assert [item for item, _, _ in batch] == items
-    assert all(owner(rt, item).startswith("- ") for item in items)  # in the broker's hands
     assert pipe.save_batch("p", batch) == ["saved", "saved"]
     assert rt.tracker.stats("p").done == 2
     assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
@@ -126,12 +136,56 @@ def test_saves_wait_for_their_batch_under_the_workers_lease_and_are_then_handed_
     assert saved == sorted([ROUTES["/ok"][1], ROUTES["/hostile"][1]])
 
 
-def test_a_save_message_per_page_is_sent_while_the_item_is_kept_then_handed_over(
+def test_a_page_whose_batch_never_went_out_is_found_and_downloaded_again(batch_env):
+    """The worker died with the page's save gathered and not sent: a live worker's check of the
+    broker's save queue finds the page missing and has it reclaimed."""
+    from distscrape_celery.worker.lost_saves import LostSaves
+
+    rt, pipe, rec, server = batch_env
+    item = server.base + "/ok"
+    rt.tracker.add("p", [item])
+    assert pipe.scrape("p", item) == "scraped"
+    broker = rt.tracker.client
+    finder = LostSaves(rt.tracker, broker, rt.settings.save_queue, age=0)
+    assert [finder.check("p") for _ in range(3)] == [0, 0, 1]
+    assert rt.tracker.maintain("p", max_lost=3).reclaimed == 1
+    assert owner(rt, item) is None
+    assert rt.tracker.checkout("p", item, "w2", max_lost=3).status is LeaseStatus.OK
+
+
+def test_saves_wait_for_their_batch_under_the_workers_lease_with_another_broker(
         redis_url, server, tmp_path):  # noqa: F811
-    """save_batch_size 1: until its save message is out, the item waits under this worker's
-    lease (if the worker dies first, it is reclaimed a lease later, not a save timeout later);
-    once it is out, the broker holds it, for the save timeout."""
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
+    """A broker whose queue cannot be read: each page waits under its worker's lease until its
+    batch is out (if the worker dies first, it is reclaimed a lease later, not a save timeout
+    later), then in the broker's hands."""
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=8,
+                                         save_batch_seconds=5, broker_url=AMQP)
+    assert not rt.finds_lost_saves
+    items = [server.base + "/ok", server.base + "/hostile"]
+    rt.tracker.add("p", items)
+    for item in items:
+        assert pipe.scrape("p", item) == "scraped"
+    assert rec.batches == []
+    assert all(owner(rt, item).startswith(rt.worker_id + " ") for item in items)
+    assert all(_pending_for(rt, item) <= 31 for item in items)  # a lease (30 s)
+    assert rt.tracker.checkout("p", items[0], "w2", max_lost=3).status is LeaseStatus.BUSY
+    assert pipe.flush()
+    [batch] = rec.batches
+    assert [item for item, _, _ in batch] == items
+    assert all(owner(rt, item).startswith("- ") for item in items)  # in the broker's hands
+    assert all(_pending_for(rt, item) > 60 for item in items)
+    assert pipe.save_batch("p", batch) == ["saved", "saved"]
+    assert rt.tracker.stats("p").done == 2
+
+
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_save_message_per_page_is_sent_and_the_item_then_waits_for_it(
+        redis_url, server, tmp_path, broker):  # noqa: F811
+    """save_batch_size 1. Where a worker cannot read the broker's queue, the item waits under
+    this worker's lease until its save message is out; then (and with the Redis broker, from
+    the start) the broker holds it, for the save timeout."""
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1,
+                                         **({"broker_url": AMQP} if broker == "amqp" else {}))
     item = server.base + "/ok"
     rt.tracker.add("p", [item])
     owners_when_sent = []
@@ -139,7 +193,8 @@ def test_a_save_message_per_page_is_sent_while_the_item_is_kept_then_handed_over
     rec.save = lambda *a, **kw: (owners_when_sent.append(owner(rt, item)), real_save(*a, **kw))
     assert pipe.scrape("p", item) == "scraped"
     [(_, _, token, _)] = rec.saves
-    assert owners_when_sent == [f"{rt.worker_id} {token}"]
+    keeper = rt.worker_id if broker == "amqp" else "-"
+    assert owners_when_sent == [f"{keeper} {token}"]
     assert owner(rt, item) == f"- {token}"
     assert _pending_for(rt, item) > 60  # the save timeout (5 leases of 30 s + 30 s), not a lease
 
@@ -152,10 +207,11 @@ def _pending_for(rt, item):
 
 
 @pytest.mark.parametrize("batch_size", [1, 8])
-def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
+def test_a_worker_takes_the_items_of_a_save_message_it_receives_at_its_heartbeat(
         redis_url, server, tmp_path, monkeypatch, batch_size):  # noqa: F811
-    """A save message (per page or a batch) that leaves the broker for a worker: its items
-    follow that worker's lease at once, not at its next heartbeat."""
+    """A save message (per page or a batch) that leaves the broker for a worker: receiving it
+    costs no round trip; the worker's next heartbeat takes its items into its hands, and from
+    then on they follow its lease."""
     from distscrape_celery.worker import agent, signals
 
     rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=batch_size)
@@ -167,15 +223,24 @@ def test_a_worker_takes_the_items_of_a_save_message_it_receives_into_its_hands(
     assert all(owner(rt, item).startswith("- ") for item in items)
     receiver = rt.tracker.register_worker("receiver", 2, 4)
     monkeypatch.setattr(rt, "worker_id", receiver)
-    monkeypatch.setattr(signals, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
     if batch_size == 1:
         requests = [FakeRequest(SAVE_TASK, list(entry)) for entry in rec.saves]
     else:
         requests = [FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]])
                     for batch in rec.batches]
+    tokens = {item: token for _, item, token, _ in rec.saves}
+
+    def held():  # Celery's books: the messages received, reserved and not started
+        h = agent.Held()
+        h.items, h.saves = list(items), list(tokens.items())
+        return {"p": h}
+
+    beat = agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape, held_items=held)
+    monkeypatch.setattr(signals, "_agent", beat)
     for request in requests:
         signals._on_task_received(request)
-    tokens = {item: token for _, item, token, _ in rec.saves}
+    assert all(owner(rt, item) == f"- {tokens[item]}" for item in items)
+    beat.tick()
     for item in items:
         assert owner(rt, item) == f"{receiver} {tokens[item]}"
         assert _pending_for(rt, item) <= 31  # a lease (30 s) from now
@@ -278,27 +343,6 @@ def test_heartbeat_reads_celerys_request_sets_while_the_consumer_changes_them(mo
     held = reserved_items()
     assert sorted(held["j"].saves) == [("a", 7), ("d", 4)]
     assert held["k"].running == ["e"]
-
-
-def test_without_a_list_of_waiting_messages_a_deferred_save_is_not_taken_on_arrival(
-        redis_url, server, tmp_path, monkeypatch):  # noqa: F811
-    """On a Celery that does not list messages waiting for their ETA, the heartbeat cannot keep
-    a deferred save's item, so it is not taken on arrival: it waits under the save timeout."""
-    from celery.worker import state
-
-    from distscrape_celery.worker import agent, signals
-
-    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=1)
-    item = server.base + "/ok"
-    rt.tracker.add("p", [item])
-    assert pipe.scrape("p", item) == "scraped"
-    [(_, _, token, meta)] = rec.saves
-    monkeypatch.setattr(signals, "_agent", agent.WorkerAgent(rt, concurrency=4, publish=rec.scrape))
-    monkeypatch.delattr(state, "scheduled_requests", raising=False)
-    signals._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta], eta="soon"))
-    assert owner(rt, item) == f"- {token}"
-    signals._on_task_received(FakeRequest(SAVE_TASK, ["p", item, token, meta]))
-    assert owner(rt, item) == f"{rt.worker_id} {token}"
 
 
 def _record_dispatch(monkeypatch, rt, method):
@@ -568,16 +612,22 @@ def test_what_a_page_hands_out_while_the_frontier_is_dry_goes_at_once(batch_env,
     assert rec.scrapes.count(leaf) == 1
 
 
-def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reserved_saves(
-        batch_env, monkeypatch):
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_stopping_worker_gives_back_its_unsent_batch_and_returns_its_reserved_saves(
+        redis_url, server, tmp_path, monkeypatch, broker):  # noqa: F811
     """Found in CI (SIGTERM to a worker's process group): the pool processes died with saves
     kept for a batch they never queued, and the worker's stop gave those pages the save timeout
     as if their messages were coming back from the broker. Only saves whose messages reached the
-    worker (and go back to the broker) wait for them; the unsent ones are queued again at once,
-    though Celery has forgotten its reserved messages by the time the worker stops."""
+    worker (and go back to the broker) wait for them, though Celery has forgotten its reserved
+    messages by the time the worker stops. An unsent page held by the worker is queued again at
+    once; with the Redis broker nobody holds it, and the live workers' check of the save queue
+    finds it."""
     from distscrape_celery.worker import agent, signals
+    from distscrape_celery.worker.lost_saves import LostSaves
 
-    rt, pipe, rec, server = batch_env
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_batch_size=8,
+                                         save_batch_seconds=5,
+                                         **({"broker_url": AMQP} if broker == "amqp" else {}))
     sent = [server.base + "/ok", server.base + "/hostile"]
     rt.tracker.add("p", sent)
     for item in sent:
@@ -588,14 +638,20 @@ def test_a_stopping_worker_queues_its_unsent_batch_at_once_and_returns_its_reser
     monkeypatch.setattr(signals, "_agent", worker)
     signals._on_task_received(FakeRequest(SAVE_BATCH_TASK, ["p", [list(e) for e in batch]]))
     tokens = {item: token for item, token, _ in batch}
-    assert all(owner(rt, item) == f"{rt.worker_id} {tokens[item]}" for item in sent)
     unsent = server.base + "/ok2"  # found in both; scraped into a batch that is never queued
     assert pipe.scrape("p", unsent) == "scraped"
-    assert owner(rt, unsent).startswith(rt.worker_id + " ")
+    keeper = rt.worker_id if broker == "amqp" else "-"
+    assert owner(rt, unsent).startswith(keeper + " ")
 
     worker.stop()
-    assert owner(rt, unsent) is None
-    assert rt.tracker.checkout("p", unsent, "w2", max_lost=3).status is LeaseStatus.OK
     for item in sent:  # back in the broker's hands, for the save timeout
         assert owner(rt, item) == f"- {tokens[item]}"
         assert _pending_for(rt, item) > 60
+    if broker == "redis":
+        assert owner(rt, unsent).startswith("- ")
+        finder = LostSaves(rt.tracker, rt.tracker.client, rt.settings.save_queue, age=0)
+        # The recorder put no message in the queue, so the sent pages count as missing too.
+        assert [finder.check("p") for _ in range(3)] == [0, 0, 3]
+        assert rt.tracker.maintain("p", max_lost=3).reclaimed == 3
+    assert owner(rt, unsent) is None
+    assert rt.tracker.checkout("p", unsent, "w2", max_lost=3).status is LeaseStatus.OK
