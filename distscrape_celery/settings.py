@@ -21,11 +21,11 @@ from .redaction import redact
 
 ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
-# threads pool: see crawl_worker_processes). docs/performance.md: threads processes did 2.8x
-# the pages/s of one prefork worker of 8 processes on a loopback site, at 21 % less CPU per page
-# (the prefork parent passes every message to a child). 64 tasks keep a site 50 ms away as fast
-# as a local one; a broad crawl (many hosts, each at most 8 requests in flight and far away)
-# needs more: 128 did about 1.5x the pages/s of 64 on bench/broad.py (docs/performance.md).
+# threads pool: see crawl_worker_processes). docs/performance.md, "Worker shape": two threads
+# workers of 8 used 29 % less CPU per page than one prefork worker of 8 processes (the prefork
+# parent passes every message to a child). A broad crawl (many hosts, each at most 8 requests
+# in flight and far away) needs many tasks: 128 did about 1.5x the pages/s of 64 on
+# bench/broad.py (docs/performance.md, "Broad crawl").
 DEFAULT_CRAWL_CONCURRENCY = 128
 # Worker processes per core. One process holds its GIL for at most about one core, and leaves
 # that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
@@ -122,7 +122,8 @@ class Settings(BaseModel):
     save_inline: bool = Field(
         False,
         description="Run each page's save in the scrape task that downloaded it, in the same "
-        "worker, instead of queueing a save task: 11-40 % less CPU per page (docs/performance.md). "
+        "worker, instead of queueing a save task. It is no faster than the default save batches, "
+        "whose pages share their disk flushes (docs/performance.md, 'Saving'). "
         "Save workers of the save queue then get only deferred saves, Flower shows no save "
         "tasks, and a page whose worker dies while saving it is downloaded again (see "
         "docs/architecture.md, 'Saving inline').",
