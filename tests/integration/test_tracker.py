@@ -1123,3 +1123,66 @@ def test_in_memory_tracker_is_shared_by_threads():
     assert sorted(leased) == sorted(items)
     s = t.stats("j")
     assert (s.done, s.leased, s.saving, s.frontier) == (len(items), 0, 0, 0)
+
+
+# -- a batch's counters and tokens -------------------------------------------------------------
+
+
+def _batch(t, name, job, calls, extra_keys=()):
+    """Item script ``name`` once per argument list of ``calls``, as one call of its batch form;
+    one reply per call."""
+    item_keys = list(t._item_keys(job))
+    reply, _ = t._eval_many(name, [([*item_keys, *extra_keys], args) for args in calls])
+    return reply
+
+
+def test_a_batch_writes_its_counters_and_tokens_once_and_as_its_calls_would(tracker_factory):
+    """Calls in one batch add to the job's counters and take fencing tokens as they would one by
+    one: the counts come out the same, every token is new, and a later call's token is above all
+    of them (a token handed out twice would let a stale holder's report through)."""
+    t = tracker_factory(lease_seconds=30)
+    w = new_job(t, concurrency=8)
+    items = [f"http://127.0.0.1/p{i}" for i in range(4)]
+    t.add("j", items)
+    before = lease(t, items[0], w)
+    bound, max_batch, lease_s = t._top_up_args("j")
+    replies = _batch(t, "checkout", "j", [[item, w, lease_s, bound, max_batch, LOST]
+                                          for item in items[1:]])
+    tokens = [int(r[3]) for r in replies]
+    assert [r[0] for r in replies] == ["ok"] * 3
+    assert len(set(tokens)) == 3 and min(tokens) > before
+    t.add("j", ["http://127.0.0.1/p0-later"])
+    assert lease(t, "http://127.0.0.1/p0-later", w) > max(tokens)
+    # Three pages report in one batch; the links found overlap between them and with the job.
+    found = [["http://127.0.0.1/a", "http://127.0.0.1/b"], ["http://127.0.0.1/b", items[0]],
+             ["http://127.0.0.1/c"]]
+    replies = _batch(t, "scraped", "j", [
+        [item, token, 60, 1, bound, max_batch, lease_s, "", "", 0, *links]
+        for item, token, links in zip(items[1:], tokens, found)])
+    assert [r[0] for r in replies] == ["ok"] * 3
+    assert [int(r[1]) for r in replies] == [2, 0, 1]
+    s = t.stats("j")
+    assert s.seen == 5 + 3
+    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done
+    done = t.complete_many("j", [(item, token) for item, token in zip(items[1:], tokens)])
+    assert all(r.changed for r in done)
+    s = t.stats("j")
+    assert (s.seen, s.done) == (8, 3)
+    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done
+
+
+def test_a_batch_that_raises_keeps_the_counts_of_what_it_did(tracker_factory):
+    """A call that raises ends its batch, but Redis keeps what the calls before it wrote: the
+    counters must count it too, or they drift from the items for good."""
+    t = tracker_factory(lease_seconds=30)
+    w = new_job(t, concurrency=8)
+    t.add("j", ["http://127.0.0.1/x"])
+    token = lease(t, "http://127.0.0.1/x", w)
+    _, max_batch, lease_s = t._top_up_args("j")
+    with pytest.raises(redis.exceptions.ResponseError, match="bad dispatch bound"):
+        # The batch's one top-up, at its end, is given a bound it cannot read.
+        _batch(t, "scraped", "j", [["http://127.0.0.1/x", token, 60, 1, "nonsense", max_batch,
+                                    lease_s, "", "", 0, "http://127.0.0.1/new"]])
+    s = t.stats("j")
+    assert s.seen == 2
+    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done

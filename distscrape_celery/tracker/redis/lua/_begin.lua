@@ -10,6 +10,8 @@ K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19
 K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
 now_cache, id_domain, job_latency, seen_count = nil, nil, nil, nil
 topup_deferred, deferred_topup = false, nil
+counts_deferred, deltas, token_base, tokens_taken, grow_deferred = false, {}, nil, 0, false
+page_limits, reactivated = nil, false
 -- fingerprints: item -> {fingerprint, high part}, computed once a call.
 limits_cache, head_starts, fingerprints = {}, {}, {}
 seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')

@@ -80,6 +80,14 @@ local seen, live, seen_count, STATE_SET
 -- Set while a batch runs its calls: the batch tops up dispatch once, at its end, with the last
 -- top-up any call asked for (deferred_topup: bound, max_batch, deadline).
 local topup_deferred, deferred_topup
+-- Set while a batch runs its calls too: the job's counters (stats) are added up in `deltas`, and
+-- its fencing tokens handed out from `token_base` on (`tokens_taken` of them), and both are
+-- written once, at the batch's end (count, new_token, flush_counts). `grow_deferred`: the live
+-- items grew, and their buckets are split then.
+local counts_deferred, deltas, token_base, tokens_taken, grow_deferred
+-- The job's page limits (add_items), read once a call; whether the call listed the job as
+-- active already (reactivate).
+local page_limits, reactivated
 -- The job's name (control's field job).
 local job_name
 
@@ -116,6 +124,45 @@ local function holder(item)
   return string.sub(o, 1, sp - 1), string.sub(o, sp + 1)
 end
 
+-- -- the job's counters ------------------------------------------------------------------------
+-- The counters in stats that calls add to; a batch writes them in this order.
+local COUNTERS = {'seen', 'queued', 'done', 'dead', 'fn', 'links_cut'}
+
+-- Add `n` (a number) to the job's counter `field`.
+local function count(field, n)
+  if counts_deferred then
+    deltas[field] = (deltas[field] or 0) + n
+  else
+    redis.call('HINCRBY', K_STATS, field, int(n))
+  end
+end
+
+-- The job's counters `...` as numbers, what this batch added so far included.
+local function counters(...)
+  local fields = {...}
+  local v = redis.call('HMGET', K_STATS, unpack(fields))
+  for i, f in ipairs(fields) do v[i] = tonumber(v[i] or '0') + (deltas[f] or 0) end
+  return v
+end
+
+-- A new fencing token: above every token handed out before.
+local function new_token()
+  if not counts_deferred then return redis.call('HINCRBY', K_STATS, 'tokens', '1') end
+  if not token_base then token_base = tonumber(redis.call('HGET', K_STATS, 'tokens') or '0') end
+  tokens_taken = tokens_taken + 1
+  return token_base + tokens_taken
+end
+
+-- Write what a batch added to the counters and the tokens it handed out.
+local function write_counts()
+  for _, field in ipairs(COUNTERS) do
+    local n = deltas[field]
+    if n and n ~= 0 then redis.call('HINCRBY', K_STATS, field, int(n)) end
+  end
+  if tokens_taken > 0 then redis.call('HINCRBY', K_STATS, 'tokens', int(tokens_taken)) end
+  deltas, token_base, tokens_taken = {}, nil, 0
+end
+
 -- -- job state --------------------------------------------------------------------------------
 
 local function job_state()
@@ -139,24 +186,27 @@ end
 -- reads of every shard's state and epoch agree (redis_tracker.py), so no shard finished again in
 -- between unseen.
 local function record_end(state)
-  local c = redis.call('HMGET', K_STATS, 'seen', 'done', 'dead')
+  local c = counters('seen', 'done', 'dead')
   local ended = string.format('%.6f', redis_now() / 1000000)
   redis.call('HSET', K_CONTROL, 'state', state, 'ended', ended,
-    'final_seen', c[1] or '0', 'final_done', c[2] or '0', 'final_dead', c[3] or '0')
+    'final_seen', int(c[1]), 'final_done', int(c[2]), 'final_dead', int(c[3]))
   job_state_now = state
   redis.call('HINCRBY', K_CONTROL, 'epoch', '1')
   if job_name then redis.call('SREM', K_ACTIVE, job_name) end
+  reactivated = false
 end
 
 -- New work arrived (items added, dead ones queued again): a finished job runs again, and one
 -- that is not cancelled is maintained again.
 local function reactivate()
+  if reactivated then return end
   local s = job_state()
   if s == 'finished' then
     set_job_state('running')
     redis.call('HDEL', K_CONTROL, 'ended')
   end
   if s ~= 'cancelled' and job_name then redis.call('SADD', K_ACTIVE, job_name) end
+  reactivated = true
 end
 
 -- -- domains ----------------------------------------------------------------------------------
@@ -400,7 +450,7 @@ local function remember_done(item)
   local fp, a = fingerprint(item)
   if redis.call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
-  redis.call('HINCRBY', K_STATS, 'fn', '1')
+  count('fn', 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
   if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
     split_bucket(seen, seen_rehash)
@@ -477,11 +527,16 @@ local function live_rehash(from, to, moves)
   in_slices('HSET', to, moving, 256)
 end
 
--- The live items grew: split buckets until they hold at most LIVE_FILL each on average.
+-- The live items grew: split buckets until they hold at most LIVE_FILL each on average (in a
+-- batch, once, at its end).
 local function grow_live()
+  if counts_deferred then
+    grow_deferred = true
+    return
+  end
   bucket_geometry()
-  local c = redis.call('HMGET', K_STATS, 'seen', 'done')
-  local n = tonumber(c[1] or '0') - tonumber(c[2] or '0')
+  local c = counters('seen', 'done')
+  local n = c[1] - c[2]
   while n > LIVE_FILL * (live.span + live.split) and live.level < 33 do
     split_bucket(live, live_rehash)
   end
@@ -500,10 +555,13 @@ end
 -- job's max_pages and max_pages_per_domain (an item over a limit is dropped, not remembered).
 -- Returns how many.
 local function add_items(args, first, depth)
-  local p = redis.call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
-  local max_pages, per_domain = tonumber(p[1] or ''), tonumber(p[2] or '')
+  if not page_limits then
+    local p = redis.call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
+    page_limits = {tonumber(p[1] or ''), tonumber(p[2] or '')}
+  end
+  local max_pages, per_domain = page_limits[1], page_limits[2]
   local room = math.huge
-  if max_pages then room = max_pages - tonumber(redis.call('HGET', K_STATS, 'seen') or '0') end
+  if max_pages then room = max_pages - counters('seen')[1] end
   -- The new items' names are written a slice at a time (one RPUSH per domain).
   local added, new_of, doms = 0, {}, {}
   local value = pack('q', depth)
@@ -536,8 +594,8 @@ local function add_items(args, first, depth)
     end
     schedule(dom)
   end
-  redis.call('HINCRBY', K_STATS, 'seen', int(added))
-  redis.call('HINCRBY', K_STATS, 'queued', int(added))
+  count('seen', added)
+  count('queued', added)
   grow_live()
   reactivate()
   return added
@@ -562,7 +620,7 @@ local function promote_due(max_batch)
     local v = live_get(item)
     if v and string.sub(v, 1, 1) == 'w' then
       live_set(item, 'q', string.sub(v, 2))
-      redis.call('HINCRBY', K_STATS, 'queued', '1')
+      count('queued', 1)
       enqueue(item, false)
     end
   end
@@ -632,7 +690,7 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
     end
     if #doms < asked and not again then break end
   end
-  if taken > 0 then redis.call('HINCRBY', K_STATS, 'queued', int(-taken)) end
+  if taken > 0 then count('queued', -taken) end
   return out
 end
 
@@ -654,13 +712,13 @@ local function requeue(item, state, depth, front)
   if state == 'q' then return end
   clear_inflight(item, state)
   live_set(item, 'q', depth)
-  redis.call('HINCRBY', K_STATS, 'queued', '1')
+  count('queued', 1)
   enqueue(item, front)
 end
 
 -- Leave whatever state `item` is in for the delayed set, until `due` (Redis time).
 local function delay_until(item, state, depth, due)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
+  if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_set(item, 'w', depth)
   redis.call('ZADD', K_DELAYED, int(due), item)
@@ -669,22 +727,22 @@ end
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
 -- (so it is never added again); `done` counts it.
 local function finish(item, state)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
+  if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_del(item)
   redis.call('HDEL', K_FAILS, item)
   redis.call('HDEL', K_LOST, item)
   remember_done(item)
-  redis.call('HINCRBY', K_STATS, 'done', '1')
+  count('done', 1)
 end
 
 -- Give up on `item` for good, keeping `reason`.
 local function give_up(item, state, depth, reason)
-  if state == 'q' then redis.call('HINCRBY', K_STATS, 'queued', '-1') end
+  if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_set(item, 'X', depth)
   redis.call('HSET', K_DEAD, item, reason)
-  redis.call('HINCRBY', K_STATS, 'dead', '1')
+  count('dead', 1)
 end
 
 -- The one retry-or-dead rule. `mode` says whose fault the attempt was:
@@ -715,34 +773,52 @@ end
 
 -- -- batches ----------------------------------------------------------------------------------
 
+-- The end of a batch's deferred counting: the counters and tokens written, the live-item buckets
+-- split if the batch added enough.
+local function end_counts()
+  write_counts()
+  counts_deferred = false
+  if grow_deferred then
+    grow_deferred = false
+    grow_live()
+  end
+end
+
 -- The batch form of `run` (NAME_many): KEYS are the item keys, then each call's one extra key
 -- (KEYS[22] of NAME alone), in order, if NAME takes one; ARGV[1] the calls, then each call's
 -- arguments after their count. Each call runs with KEYS and ARGV of its own (the job's key
 -- names, set by _begin.lua from the batch's KEYS, are the same for every call); the reply is the
--- list of their replies. _begin.lua's checks run once, and so does the dispatch top-up: only the
--- last call's reply hands items out.
+-- list of their replies. _begin.lua's checks run once, and so do the dispatch top-up (only the
+-- last call's reply hands items out) and the writes of the job's counters. A call that raises
+-- ends the batch, the calls before it kept, their counts written.
 local ITEM_KEYS = 21
 local function batch(run)
   return function(keys, args)
     local calls = tonumber(args[1])
     local call_keys, replies = {}, {}
     topup_deferred, deferred_topup = true, nil
+    counts_deferred = true
     for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
-    local base = 1
-    for i = 1, calls do
-      call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]  -- nil if the calls take no extra key
-      local n = tonumber(args[base + 1])
-      local call_args = {}
-      for j = 1, n do call_args[j] = args[base + 1 + j] end
-      base = base + 1 + n
-      replies[i] = run(call_keys, call_args)
-    end
+    local ok, err = pcall(function()
+      local base = 1
+      for i = 1, calls do
+        call_keys[ITEM_KEYS + 1] = keys[ITEM_KEYS + i]  -- nil if the calls take no extra key
+        local n = tonumber(args[base + 1])
+        local call_args = {}
+        for j = 1, n do call_args[j] = args[base + 1 + j] end
+        base = base + 1 + n
+        replies[i] = run(call_keys, call_args)
+      end
+      topup_deferred = false
+      -- One top-up, with the room the whole batch made, its items after the last reply's own
+      -- (whether or not that call reached its top-up: it may have returned early).
+      if deferred_topup then
+        take_for_dispatch(deferred_topup[1], deferred_topup[2], deferred_topup[3], replies[calls])
+      end
+    end)
     topup_deferred = false
-    -- One top-up, with the room the whole batch made, its items after the last reply's own
-    -- (whether or not that call reached its top-up: it may have returned early).
-    if deferred_topup then
-      take_for_dispatch(deferred_topup[1], deferred_topup[2], deferred_topup[3], replies[calls])
-    end
+    end_counts()
+    if not ok then error(err, 0) end
     return replies
   end
 end

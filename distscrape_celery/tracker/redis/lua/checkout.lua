@@ -47,7 +47,7 @@ local dom = domain_of(item)
 local function back_to_queue()
   redis.call('ZREM', K_DISPATCHED, item)
   live_set(item, 'q', depth)
-  redis.call('HINCRBY', K_STATS, 'queued', '1')
+  count('queued', 1)
   redis.call('LPUSH', K_QUEUES .. dom, item)
   vacate(dom)
 end
@@ -72,10 +72,10 @@ end
 if interval > 0 then redis.call('HSET', K_SLOTS, dom, int(now + interval)) end
 if state == 'q' then
   -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
-  redis.call('HINCRBY', K_STATS, 'queued', '-1')
+  count('queued', -1)
   occupy(dom)
 end
-local token = redis.call('HINCRBY', K_STATS, 'tokens', '1')
+local token = new_token()
 redis.call('ZREM', K_DISPATCHED, item)
 redis.call('ZADD', K_LEASED, int(now + lease), item)
 redis.call('HSET', K_OWNERS, item, worker .. ' ' .. int(token))

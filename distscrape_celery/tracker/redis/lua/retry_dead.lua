@@ -13,7 +13,7 @@ for i = 4, #ARGV do
     redis.call('HDEL', K_DEAD, item)
     redis.call('HDEL', K_FAILS, item)
     redis.call('HDEL', K_LOST, item)
-    redis.call('HINCRBY', K_STATS, 'dead', -1)
+    count('dead', -1)
     requeue(item, 'X', string.sub(v, 2), false)
     n = n + 1
   end

@@ -30,7 +30,7 @@ local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), us(ARGV[7])
 local body_key = KEYS[22]
 local saver, keeper = ARGV[8], ARGV[9]
 local added = add_items(ARGV, 11, depth)
-if tonumber(ARGV[10]) > 0 then redis.call('HINCRBY', K_STATS, 'links_cut', ARGV[10]) end
+if tonumber(ARGV[10]) > 0 then count('links_cut', tonumber(ARGV[10])) end
 local now = redis_now()
 local status = 'stale'
 local v = live_get(item)
