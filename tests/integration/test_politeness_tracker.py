@@ -315,3 +315,36 @@ def test_job_limits_are_kept_when_the_job_exists(kind, request):
     job(t, CrawlLimits(max_pages=1))
     assert t.create_job("j", SPEC, CrawlLimits()) is False  # same spec: the first limits stay
     assert t.add("j", urls("a.invalid", 3)).added == 1
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_lease_times_a_batch_records_are_those_its_calls_would_record(batched):
+    """A batch of page reports (calls made at the same time, sent as one) folds each page's lease
+    time into its domain's mean and the job's, and writes them once, at its end: the means come
+    out as the calls one by one make them, and a domain that went idle in the batch stays
+    forgotten. The clock is moved by hand, so the times are exact."""
+    def run(batched: bool) -> dict:
+        clock = FakeClock()
+        t = InMemoryTracker(dispatch_factor=1, bound_refresh_seconds=0, clock=clock)
+        w = job(t, CrawlLimits(default=UNCAPPED), concurrency=4)
+        a0, a1, a2 = urls("a.invalid", 3)
+        [b0] = urls("b.invalid", 1)
+        t.add("j", [a0, a1, b0])
+        tokens = {}
+        for i, item in enumerate([a0, a1, b0]):
+            tokens[item] = t.checkout("j", item, w, max_lost=1).token
+            clock.now += 0.1 * (i + 1)
+        t.add("j", [a2])  # queued: a.invalid is not idle once a0 and a1 are in
+        if batched:
+            bound, max_batch, lease = t._top_up_args("j")
+            t._eval_many("scraped", [
+                (list(t._item_keys("j")), [item, tokens[item], 60, 1, bound, max_batch, lease,
+                                           "", "", 0]) for item in [a0, b0, a1]])
+        else:
+            for item in [a0, b0, a1]:
+                assert t.scraped("j", item, tokens[item]).held
+        return t.client.hgetall(keys.JobKeys("j").latency)
+
+    singles, got = run(False), run(batched)
+    assert set(singles) == {"a.invalid", "/job"}  # b.invalid went idle: forgotten
+    assert got == singles

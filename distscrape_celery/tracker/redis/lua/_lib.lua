@@ -75,7 +75,10 @@ local job_state_now
 -- worker, whose components built from an earlier job of the same name must not be used.
 local job_created
 -- The call's caches (begin).
-local now_cache, id_domain, limits_cache, head_starts, job_latency, fingerprints
+local now_cache, id_domain, limits_cache, head_starts, fingerprints
+-- Lease times (lease_mean): by domain, and the job's; the domains whose mean a batch changed
+-- and has yet to write, as a set and in order.
+local lease_means, job_mean, means_unwritten, means_unwritten_order
 local seen, live, seen_count, STATE_SET
 -- Set while a batch runs its calls: the batch tops up dispatch once, at its end, with the last
 -- top-up any call asked for (deferred_topup: bound, max_batch, deadline).
@@ -243,32 +246,68 @@ end
 -- no domain waits more than the cap longer than it would without head starts.
 local MAX_HEAD_START = 60 * 1000000
 local JOB_LATENCY = '/job'
--- Read once a call (head_starts, job_latency): each domain's head start, and the job's mean
--- lease time with the first.
+
+-- The mean lease time of `dom` (microseconds; false if it has none), read once a call with the
+-- job's (job_mean) and kept current by record_lease_time (lease_means).
+local function lease_mean(dom)
+  local mean = lease_means[dom]
+  if mean == nil or job_mean == nil then
+    local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
+    if mean == nil then
+      mean = tonumber(m[1] or '') or false
+      lease_means[dom] = mean
+    end
+    if job_mean == nil then job_mean = tonumber(m[2] or '') or false end
+  end
+  return mean
+end
+
 local function head_start(dom)
   local h = head_starts[dom]
   if not h then
-    local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
-    h = math.min(tonumber(m[1] or '0'), MAX_HEAD_START)
+    h = math.min(lease_mean(dom) or 0, MAX_HEAD_START)
     head_starts[dom] = h
-    if not job_latency then job_latency = tonumber(m[2] or '0') end
   end
   return h
 end
 
 -- A lease of `dom` that began at `since` (Redis time) ended now: fold its duration into the
 -- domain's moving mean (a quarter weight to the newest) and into the job's (a 32nd: it follows
--- the mix of domains being fetched, not one page).
+-- the mix of domains being fetched, not one page). A batch writes the means once, at its end
+-- (write_lease_times).
 local function record_lease_time(dom, since)
   local took = redis_now() - since
   if took < 0 then took = 0 end
-  local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
-  local mean, all = tonumber(m[1] or ''), tonumber(m[2] or '')
+  local mean = lease_mean(dom)
+  local all = job_mean
   all = all and math.floor((31 * all + took) / 32) or took
   if mean then took = math.floor((3 * mean + took) / 4) end
-  redis.call('HSET', K_LATENCY, dom, int(took), JOB_LATENCY, int(all))
+  lease_means[dom], job_mean = took, all
   head_starts[dom] = math.min(took, MAX_HEAD_START)  -- the vacate that follows reads it
-  job_latency = all
+  if counts_deferred then
+    if not means_unwritten[dom] then
+      means_unwritten[dom] = true
+      means_unwritten_order[#means_unwritten_order + 1] = dom
+    end
+  else
+    redis.call('HSET', K_LATENCY, dom, int(took), JOB_LATENCY, int(all))
+  end
+end
+
+-- The means a batch recorded, in one write.
+local function write_lease_times()
+  if #means_unwritten_order == 0 then return end
+  local args = {}
+  for _, dom in ipairs(means_unwritten_order) do
+    if means_unwritten[dom] then  -- not forgotten since (vacate)
+      args[#args + 1] = dom
+      args[#args + 1] = int(lease_means[dom])
+    end
+  end
+  args[#args + 1] = JOB_LATENCY
+  args[#args + 1] = int(job_mean)
+  redis.call('HSET', K_LATENCY, unpack(args))
+  means_unwritten, means_unwritten_order = {}, {}
 end
 
 -- Whether an item of `dom` (a domain without a fetch interval) goes to the head of the broker's
@@ -277,10 +316,11 @@ end
 -- mean rises as slow domains take more of the task slots, so they cannot keep all of them.
 local function goes_first(dom)
   local h = head_start(dom)
-  if not job_latency then  -- the domain's head start was known already this call
-    job_latency = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '0')
+  if job_mean == nil then  -- the domain's head start was known already this call
+    job_mean = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '') or false
   end
-  return job_latency > 0 and h >= 2 * job_latency
+  local all = job_mean or 0
+  return all > 0 and h >= 2 * all
 end
 
 local function inflight(dom)
@@ -314,7 +354,7 @@ local function vacate(dom)
     -- grow with a broad crawl's millions of hosts.
     if not queued then
       redis.call('HDEL', K_LATENCY, dom)
-      head_starts[dom] = nil
+      head_starts[dom], lease_means[dom], means_unwritten[dom] = nil, false, nil
     end
   end
   if queued then schedule(dom, n) end
@@ -777,6 +817,7 @@ end
 -- split if the batch added enough.
 local function end_counts()
   write_counts()
+  write_lease_times()
   counts_deferred = false
   if grow_deferred then
     grow_deferred = false
