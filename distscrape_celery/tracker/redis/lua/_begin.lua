@@ -2,6 +2,7 @@
 -- the caches of _lib.lua emptied, the job checked (it returns an error reply if the job is
 -- missing or of another layout). In a script (EVAL) this runs at the top level; in the function
 -- library it is the body of begin(KEYS), called first by every function (scripts.py).
+redis_call, str_format, str_sub = redis.call, string.format, string.sub
 K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
@@ -17,10 +18,10 @@ page_limits, reactivated = nil, false
 limits_cache, head_starts, fingerprints = {}, {}, {}
 seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')
 STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
-if redis.call('EXISTS', K_SPEC) == 0 then
+if redis_call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
-local control = redis.call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job')
+local control = redis_call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job')
 if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')

@@ -58,6 +58,11 @@
 -- Callers pass durations in seconds; us() converts them. Lua's doubles hold these integers
 -- exactly (2^53 microseconds is some 285 years).
 
+-- Redis's command call and the functions the scripts use most, as locals: a global is a table
+-- lookup at every use (redis.call two), and a page's calls make hundreds. A function library
+-- cannot read globals while it loads, so _begin.lua sets these at the start of every call.
+local redis_call, str_format, str_sub
+
 -- A script's state lives in the locals below, which _begin.lua sets at the start of every call.
 -- In a Redis function library (Redis 7 and later, see scripts.py) this text runs once, when the
 -- library is loaded, and its locals outlive the call: nothing a call cached may be read by the
@@ -97,7 +102,7 @@ local job_name
 -- Redis's clock in whole microseconds.
 local function redis_now()
   if not now_cache then
-    local t = redis.call('TIME')
+    local t = redis_call('TIME')
     now_cache = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now_cache
@@ -107,7 +112,7 @@ end
 -- "%.17g", whose arithmetic on every deadline and count cost more than the command; constants
 -- are written as text ('1') for the same reason.
 local function int(n)
-  return string.format('%d', n)
+  return str_format('%d', n)
 end
 
 -- `seconds` (a number or its text) in whole microseconds.
@@ -116,15 +121,15 @@ local function us(seconds)
 end
 
 local function split_state(v)
-  return string.sub(v, 1, 1), string.sub(v, 2)
+  return str_sub(v, 1, 1), str_sub(v, 2)
 end
 
 -- The holder of an l, s or S item: worker id and fencing token (nil, nil if none).
 local function holder(item)
-  local o = redis.call('HGET', K_OWNERS, item)
+  local o = redis_call('HGET', K_OWNERS, item)
   if not o then return nil, nil end
   local sp = string.find(o, ' ', 1, true)
-  return string.sub(o, 1, sp - 1), string.sub(o, sp + 1)
+  return str_sub(o, 1, sp - 1), str_sub(o, sp + 1)
 end
 
 -- -- the job's counters ------------------------------------------------------------------------
@@ -136,22 +141,22 @@ local function count(field, n)
   if counts_deferred then
     deltas[field] = (deltas[field] or 0) + n
   else
-    redis.call('HINCRBY', K_STATS, field, int(n))
+    redis_call('HINCRBY', K_STATS, field, int(n))
   end
 end
 
 -- The job's counters `...` as numbers, what this batch added so far included.
 local function counters(...)
   local fields = {...}
-  local v = redis.call('HMGET', K_STATS, unpack(fields))
+  local v = redis_call('HMGET', K_STATS, unpack(fields))
   for i, f in ipairs(fields) do v[i] = tonumber(v[i] or '0') + (deltas[f] or 0) end
   return v
 end
 
 -- A new fencing token: above every token handed out before.
 local function new_token()
-  if not counts_deferred then return redis.call('HINCRBY', K_STATS, 'tokens', '1') end
-  if not token_base then token_base = tonumber(redis.call('HGET', K_STATS, 'tokens') or '0') end
+  if not counts_deferred then return redis_call('HINCRBY', K_STATS, 'tokens', '1') end
+  if not token_base then token_base = tonumber(redis_call('HGET', K_STATS, 'tokens') or '0') end
   tokens_taken = tokens_taken + 1
   return token_base + tokens_taken
 end
@@ -160,9 +165,9 @@ end
 local function write_counts()
   for _, field in ipairs(COUNTERS) do
     local n = deltas[field]
-    if n and n ~= 0 then redis.call('HINCRBY', K_STATS, field, int(n)) end
+    if n and n ~= 0 then redis_call('HINCRBY', K_STATS, field, int(n)) end
   end
-  if tokens_taken > 0 then redis.call('HINCRBY', K_STATS, 'tokens', int(tokens_taken)) end
+  if tokens_taken > 0 then redis_call('HINCRBY', K_STATS, 'tokens', int(tokens_taken)) end
   deltas, token_base, tokens_taken = {}, nil, 0
 end
 
@@ -174,7 +179,7 @@ end
 
 -- Every write of the job's state goes through here (or record_end), so job_state stays true.
 local function set_job_state(state)
-  redis.call('HSET', K_CONTROL, 'state', state)
+  redis_call('HSET', K_CONTROL, 'state', state)
   job_state_now = state
 end
 
@@ -190,12 +195,12 @@ end
 -- between unseen.
 local function record_end(state)
   local c = counters('seen', 'done', 'dead')
-  local ended = string.format('%.6f', redis_now() / 1000000)
-  redis.call('HSET', K_CONTROL, 'state', state, 'ended', ended,
+  local ended = str_format('%.6f', redis_now() / 1000000)
+  redis_call('HSET', K_CONTROL, 'state', state, 'ended', ended,
     'final_seen', int(c[1]), 'final_done', int(c[2]), 'final_dead', int(c[3]))
   job_state_now = state
-  redis.call('HINCRBY', K_CONTROL, 'epoch', '1')
-  if job_name then redis.call('SREM', K_ACTIVE, job_name) end
+  redis_call('HINCRBY', K_CONTROL, 'epoch', '1')
+  if job_name then redis_call('SREM', K_ACTIVE, job_name) end
   reactivated = false
 end
 
@@ -206,9 +211,9 @@ local function reactivate()
   local s = job_state()
   if s == 'finished' then
     set_job_state('running')
-    redis.call('HDEL', K_CONTROL, 'ended')
+    redis_call('HDEL', K_CONTROL, 'ended')
   end
-  if s ~= 'cancelled' and job_name then redis.call('SADD', K_ACTIVE, job_name) end
+  if s ~= 'cancelled' and job_name then redis_call('SADD', K_ACTIVE, job_name) end
   reactivated = true
 end
 
@@ -219,7 +224,7 @@ end
 local function domain_of(item)
   local authority = string.match(item, '^%a[%w+.-]*://([^/?#]*)')
   if not authority then
-    if not id_domain then id_domain = redis.call('HGET', K_POLICY, 'id_domain') or '-' end
+    if not id_domain then id_domain = redis_call('HGET', K_POLICY, 'id_domain') or '-' end
     return id_domain
   end
   return string.lower((string.gsub(authority, '^.*@', '')))
@@ -229,7 +234,7 @@ end
 local function limits(dom)
   local l = limits_cache[dom]
   if not l then
-    local p = redis.call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. dom, 'c:' .. dom,
+    local p = redis_call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. dom, 'c:' .. dom,
       'delay:' .. dom)
     local interval = us(p[3] or p[1] or '0')
     local delay = us(p[5] or '0')
@@ -252,7 +257,7 @@ local JOB_LATENCY = '/job'
 local function lease_mean(dom)
   local mean = lease_means[dom]
   if mean == nil or job_mean == nil then
-    local m = redis.call('HMGET', K_LATENCY, dom, JOB_LATENCY)
+    local m = redis_call('HMGET', K_LATENCY, dom, JOB_LATENCY)
     if mean == nil then
       mean = tonumber(m[1] or '') or false
       lease_means[dom] = mean
@@ -290,7 +295,7 @@ local function record_lease_time(dom, since)
       means_unwritten_order[#means_unwritten_order + 1] = dom
     end
   else
-    redis.call('HSET', K_LATENCY, dom, int(took), JOB_LATENCY, int(all))
+    redis_call('HSET', K_LATENCY, dom, int(took), JOB_LATENCY, int(all))
   end
 end
 
@@ -306,7 +311,7 @@ local function write_lease_times()
   end
   args[#args + 1] = JOB_LATENCY
   args[#args + 1] = int(job_mean)
-  redis.call('HSET', K_LATENCY, unpack(args))
+  redis_call('HSET', K_LATENCY, unpack(args))
   means_unwritten, means_unwritten_order = {}, {}
 end
 
@@ -317,14 +322,14 @@ end
 local function goes_first(dom)
   local h = head_start(dom)
   if job_mean == nil then  -- the domain's head start was known already this call
-    job_mean = tonumber(redis.call('HGET', K_LATENCY, JOB_LATENCY) or '') or false
+    job_mean = tonumber(redis_call('HGET', K_LATENCY, JOB_LATENCY) or '') or false
   end
   local all = job_mean or 0
   return all > 0 and h >= 2 * all
 end
 
 local function inflight(dom)
-  return tonumber(redis.call('HGET', K_INFLIGHT, dom) or '0')
+  return tonumber(redis_call('HGET', K_INFLIGHT, dom) or '0')
 end
 
 -- `dom` has queued items: list it for dispatch if it has room under its cap (`n` in flight, if
@@ -335,25 +340,25 @@ local function schedule(dom, n)
   if (n or inflight(dom)) < cap then
     local at = redis_now()
     if interval > 0 then
-      local slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0')
+      local slot = tonumber(redis_call('HGET', K_SLOTS, dom) or '0')
       if slot > at then at = slot end
     else
       at = at - head_start(dom)
     end
-    redis.call('ZADD', K_DOMAINS, 'NX', int(at), dom)
+    redis_call('ZADD', K_DOMAINS, 'NX', int(at), dom)
   end
 end
 
 -- A d or l item of `dom` left flight: that may open room under the domain's cap.
 local function vacate(dom)
-  local n = redis.call('HINCRBY', K_INFLIGHT, dom, '-1')
-  local queued = redis.call('LLEN', K_QUEUES .. dom) > 0
+  local n = redis_call('HINCRBY', K_INFLIGHT, dom, '-1')
+  local queued = redis_call('LLEN', K_QUEUES .. dom) > 0
   if n <= 0 then
-    redis.call('HDEL', K_INFLIGHT, dom)
+    redis_call('HDEL', K_INFLIGHT, dom)
     -- An idle domain forgets its lease times: kept for every domain ever fetched, they would
     -- grow with a broad crawl's millions of hosts.
     if not queued then
-      redis.call('HDEL', K_LATENCY, dom)
+      redis_call('HDEL', K_LATENCY, dom)
       head_starts[dom], lease_means[dom], means_unwritten[dom] = nil, false, nil
     end
   end
@@ -363,16 +368,16 @@ end
 -- An item of `dom` went into flight (dispatched, or leased straight from its queue).
 local function occupy(dom)
   local _, cap = limits(dom)
-  if redis.call('HINCRBY', K_INFLIGHT, dom, '1') >= cap then redis.call('ZREM', K_DOMAINS, dom) end
+  if redis_call('HINCRBY', K_INFLIGHT, dom, '1') >= cap then redis_call('ZREM', K_DOMAINS, dom) end
 end
 
 -- Put `item` (queued now) in its domain's queue: at its head when `front`.
 local function enqueue(item, front)
   local dom = domain_of(item)
   if front then
-    redis.call('LPUSH', K_QUEUES .. dom, item)
+    redis_call('LPUSH', K_QUEUES .. dom, item)
   else
-    redis.call('RPUSH', K_QUEUES .. dom, item)
+    redis_call('RPUSH', K_QUEUES .. dom, item)
   end
   schedule(dom)
 end
@@ -392,11 +397,11 @@ local function fingerprint(item)
   local f = fingerprints[item]
   if f then return f[1], f[2] end
   local h = redis.sha1hex(item)
-  local a = tonumber(string.sub(h, 1, 9), 16) % TWO_33
-  local b = tonumber(string.sub(h, 10, 17), 16) % 1000000000
+  local a = tonumber(str_sub(h, 1, 9), 16) % TWO_33
+  local b = tonumber(str_sub(h, 10, 17), 16) % 1000000000
   local fp
   -- %d (a C long, 64 bits here) is exact for a < 2^33 and cheaper than %.0f.
-  if a == 0 then fp = string.format('%d', b) else fp = string.format('%d%09d', a, b) end
+  if a == 0 then fp = str_format('%d', b) else fp = str_format('%d%09d', a, b) end
   fingerprints[item] = {fp, a}
   return fp, a
 end
@@ -404,7 +409,7 @@ end
 -- The high part a of a stored fingerprint (all but its last 9 digits).
 local function fingerprint_high(member)
   if #member <= 9 then return 0 end
-  return tonumber(string.sub(member, 1, #member - 9))
+  return tonumber(str_sub(member, 1, #member - 9))
 end
 
 -- Buckets grow with their set by linear hashing, so a small job has a few keys and every bucket
@@ -424,7 +429,7 @@ end
 local function bucket_key(set, n)
   local k = set.keys[n]
   if not k then
-    k = set.prefix .. string.format('%.0f', n)
+    k = set.prefix .. str_format('%.0f', n)
     set.keys[n] = k
   end
   return k
@@ -447,14 +452,14 @@ local function split_bucket(set, rehash)
   split = split + 1
   if split == span then level, split = level + 1, 0 end
   set_geometry(set, level, split)
-  redis.call('HSET', K_STATS, set.lf, level, set.sf, split)
+  redis_call('HSET', K_STATS, set.lf, level, set.sf, split)
 end
 
 -- Call `command` on `key` with the values of `list` (flat) a slice at a time, so unpack stays far
 -- from Lua's stack limit however long the list is; `step` values a slice (even for pairs).
 local function in_slices(command, key, list, step)
   for i = 1, #list, step do
-    redis.call(command, key, unpack(list, i, math.min(i + step - 1, #list)))
+    redis_call(command, key, unpack(list, i, math.min(i + step - 1, #list)))
   end
 end
 
@@ -468,7 +473,7 @@ local SEEN_FILL = 160
 -- (an item is looked up in both, or finished from one to the other).
 local function bucket_geometry()
   if not seen_count then
-    local g = redis.call('HMGET', K_STATS, 'fl', 'fs', 'fn', 'il', 'is')
+    local g = redis_call('HMGET', K_STATS, 'fl', 'fs', 'fn', 'il', 'is')
     set_geometry(seen, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
     seen_count = tonumber(g[3] or '0')
     set_geometry(live, tonumber(g[4] or '0'), tonumber(g[5] or '0'))
@@ -477,7 +482,7 @@ end
 
 local function seen_rehash(from, to, moves)
   local moving = {}
-  for _, m in ipairs(redis.call('SMEMBERS', from)) do
+  for _, m in ipairs(redis_call('SMEMBERS', from)) do
     if moves(m) then moving[#moving + 1] = m end
   end
   in_slices('SREM', from, moving, 256)
@@ -488,7 +493,7 @@ end
 local function remember_done(item)
   bucket_geometry()
   local fp, a = fingerprint(item)
-  if redis.call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
+  if redis_call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
   count('fn', 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
@@ -502,7 +507,7 @@ local function is_done(item)
   bucket_geometry()
   if seen_count == 0 then return false end
   local fp, a = fingerprint(item)
-  return redis.call('SISMEMBER', bucket_of(seen, a), fp) == 1
+  return redis_call('SISMEMBER', bucket_of(seen, a), fp) == 1
 end
 
 -- -- live items -------------------------------------------------------------------------------
@@ -519,7 +524,7 @@ local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
 
 -- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
 local function pack(state, depth)
-  return string.format('%d', tonumber(depth) * 8 + CODE[state])
+  return str_format('%d', tonumber(depth) * 8 + CODE[state])
 end
 
 -- `item`'s bucket key and fingerprint.
@@ -532,37 +537,37 @@ end
 -- The state letter and depth of live `item`, as one string ('q0'); nil if it is not live.
 local function live_get(item)
   local key, fp = live_slot(item)
-  local v = redis.call('HGET', key, fp)
+  local v = redis_call('HGET', key, fp)
   if not v then return nil end
   local n = tonumber(v)
   local code = n % 8
-  return LETTER[code] .. string.format('%d', (n - code) / 8)
+  return LETTER[code] .. str_format('%d', (n - code) / 8)
 end
 
 -- Live `item` (already live: add_items makes items live) is now in `state` at `depth`.
 local function live_set(item, state, depth)
   local key, fp = live_slot(item)
-  redis.call('HSET', key, fp, pack(state, depth))
+  redis_call('HSET', key, fp, pack(state, depth))
 end
 
 -- `item` is no longer live (it is done).
 local function live_del(item)
   local key, fp = live_slot(item)
-  redis.call('HDEL', key, fp)
+  redis_call('HDEL', key, fp)
 end
 
 -- A small listpack is cheaper to write anew than to delete half its fields from one by one (each
 -- HDEL searches it): the bucket is read whole, dropped, and both halves written.
 local function live_rehash(from, to, moves)
   local keep, moving = {}, {}
-  local all = redis.call('HGETALL', from)
+  local all = redis_call('HGETALL', from)
   for i = 1, #all, 2 do
     local half = keep
     if moves(all[i]) then half = moving end
     half[#half + 1] = all[i]
     half[#half + 1] = all[i + 1]
   end
-  redis.call('DEL', from)
+  redis_call('DEL', from)
   in_slices('HSET', from, keep, 256)
   in_slices('HSET', to, moving, 256)
 end
@@ -596,7 +601,7 @@ end
 -- Returns how many.
 local function add_items(args, first, depth)
   if not page_limits then
-    local p = redis.call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
+    local p = redis_call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
     page_limits = {tonumber(p[1] or ''), tonumber(p[2] or '')}
   end
   local max_pages, per_domain = page_limits[1], page_limits[2]
@@ -609,12 +614,12 @@ local function add_items(args, first, depth)
     if added >= room then break end
     local item = args[i]
     local dom = domain_of(item)
-    if not per_domain or tonumber(redis.call('HGET', K_DSEEN, dom) or '0') < per_domain then
+    if not per_domain or tonumber(redis_call('HGET', K_DSEEN, dom) or '0') < per_domain then
       -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
       -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
-      if not is_done(item) and redis.call('HSETNX', key, fp, value) == 1 then
-        if per_domain then redis.call('HINCRBY', K_DSEEN, dom, '1') end
+      if not is_done(item) and redis_call('HSETNX', key, fp, value) == 1 then
+        if per_domain then redis_call('HINCRBY', K_DSEEN, dom, '1') end
         local q = new_of[dom]
         if not q then
           q = {}
@@ -630,7 +635,7 @@ local function add_items(args, first, depth)
   for _, dom in ipairs(doms) do
     local q = new_of[dom]
     for i = 1, #q, 256 do  -- slices keep unpack far from Lua's stack limit
-      redis.call('RPUSH', K_QUEUES .. dom, unpack(q, i, math.min(i + 255, #q)))
+      redis_call('RPUSH', K_QUEUES .. dom, unpack(q, i, math.min(i + 255, #q)))
     end
     schedule(dom)
   end
@@ -644,22 +649,22 @@ end
 -- The next queued item of `dom` and its depth, stale entries dropped; nil if none.
 local function pop_queued(dom)
   while true do
-    local item = redis.call('LPOP', K_QUEUES .. dom)
+    local item = redis_call('LPOP', K_QUEUES .. dom)
     if not item then return nil end
     local v = live_get(item)
-    if v and string.sub(v, 1, 1) == 'q' then return item, string.sub(v, 2) end
+    if v and str_sub(v, 1, 1) == 'q' then return item, str_sub(v, 2) end
   end
 end
 
 -- Backed-off items whose time came go to the back of their domain's queue.
 local function promote_due(max_batch)
-  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', int(redis_now()), 'LIMIT', '0',
+  local due = redis_call('ZRANGEBYSCORE', K_DELAYED, '-inf', int(redis_now()), 'LIMIT', '0',
     int(max_batch))
   for _, item in ipairs(due) do
-    redis.call('ZREM', K_DELAYED, item)
+    redis_call('ZREM', K_DELAYED, item)
     local v = live_get(item)
-    if v and string.sub(v, 1, 1) == 'w' then
-      live_set(item, 'q', string.sub(v, 2))
+    if v and str_sub(v, 1, 1) == 'w' then
+      live_set(item, 'q', str_sub(v, 2))
       count('queued', 1)
       enqueue(item, false)
     end
@@ -674,8 +679,8 @@ end
 local function dispatch_room(bound)
   local scrapes, saves = string.match(bound, '^(%d+) (%d+)$')
   if not scrapes then error('bad dispatch bound: ' .. bound) end
-  local room = tonumber(scrapes) - redis.call('ZCARD', K_DISPATCHED)
-  local save_room = tonumber(saves) - redis.call('ZCARD', K_PENDING)
+  local room = tonumber(scrapes) - redis_call('ZCARD', K_DISPATCHED)
+  local save_room = tonumber(saves) - redis_call('ZCARD', K_PENDING)
   if save_room < room then room = save_room end
   return room
 end
@@ -702,28 +707,28 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   -- one of them got its next turn at once.
   while room > 0 do
     local asked, again = room, false
-    local doms = redis.call('ZRANGEBYSCORE', K_DOMAINS, '-inf', int(now), 'LIMIT', '0', int(room))
+    local doms = redis_call('ZRANGEBYSCORE', K_DOMAINS, '-inf', int(now), 'LIMIT', '0', int(room))
     if #doms == 0 then break end
     for _, dom in ipairs(doms) do
       if room == 0 then break end
       local item, depth = pop_queued(dom)
       if not item then
-        redis.call('ZREM', K_DOMAINS, dom)
+        redis_call('ZREM', K_DOMAINS, dom)
       else
         live_set(item, 'd', depth)
-        redis.call('ZADD', K_DISPATCHED, int(deadline), item)
+        redis_call('ZADD', K_DISPATCHED, int(deadline), item)
         local interval, cap = limits(dom)
         -- The caller publishes an item that comes wrapped in a table ahead of the others.
         out[#out + 1] = (interval == 0 and goes_first(dom)) and {item} or item
         taken = taken + 1
         room = room - 1
-        if redis.call('HINCRBY', K_INFLIGHT, dom, '1') >= cap
-            or redis.call('LLEN', K_QUEUES .. dom) == 0 then
-          redis.call('ZREM', K_DOMAINS, dom)
+        if redis_call('HINCRBY', K_INFLIGHT, dom, '1') >= cap
+            or redis_call('LLEN', K_QUEUES .. dom) == 0 then
+          redis_call('ZREM', K_DOMAINS, dom)
         elseif interval > 0 then
-          redis.call('ZADD', K_DOMAINS, int(now + interval), dom)
+          redis_call('ZADD', K_DOMAINS, int(now + interval), dom)
         else
-          redis.call('ZADD', K_DOMAINS, int(now - head_start(dom)), dom)
+          redis_call('ZADD', K_DOMAINS, int(now - head_start(dom)), dom)
           again = true
         end
       end
@@ -742,8 +747,8 @@ local HELD = {l = true, s = true, S = true}
 -- its holder. Only that set: a miss in the others would still search them.
 local function clear_inflight(item, state)
   local set = STATE_SET[state]
-  if set then redis.call('ZREM', set, item) end
-  if HELD[state] then redis.call('HDEL', K_OWNERS, item) end
+  if set then redis_call('ZREM', set, item) end
+  if HELD[state] then redis_call('HDEL', K_OWNERS, item) end
   if state == 'd' or state == 'l' then vacate(domain_of(item)) end
 end
 
@@ -761,7 +766,7 @@ local function delay_until(item, state, depth, due)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_set(item, 'w', depth)
-  redis.call('ZADD', K_DELAYED, int(due), item)
+  redis_call('ZADD', K_DELAYED, int(due), item)
 end
 
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
@@ -770,8 +775,8 @@ local function finish(item, state)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_del(item)
-  redis.call('HDEL', K_FAILS, item)
-  redis.call('HDEL', K_LOST, item)
+  redis_call('HDEL', K_FAILS, item)
+  redis_call('HDEL', K_LOST, item)
   remember_done(item)
   count('done', 1)
 end
@@ -781,7 +786,7 @@ local function give_up(item, state, depth, reason)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_set(item, 'X', depth)
-  redis.call('HSET', K_DEAD, item, reason)
+  redis_call('HSET', K_DEAD, item, reason)
   count('dead', 1)
 end
 
@@ -795,9 +800,9 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
                              front, delay)
   local over = false
   if mode == 'item' then
-    over = redis.call('HINCRBY', K_FAILS, item, '1') > max_retries
+    over = redis_call('HINCRBY', K_FAILS, item, '1') > max_retries
   elseif mode == 'lost' then
-    over = redis.call('HINCRBY', K_LOST, item, '1') > max_lost
+    over = redis_call('HINCRBY', K_LOST, item, '1') > max_lost
   end
   if retryable and not over then
     if delay and delay > 0 then

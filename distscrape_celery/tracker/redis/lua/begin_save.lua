@@ -23,7 +23,7 @@ local bound, max_batch = ARGV[6], tonumber(ARGV[7])
 local v = item_value(item)
 if not v then return {'unknown', 0, job_created} end
 local state, depth = split_state(v)
-local lost = tonumber(redis.call('HGET', K_LOST, item) or '0')
+local lost = tonumber(redis_call('HGET', K_LOST, item) or '0')
 if state == 'D' then return {'done', lost, job_created} end
 if state == 'X' then return {'dead', lost, job_created} end
 local who, held = holder(item)
@@ -34,21 +34,21 @@ local now = redis_now()
 if state == 'S' then
   -- A run of this save is under a live lease: this is a duplicate delivery (the broker restored
   -- the message after a connection loss, say), not a redelivery after a death. Come back later.
-  if tonumber(redis.call('ZSCORE', K_LEASED, item) or '0') > now then
+  if tonumber(redis_call('ZSCORE', K_LEASED, item) or '0') > now then
     return {'busy', lost, job_created}
   end
-  lost = redis.call('HINCRBY', K_LOST, item, '1')
+  lost = redis_call('HINCRBY', K_LOST, item, '1')
   if lost > max_lost then
     give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..
       'process died while saving it (out of memory, or a crashing saver?)')
     return {'dead', lost, job_created}
   end
 end
-redis.call('ZREM', K_PENDING, item)
+redis_call('ZREM', K_PENDING, item)
 if state == 'l' then vacate(domain_of(item)) end
-redis.call('ZADD', K_LEASED, int(now + lease), item)
+redis_call('ZADD', K_LEASED, int(now + lease), item)
 -- Often its owner entry already names the worker (it took the save message over at reserve).
-if who ~= worker then redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
+if who ~= worker then redis_call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
 live_set(item, 'S', depth)
 local out = {'ok', lost, job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

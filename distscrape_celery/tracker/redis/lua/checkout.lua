@@ -25,7 +25,7 @@ local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0', job_created} end
 local state, depth = split_state(v)
-local fails = tonumber(redis.call('HGET', K_FAILS, item) or '0')
+local fails = tonumber(redis_call('HGET', K_FAILS, item) or '0')
 if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created} end
 if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created} end
 if state == 's' or state == 'w' then
@@ -33,7 +33,7 @@ if state == 's' or state == 'w' then
 end
 local now = redis_now()
 if state == 'l' or state == 'S' then
-  local deadline = tonumber(redis.call('ZSCORE', K_LEASED, item) or '0')
+  local deadline = tonumber(redis_call('ZSCORE', K_LEASED, item) or '0')
   if deadline > now then return {'busy', tonumber(depth), fails, 0, '0', job_created} end
   local was = holder(item) or '?'
   if retry_or_dead(item, state, depth, 'lost', true, 0, max_lost,
@@ -45,10 +45,10 @@ end
 local dom = domain_of(item)
 -- A dispatched item goes back to the head of its queue; vacate lists the domain again.
 local function back_to_queue()
-  redis.call('ZREM', K_DISPATCHED, item)
+  redis_call('ZREM', K_DISPATCHED, item)
   live_set(item, 'q', depth)
   count('queued', 1)
-  redis.call('LPUSH', K_QUEUES .. dom, item)
+  redis_call('LPUSH', K_QUEUES .. dom, item)
   vacate(dom)
 end
 if dispatch_held() then
@@ -58,27 +58,27 @@ if dispatch_held() then
 end
 local interval, cap = limits(dom)
 local slot = 0
-if interval > 0 then slot = tonumber(redis.call('HGET', K_SLOTS, dom) or '0') end
+if interval > 0 then slot = tonumber(redis_call('HGET', K_SLOTS, dom) or '0') end
 if slot > now or (state == 'q' and inflight(dom) >= cap) then
   if state == 'd' then back_to_queue() end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
-  if slot > now then redis.call('ZADD', K_DOMAINS, 'XX', 'GT', int(slot), dom) end
+  if slot > now then redis_call('ZADD', K_DOMAINS, 'XX', 'GT', int(slot), dom) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
-  local out = {'throttled', tonumber(depth), fails, 0, string.format('%.3f', wait / 1000000),
+  local out = {'throttled', tonumber(depth), fails, 0, str_format('%.3f', wait / 1000000),
     job_created}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
-if interval > 0 then redis.call('HSET', K_SLOTS, dom, int(now + interval)) end
+if interval > 0 then redis_call('HSET', K_SLOTS, dom, int(now + interval)) end
 if state == 'q' then
   -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
   count('queued', -1)
   occupy(dom)
 end
 local token = new_token()
-redis.call('ZREM', K_DISPATCHED, item)
-redis.call('ZADD', K_LEASED, int(now + lease), item)
-redis.call('HSET', K_OWNERS, item, worker .. ' ' .. int(token))
+redis_call('ZREM', K_DISPATCHED, item)
+redis_call('ZADD', K_LEASED, int(now + lease), item)
+redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int(token))
 live_set(item, 'l', depth)
 local out = {'ok', tonumber(depth), fails, token, '0', job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

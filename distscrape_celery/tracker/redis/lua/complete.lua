@@ -10,7 +10,7 @@
 local item = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
 local changed = 0
-if KEYS[22] then redis.call('UNLINK', KEYS[22]) end
+if KEYS[22] then redis_call('UNLINK', KEYS[22]) end
 local v = live_get(item)
 if v then
   local state = split_state(v)

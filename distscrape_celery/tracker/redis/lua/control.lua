@@ -26,7 +26,7 @@ elseif action == 'cancel' and before ~= 'cancelled' then
   after = 'cancelled'
 elseif action == 'resume' and (before == 'paused' or before == 'cancelled') then
   set_job_state('running')
-  redis.call('HDEL', K_CONTROL, 'ended')
+  redis_call('HDEL', K_CONTROL, 'ended')
   reactivate()
   after = 'running'
 end

@@ -10,7 +10,7 @@ if not v then return 0 end
 local state, depth = split_state(v)
 local _, held = holder(item)
 if held ~= token or state ~= 'S' then return 0 end
-redis.call('ZREM', K_LEASED, item)
-redis.call('ZADD', K_PENDING, redis_now() + save_timeout, item)
+redis_call('ZREM', K_LEASED, item)
+redis_call('ZADD', K_PENDING, redis_now() + save_timeout, item)
 live_set(item, 's', depth)
 return 1

@@ -11,8 +11,8 @@ for i = 1, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = live_get(item)
   local who, held = holder(item)
-  if v and string.sub(v, 1, 1) == 's' and who == '-' and held == token then
-    redis.call('ZADD', K_PENDING, now, item)
+  if v and str_sub(v, 1, 1) == 's' and who == '-' and held == token then
+    redis_call('ZADD', K_PENDING, now, item)
     n = n + 1
   end
 end

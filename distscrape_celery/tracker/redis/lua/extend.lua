@@ -21,24 +21,24 @@ local deadline, worker, n = int(now + us(ARGV[1])), ARGV[2], tonumber(ARGV[3])
 local m = tonumber(ARGV[4 + n])
 local extended = 0
 for i = 4, 3 + n do
-  extended = extended + redis.call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, ARGV[i])
+  extended = extended + redis_call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, ARGV[i])
 end
 -- Only a running task keeps a lease: a reserved duplicate of it must not.
 for i = 5 + n, 4 + n + m do
   if holder(ARGV[i]) == worker then
-    extended = extended + redis.call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, ARGV[i])
+    extended = extended + redis_call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, ARGV[i])
   end
 end
 for i = 5 + n + m, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = live_get(item)
   local who, held = holder(item)
-  if v and string.sub(v, 1, 1) == 's' and held == token then
+  if v and str_sub(v, 1, 1) == 's' and held == token then
     if who == worker then
-      redis.call('ZADD', K_PENDING, 'XX', 'GT', deadline, item)
+      redis_call('ZADD', K_PENDING, 'XX', 'GT', deadline, item)
     else
-      redis.call('ZADD', K_PENDING, deadline, item)
-      redis.call('HSET', K_OWNERS, item, worker .. ' ' .. token)
+      redis_call('ZADD', K_PENDING, deadline, item)
+      redis_call('HSET', K_OWNERS, item, worker .. ' ' .. token)
     end
     extended = extended + 1
   end

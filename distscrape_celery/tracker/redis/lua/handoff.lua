@@ -14,9 +14,9 @@ for i = 3, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = live_get(item)
   local who, held = holder(item)
-  if v and string.sub(v, 1, 1) == 's' and who == worker and held == token then
-    redis.call('ZADD', K_PENDING, int(later), item)
-    redis.call('HSET', K_OWNERS, item, '- ' .. token)
+  if v and str_sub(v, 1, 1) == 's' and who == worker and held == token then
+    redis_call('ZADD', K_PENDING, int(later), item)
+    redis_call('HSET', K_OWNERS, item, '- ' .. token)
     n = n + 1
   end
 end

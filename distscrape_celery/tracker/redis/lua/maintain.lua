@@ -24,7 +24,7 @@ local reclaimed, died, requeued = 0, 0, 0
 
 local function reclaim(zset, expected, mode, why)
   local n = 0
-  for _, item in ipairs(redis.call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
+  for _, item in ipairs(redis_call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
     local v = live_get(item)
     local state, depth = nil, nil
     if v then state, depth = split_state(v) end
@@ -37,7 +37,7 @@ local function reclaim(zset, expected, mode, why)
         died = died + 1
       end
     else
-      redis.call('ZREM', zset, item)  -- an entry left behind by a state change
+      redis_call('ZREM', zset, item)  -- an entry left behind by a state change
     end
   end
   return n
@@ -48,19 +48,19 @@ end
 -- staged: the item waits one more lease for that message, counting a vanished holder, instead of
 -- being downloaded again. If the whole worker died, its message is stuck until the broker's
 -- visibility timeout, so after that lease the item is reclaimed like any other.
-for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
+for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
   local v = live_get(item)
-  if v and string.sub(v, 1, 1) == 'S' then
+  if v and str_sub(v, 1, 1) == 'S' then
     local _, depth = split_state(v)
     local was, token = holder(item)
-    local lost = redis.call('HINCRBY', K_LOST, item, 1)
+    local lost = redis_call('HINCRBY', K_LOST, item, 1)
     if lost > max_lost then
       give_up(item, 'S', depth, 'its save was interrupted too often (last holder ' .. was .. ')')
       died = died + 1
     else
-      redis.call('ZREM', K_LEASED, item)
-      redis.call('ZADD', K_PENDING, int(now + lease), item)
-      redis.call('HSET', K_OWNERS, item, '- ' .. token)
+      redis_call('ZREM', K_LEASED, item)
+      redis_call('ZADD', K_PENDING, int(now + lease), item)
+      redis_call('HSET', K_OWNERS, item, '- ' .. token)
       live_set(item, 's', depth)
       reclaimed = reclaimed + 1
     end
@@ -71,10 +71,10 @@ reclaimed = reclaimed + reclaim(K_PENDING, 's', 'lost', 'its save message was lo
 requeued = reclaim(K_DISPATCHED, 'd', 'free', '')
 -- Completion, detected once: only the call that sees a running job with nothing left ends it.
 local finished = 0
-if job_state() == 'running' and tonumber(redis.call('HGET', K_STATS, 'seen') or '0') > 0
-    and tonumber(redis.call('HGET', K_STATS, 'queued') or '0') == 0
-    and redis.call('ZCARD', K_DISPATCHED) + redis.call('ZCARD', K_LEASED)
-      + redis.call('ZCARD', K_PENDING) + redis.call('ZCARD', K_DELAYED) == 0 then
+if job_state() == 'running' and tonumber(redis_call('HGET', K_STATS, 'seen') or '0') > 0
+    and tonumber(redis_call('HGET', K_STATS, 'queued') or '0') == 0
+    and redis_call('ZCARD', K_DISPATCHED) + redis_call('ZCARD', K_LEASED)
+      + redis_call('ZCARD', K_PENDING) + redis_call('ZCARD', K_DELAYED) == 0 then
   record_end('finished')
   finished = 1
 end
@@ -83,13 +83,13 @@ take_for_dispatch(bound, max_batch, now + lease, out)
 local wake = nil
 if dispatch_room(bound) > 0 then
   for _, zset in ipairs({K_DOMAINS, K_DELAYED}) do
-    local first = redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')
+    local first = redis_call('ZRANGE', zset, 0, 0, 'WITHSCORES')
     if first[2] and (not wake or tonumber(first[2]) < wake) then wake = tonumber(first[2]) end
   end
 end
 -- With items in flight, look again soon even while the broker is full: a failure may start a
 -- short backoff after the room it frees was filled by the call that freed it.
-local fetching = redis.call('ZCARD', K_LEASED) + redis.call('ZCARD', K_DISPATCHED) > 0
+local fetching = redis_call('ZCARD', K_LEASED) + redis_call('ZCARD', K_DISPATCHED) > 0
 if fetching and (not wake or now + poll < wake) then wake = now + poll end
-if wake then out[3] = string.format('%.3f', math.max(wake - now, 0) / 1000000) end
+if wake then out[3] = str_format('%.3f', math.max(wake - now, 0) / 1000000) end
 return out

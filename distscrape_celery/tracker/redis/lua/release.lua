@@ -22,12 +22,12 @@ if worker ~= '' then
   local returning = {}
   for i = 3, #ARGV - 1, 2 do returning[ARGV[i]] = ARGV[i + 1] end
   local later = redis_now() + save_timeout
-  for _, item in ipairs(redis.call('ZRANGE', K_PENDING, 0, -1)) do
+  for _, item in ipairs(redis_call('ZRANGE', K_PENDING, 0, -1)) do
     local who, token = holder(item)
     if who == worker then
       if returning[item] == token then
-        redis.call('ZADD', K_PENDING, later, item)
-        redis.call('HSET', K_OWNERS, item, '- ' .. token)
+        redis_call('ZADD', K_PENDING, later, item)
+        redis_call('HSET', K_OWNERS, item, '- ' .. token)
       else  -- a pending item always has its state: 's' .. depth
         local _, depth = split_state(live_get(item))
         requeue(item, 's', depth, true)
@@ -39,7 +39,7 @@ end
 local sets = {K_LEASED, K_DISPATCHED}
 if worker == '' then sets = {K_LEASED, K_PENDING, K_DISPATCHED} end
 for _, set in ipairs(sets) do
-  for _, item in ipairs(redis.call('ZRANGE', set, 0, -1)) do
+  for _, item in ipairs(redis_call('ZRANGE', set, 0, -1)) do
     local v = live_get(item)
     if v then
       local state, depth = split_state(v)

@@ -9,12 +9,12 @@ local n = 0
 for i = 4, #ARGV do
   local item = ARGV[i]
   local v = live_get(item)
-  if v and string.sub(v, 1, 1) == 'X' then
-    redis.call('HDEL', K_DEAD, item)
-    redis.call('HDEL', K_FAILS, item)
-    redis.call('HDEL', K_LOST, item)
+  if v and str_sub(v, 1, 1) == 'X' then
+    redis_call('HDEL', K_DEAD, item)
+    redis_call('HDEL', K_FAILS, item)
+    redis_call('HDEL', K_LOST, item)
     count('dead', -1)
-    requeue(item, 'X', string.sub(v, 2), false)
+    requeue(item, 'X', str_sub(v, 2), false)
     n = n + 1
   end
 end

@@ -41,31 +41,31 @@ if v then
     local dom = domain_of(item)
     -- The lease began lease seconds before its deadline (a heartbeat that extended it makes
     -- this shorter, which only lessens the domain's head start).
-    local deadline = redis.call('ZSCORE', K_LEASED, item)
+    local deadline = redis_call('ZSCORE', K_LEASED, item)
     if deadline then record_lease_time(dom, tonumber(deadline) - lease) end
     vacate(dom)  -- its fetch is over
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
-      redis.call('ZADD', K_LEASED, int(now + lease), item)
-      if who ~= saver then redis.call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
+      redis_call('ZADD', K_LEASED, int(now + lease), item)
+      if who ~= saver then redis_call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
       live_set(item, 'S', item_depth)
     else
-      redis.call('ZREM', K_LEASED, item)
+      redis_call('ZREM', K_LEASED, item)
       if keeper ~= '' then
-        redis.call('ZADD', K_PENDING, int(now + lease), item)
+        redis_call('ZADD', K_PENDING, int(now + lease), item)
         -- Its holder keeps it (the same owner entry, unless another worker id keeps it).
-        if who ~= keeper then redis.call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
+        if who ~= keeper then redis_call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
       else
-        redis.call('ZADD', K_PENDING, int(now + save_timeout), item)
+        redis_call('ZADD', K_PENDING, int(now + save_timeout), item)
         -- Its save message is in the broker now, not with any worker: no holder, same token.
-        redis.call('HSET', K_OWNERS, item, '- ' .. token)
+        redis_call('HSET', K_OWNERS, item, '- ' .. token)
       end
       live_set(item, 's', item_depth)
     end
     status = 'ok'
   end
 end
-if body_key and status ~= 'ok' then redis.call('UNLINK', body_key) end
+if body_key and status ~= 'ok' then redis_call('UNLINK', body_key) end
 local out = {status, added}
 return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -10,10 +10,10 @@
 local age, save_timeout, limit = us(ARGV[1]), us(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local before = redis_now() + save_timeout - age
-for _, item in ipairs(redis.call('ZRANGEBYSCORE', K_PENDING, '-inf', before, 'LIMIT', 0, limit)) do
+for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_PENDING, '-inf', before, 'LIMIT', 0, limit)) do
   local v = live_get(item)
   local who, token = holder(item)
-  if v and string.sub(v, 1, 1) == 's' and who == '-' then
+  if v and str_sub(v, 1, 1) == 's' and who == '-' then
     out[#out + 1] = item
     out[#out + 1] = token
   end
