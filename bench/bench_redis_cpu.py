@@ -7,7 +7,7 @@
 
 Serves a generated site by nginx on 127.0.0.1 (as ``suite.py`` does) and crawls it whole with
 ``distscrape crawl`` (``crawl``: its embedded Redis) and with the README's workers (``workers``:
-``celery multi start`` of two ``-P threads -c 16`` workers and ``distscrape seed``, on a
+``celery multi start`` of two ``-P threads -c 32`` workers and ``distscrape seed``, on a
 throwaway Redis; ``split``: the same with ``DISTSCRAPE_BROKER_URL`` naming a second Redis, whose
 figures, from before the workers start to after they stop, are given apart), limits set high. For each crawl it prints Redis's CPU (``used_cpu_user`` +
 ``used_cpu_sys``), commands and round trips a page, and ``INFO commandstats`` per page: calls

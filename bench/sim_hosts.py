@@ -5,8 +5,8 @@ of a core, so that 1, 2 and 4 hosts sharing one Redis can be compared on a machi
     .venv/bin/python bench/sim_hosts.py [--host-cpu 0.3] [--pages 3000] [--rounds 3]
 
 The CLI runs ``bench/suite.py --only scale-hosts``: the 50 ms site (``bench/latency_site.py`` on
-127.0.0.1), a throwaway Redis, and for 1, 2 and 4 hosts one README worker each (``celery multi
-start`` of ``-P threads -c 16``), every worker started inside its host's cgroup; it prints pages/s,
+127.0.0.1), a throwaway Redis, and for 1, 2 and 4 hosts one worker each (``celery multi
+start`` of ``-P threads -c 16``, ``--scale-args``), every worker started inside its host's cgroup; it prints pages/s,
 CPU a page, the 2/1 and 4/1 ratios per round and their medians. Needs root and a cgroup
 hierarchy with the cpu controller: cgroup v1's ``cpu`` (``cpu.cfs_quota_us``) or cgroup v2's
 (``cpu.max``).
