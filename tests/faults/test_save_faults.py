@@ -698,15 +698,21 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
 
 # -- found on the way: a worker dying between `scraped` and its save message -------------------
 
+@pytest.mark.parametrize("pool", [
+    # A prefork pool process keeps the item under its worker's lease until the message is out.
+    "prefork",
+    # A threads worker's item waits for its message with no holder from the start: the
+    # survivor's check of the save queue finds it.
+    "threads",
+])
 @pytest.mark.parametrize("batch_size", [
-    # The default: the worker keeps the item under its lease until the batch of saves is queued.
+    # The default: the saves go out in batches.
     pytest.param(None, id="save-batches"),
-    # A save message per page, sent right after scraped: the item is kept the same way until
-    # the message is out.
+    # A save message per page, sent right after scraped.
     pytest.param(1, id="save-per-page"),
 ])
 def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
-    redis_url, redis_client, start_worker, tmp_path, batch_size
+    redis_url, redis_client, start_worker, tmp_path, batch_size, pool
 ):
     """A worker host dies (SIGKILL of the whole worker) right after ``scraped`` made an item
     save-pending and before the save message went out. README: "A worker dies (SIGKILL, OOM,
@@ -715,7 +721,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
     lease = 1.0
     site = generate_site(n_pages=30, seed=808, unreachable=0)
     settings, tracker, procs = _setup(
-        redis_url, start_worker, ["unsent-a", "unsent-b"], lease=lease,
+        redis_url, start_worker, ["unsent-a", "unsent-b"], lease=lease, pool=pool,
         settings_kw={} if batch_size is None else {"save_batch_size": batch_size},
     )
     out, job = tmp_path / "out", "unsent-save"
@@ -738,6 +744,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         dead_id = next(w.id for w in tracker.workers() if not w.alive or w.pid not in
                        {p.proc.pid for p in procs if p.alive})
         state_after_death = item_state(redis_client, job, doomed)
+        holder_after_death = (redis_client.hget(JobKeys(job).owners, doomed) or "").split(" ")[0]
         recovered = None
         while time.monotonic() - died_at < lease + 8:
             survivor.check()
@@ -750,6 +757,8 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         _report("unsent-save", state_after_death=state_after_death, recovered_after=recovered,
                 stats=tracker.stats(job).to_dict(), held_by_dead_worker=diagnosis)
         assert state_after_death.startswith("s"), "the worker did not die between scraped and the save"
+        # Kept by the dying worker (a pool process), or by nobody (a threads worker).
+        assert holder_after_death == (dead_id if pool == "prefork" else "-"), holder_after_death
         assert recovered is not None, (
             f"not recovered {lease + 8:.0f} s after the worker died: "
             f"{tracker.stats(job).to_dict()}, {diagnosis}")
