@@ -63,6 +63,7 @@ import hashlib, json, pathlib
 from distscrape_celery.tracker.redis import scripts
 names = [p.stem for p in pathlib.Path(scripts.__file__).with_name("lua").glob("*.lua")]
 names += [n + "_many" for n in getattr(scripts, "BATCH_SCRIPTS", ())]
+names += [n for n in [getattr(scripts, "COMBINED", None)] if n]
 print(json.dumps({hashlib.sha1(scripts.source(n).encode()).hexdigest(): n for n in names}))
 """
 

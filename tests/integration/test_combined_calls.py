@@ -1,5 +1,5 @@
-"""Tracker calls that threads of one process make at the same time go to Redis as one call of
-the script's batch form, and each caller gets exactly the reply it would have got alone.
+"""Tracker calls that threads of one process make at the same time go to Redis as one call,
+leases and page reports alike, and each caller gets exactly the reply it would have got alone.
 
 Real Redis. ``CLIENT PAUSE`` holds the first call in Redis for a moment, so the calls the other
 threads make meanwhile are sure to come while it is in flight; Redis's own call counts
@@ -102,6 +102,41 @@ def test_checkouts_made_at_once_go_as_one_call_each_with_its_own_reply(tracker, 
     for url in urls:
         ok = next(r for r in by_url[url] if r.status is LeaseStatus.OK)
         assert tracker.scraped("j", url, ok.token, body=b"page").held
+
+
+def test_leases_and_page_reports_made_at_once_go_as_one_call(tracker, redis_client):
+    """Calls of two scripts (leases and page reports, each a thread's) that come while one call
+    is in flight go together too, each with the reply it would get alone: the leases' pages
+    leased, each body staged under its token, the finds added once."""
+    reported = [f"http://127.0.0.1/r{n}" for n in range(3)]
+    leased = [f"http://127.0.0.1/l{n}" for n in range(3)]
+    tracker.add("j", reported + leased)
+    worker = tracker.register_worker("host", 1, 8)
+    tokens = [tracker.checkout("j", u, worker, max_lost=3).token for u in reported]
+    calls = []
+    for n, (url, token) in enumerate(zip(reported, tokens)):
+        calls.append(lambda url=url, token=token, n=n: tracker.scraped(
+            "j", url, token, ["http://127.0.0.1/new", f"http://127.0.0.1/new{n}"], 1,
+            body=f"page {n}".encode()))
+    for url in leased:
+        calls.append(lambda url=url: tracker.checkout("j", url, worker, max_lost=3))
+    before = script_calls(redis_client)
+    results = run_paused(redis_client, calls)
+    assert script_calls(redis_client) - before == 2  # the first alone, then the other five
+    assert not any(isinstance(r, Exception) for r in results), results
+    reports, leases = results[:3], results[3:]
+    assert [r.held for r in reports] == [True] * 3
+    assert sum(r.added for r in reports) == 4  # "new" once, and each page's own
+    assert [r.status for r in leases] == [LeaseStatus.OK] * 3
+    new_tokens = [r.token for r in leases]
+    assert len(set(tokens + new_tokens)) == 6 and min(new_tokens) > 0
+    staging = _staging(tracker)
+    assert [staging.get("j", t) for t in tokens] == [b"page 0", b"page 1", b"page 2"]
+    assert item_states(redis_client, "j", reported + leased) == ["s0"] * 3 + ["l0"] * 3
+    dispatched = [x for r in results for x in r.dispatch]
+    assert len(dispatched) == len(set(dispatched))  # every new page handed out once at most
+    for url, res in zip(leased, leases):  # each lease is the one the tracker holds
+        assert tracker.scraped("j", url, res.token).held
 
 
 def test_scraped_calls_made_at_once_keep_each_body_and_each_reply(tracker, redis_client):

@@ -202,30 +202,37 @@ class RedisCore(Tracker):
         self, name: str, script_keys: Sequence[str], args: Sequence[Any], *,
         before: Sequence[tuple[Any, ...]] = (),
     ) -> Any:
-        """:meth:`_eval_around` for an item script with a batch form, whose calls this process's
-        threads make at the same time go as one call of that form (see combine.py), with the
-        commands ``before`` each of them first. Calls go together only if they run on the same
-        keys and take as many keys of their own (a body key, say): on one Redis, not a cluster,
-        whose extra keys may be in other slots."""
+        """:meth:`_eval_around` for an item script with a batch form (scripts.BATCH_SCRIPTS),
+        whose calls this process's threads make at the same time go as one call of
+        scripts.COMBINED (see combine.py), with the commands ``before`` each of them first. Calls
+        go together only if they run on the same item keys: on one Redis, not a cluster, whose
+        keys of their own (a body key, say) may be in other slots."""
         if self.cluster:
             return self._eval_around(name, script_keys, args, before=before)[0]
-        key = (name, tuple(script_keys[:scripts.ITEM_KEYS]), len(script_keys) - scripts.ITEM_KEYS)
         # A call weighs its arguments (each found link is a few commands) and a unit per KiB it
         # stages (a body), so a combined call stays a few milliseconds of Redis at most.
         weight = len(args) + sum(len(a) for c in before for a in c if isinstance(a, bytes)) // 1024
-        return self._combiner.call(key, (script_keys, args, before), weight)
+        return self._combiner.call(tuple(script_keys[:scripts.ITEM_KEYS]),
+                                   (name, script_keys, args, before), weight)
 
     def _send_combined(
-        self, key: tuple[Any, ...], calls: Sequence[tuple[Sequence[str], Sequence[Any], Any]]
+        self, item_keys: tuple[str, ...],
+        calls: Sequence[tuple[str, Sequence[str], Sequence[Any], Any]],
     ) -> list[Any]:
-        """Send the calls of item script ``key[0]`` that came together: one alone as itself, more
-        as one call of the script's batch form; the reply of each."""
-        name = key[0]
+        """Send the item-script calls on ``item_keys`` that came together: one alone as itself,
+        more as one call of scripts.COMBINED; the reply of each."""
         if len(calls) == 1:
-            script_keys, args, before = calls[0]
+            name, script_keys, args, before = calls[0]
             return [self._eval_around(name, script_keys, args, before=before)[0]]
-        return self._eval_many(name, [(script_keys, args) for script_keys, args, _ in calls],
-                               before=[c for _, _, before in calls for c in before])[0]
+        batch_keys: list[Any] = list(item_keys)
+        batch_args: list[Any] = [len(calls)]
+        for name, script_keys, args, _ in calls:
+            own = script_keys[scripts.ITEM_KEYS:]
+            batch_keys.extend(own)
+            batch_args.extend((name, len(own), len(args)))
+            batch_args.extend(args)
+        return self._eval_around(scripts.COMBINED, batch_keys, batch_args,
+                                 before=[c for *_, before in calls for c in before])[0]
 
     def _eval_many(
         self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *,
