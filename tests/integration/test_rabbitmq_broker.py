@@ -107,6 +107,50 @@ def test_a_killed_workers_message_is_redelivered_at_once(amqp_settings, workers,
         assert len(saved_files(out)) == 1
 
 
+def test_a_save_message_of_a_killed_worker_is_redelivered_and_saved_without_a_download(
+        amqp_settings, workers, tmp_path):
+    """A worker dies in the middle of a save: RabbitMQ puts the save message back at once, and
+    another worker saves the page from its staged body when the dead worker's lease ends. No
+    check of the save queue is needed (none runs on RabbitMQ), and the page is not downloaded
+    again."""
+    from tests.plugins.savers import instruct, paused_pid
+    from tests.support.crawl import plugins_path
+    from distscrape_celery.settings import Settings
+
+    settings = amqp_settings.model_copy(update={"lease_seconds": 5.0,
+                                                "plugin_modules": "tests.plugins"})
+    env = {"PYTHONPATH": plugins_path()}
+    with RouteServer({"/": (200, b"<html>one page</html>", 0.0)}) as site:
+        out = tmp_path / "out"
+        page = site.base + "/"
+        instruct(out, "pause", [f"60 {page}"])  # the first save of the page hangs
+        first = workers(settings, "amqp-saver-doomed", concurrency=1, extra_env=env)
+        tracker = RedisTracker.from_url(settings.redis_url)
+        wait_for_workers(tracker, 1, procs=[first])
+        configure_app(settings)
+        spec = build_spec({"seeds": [page], "fetch": {"obey_robots": False},
+                           "saver": {"kind": "tests.plugins.savers:CrashingSaver",
+                                     "output": str(out)}})
+        manager = CrawlManager(tracker, publisher.scrape,
+                               settings=Settings(plugin_modules="tests.plugins"))
+        manager.seed("save-kill", spec)
+        deadline = time.monotonic() + 60
+        while paused_pid(out, page) is None:
+            assert time.monotonic() < deadline, "the save never began"
+            time.sleep(0.05)
+        assert queue_depth(settings.broker_url, settings.save_queue) == 0  # it is unacked
+        first.kill(signal.SIGKILL)  # mid-save, its message unacknowledged
+        deadline = time.monotonic() + 5
+        while queue_depth(settings.broker_url, settings.save_queue) != 1:
+            assert time.monotonic() < deadline, "the broker did not redeliver the save message"
+            time.sleep(0.05)
+        second = workers(settings, "amqp-saver-rescuer", concurrency=1, extra_env=env)
+        stats = manager.wait("save-kill", timeout=60, check=second.check)
+        assert (stats.done, stats.dead) == (1, 0)
+        assert len(saved_files(out)) == 1
+        assert site.page_hits.count("/") == 1  # saved from its staged body, not downloaded again
+
+
 def test_an_urgent_item_is_sent_in_line_on_rabbitmq(amqp_settings):
     """RabbitMQ has no head of the queue for a message: an Urgent item's message is published
     like any other, in the order given, and none is lost."""
