@@ -57,13 +57,15 @@ PROBE_COMMANDS = {b"info", b"slowlog", b"config"}
 
 
 # Asked of each checkout's own scripts module, so that the texts are the ones Redis runs there
-# (an item script with the library first, the batch forms NAME_many built from NAME's file).
+# (an item script with the library first; the batch script, or in older checkouts the batch
+# forms NAME_many).
 _SHAS = """
 import hashlib, json, pathlib
 from distscrape_celery.tracker.redis import scripts
 names = [p.stem for p in pathlib.Path(scripts.__file__).with_name("lua").glob("*.lua")]
-names += [n + "_many" for n in getattr(scripts, "BATCH_SCRIPTS", ())]
-names += [n for n in [getattr(scripts, "COMBINED", None)] if n]
+if not hasattr(scripts, "BATCH"):
+    names += [n + "_many" for n in getattr(scripts, "BATCH_SCRIPTS", ())]
+names += [n for n in [getattr(scripts, "BATCH", None)] if n]
 print(json.dumps({hashlib.sha1(scripts.source(n).encode()).hexdigest(): n for n in names}))
 """
 

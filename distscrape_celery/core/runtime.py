@@ -7,6 +7,7 @@ in-memory crawl installs one with an InMemoryTracker).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -69,12 +70,12 @@ class Runtime:
         # The tracker stages bodies itself (in scraped): the staging reads them there.
         return cls(settings, tracker, tracker.bodies, in_memory=True)
 
-    @property
+    @functools.cached_property
     def finds_lost_saves(self) -> bool:
         """Whether live workers find the save messages that a dead worker took from the broker
         (``worker/lost_saves.py``): the broker is Redis, whose save queue can be read, and so is
         the tracker. They find a page whose worker died before it sent the page's save message
-        the same way."""
+        the same way. (Read for every page: its settings and tracker never change.)"""
         return isinstance(self.tracker, RedisTracker) and self.settings.broker_is_redis
 
     @property

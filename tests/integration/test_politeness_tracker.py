@@ -337,9 +337,9 @@ def test_lease_times_a_batch_records_are_those_its_calls_would_record(batched):
         t.add("j", [a2])  # queued: a.invalid is not idle once a0 and a1 are in
         if batched:
             bound, max_batch, lease = t._top_up_args("j")
-            t._eval_many("scraped", [
-                (list(t._item_keys("j")), [item, tokens[item], 60, 1, bound, max_batch, lease,
-                                           "", "", 0]) for item in [a0, b0, a1]])
+            t._eval_many([
+                ("scraped", list(t._item_keys("j")), [item, tokens[item], 60, 1, bound, max_batch,
+                                                      lease, "", "", 0]) for item in [a0, b0, a1]])
         else:
             for item in [a0, b0, a1]:
                 assert t.scraped("j", item, tokens[item]).held

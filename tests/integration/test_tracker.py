@@ -1129,10 +1129,10 @@ def test_in_memory_tracker_is_shared_by_threads():
 
 
 def _batch(t, name, job, calls, extra_keys=()):
-    """Item script ``name`` once per argument list of ``calls``, as one call of its batch form;
-    one reply per call."""
+    """Item script ``name`` once per argument list of ``calls``, as one batch call; one reply
+    per call."""
     item_keys = list(t._item_keys(job))
-    reply, _ = t._eval_many(name, [([*item_keys, *extra_keys], args) for args in calls])
+    reply, _ = t._eval_many([(name, [*item_keys, *extra_keys], args) for args in calls])
     return reply
 
 

@@ -4,9 +4,9 @@ A worker process runs its tasks in threads, and the tasks one broker fetch deliv
 together: each leases its item within microseconds of the others, and pages of one site finish
 about as close. On Redis a round trip costs as much CPU as dozens of commands inside a script
 (docs/performance.md), so a call that comes while another call under the same key is in flight
-waits for that one and then goes with every other call that came meanwhile, as one. A call that comes while
-none is in flight goes at once: a quiet process waits for nothing, a busy one makes fewer, larger
-calls.
+waits for that one and then goes with every other call that came meanwhile, as one. A call that
+comes while none is in flight goes at once: a quiet process waits for nothing, a busy one makes
+fewer, larger calls.
 """
 
 from __future__ import annotations

@@ -202,11 +202,11 @@ class RedisCore(Tracker):
         self, name: str, script_keys: Sequence[str], args: Sequence[Any], *,
         before: Sequence[tuple[Any, ...]] = (),
     ) -> Any:
-        """:meth:`_eval_around` for an item script with a batch form (scripts.BATCH_SCRIPTS),
-        whose calls this process's threads make at the same time go as one call of
-        scripts.COMBINED (see combine.py), with the commands ``before`` each of them first. Calls
-        go together only if they run on the same item keys: on one Redis, not a cluster, whose
-        keys of their own (a body key, say) may be in other slots."""
+        """:meth:`_eval_around` for one of scripts.BATCH_SCRIPTS, whose calls this process's
+        threads make at the same time go as one call of scripts.BATCH (see combine.py), with the
+        commands ``before`` each of them first. Calls go together only if they run on the same
+        item keys: on one Redis, not a cluster, whose keys of their own (a body key, say) may be
+        in other slots."""
         if self.cluster:
             return self._eval_around(name, script_keys, args, before=before)[0]
         # A call weighs its arguments (each found link is a few commands) and a unit per KiB it
@@ -220,36 +220,29 @@ class RedisCore(Tracker):
         calls: Sequence[tuple[str, Sequence[str], Sequence[Any], Any]],
     ) -> list[Any]:
         """Send the item-script calls on ``item_keys`` that came together: one alone as itself,
-        more as one call of scripts.COMBINED; the reply of each."""
+        more as one call of scripts.BATCH; the reply of each."""
         if len(calls) == 1:
             name, script_keys, args, before = calls[0]
             return [self._eval_around(name, script_keys, args, before=before)[0]]
-        batch_keys: list[Any] = list(item_keys)
+        return self._eval_many([(name, script_keys, args) for name, script_keys, args, _ in calls],
+                               before=[c for *_, before in calls for c in before])[0]
+
+    def _eval_many(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]], *,
+        before: Sequence[tuple[Any, ...]] = (), after: Sequence[tuple[Any, ...]] = (),
+        undecoded: bool = False,
+    ) -> tuple[Any, list[Any]]:
+        """Each (item script, keys, args) of ``calls``, scripts of BATCH_SCRIPTS on the same item
+        keys, in one call of scripts.BATCH, with ``before`` and ``after`` around it as in
+        :meth:`_eval_around`. Its reply (a list, one reply per call) and those of ``after``."""
+        batch_keys: list[Any] = list(calls[0][1][:scripts.ITEM_KEYS])
         batch_args: list[Any] = [len(calls)]
-        for name, script_keys, args, _ in calls:
+        for name, script_keys, args in calls:
             own = script_keys[scripts.ITEM_KEYS:]
             batch_keys.extend(own)
             batch_args.extend((name, len(own), len(args)))
             batch_args.extend(args)
-        return self._eval_around(scripts.COMBINED, batch_keys, batch_args,
-                                 before=[c for *_, before in calls for c in before])[0]
-
-    def _eval_many(
-        self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]], *,
-        before: Sequence[tuple[Any, ...]] = (), after: Sequence[tuple[Any, ...]] = (),
-        undecoded: bool = False,
-    ) -> tuple[Any, list[Any]]:
-        """Item script ``name`` once per (keys, args) of ``calls``, in one call of its batch form
-        (NAME_many, scripts.BATCH_SCRIPTS), with ``before`` and ``after`` around it as in
-        :meth:`_eval_around`: every call's keys are the same item keys and, for all of them or
-        none, one key of its own. Its reply (a list, one reply per call) and those of ``after``."""
-        batch_keys = [*calls[0][0][:scripts.ITEM_KEYS],
-                      *(k for script_keys, _ in calls for k in script_keys[scripts.ITEM_KEYS:])]
-        batch_args: list[Any] = [len(calls)]
-        for _, args in calls:
-            batch_args.append(len(args))
-            batch_args.extend(args)
-        return self._eval_around(f"{name}_many", batch_keys, batch_args, before=before,
+        return self._eval_around(scripts.BATCH, batch_keys, batch_args, before=before,
                                  after=after, undecoded=undecoded)
 
     def _eval_pipelined(

@@ -15,7 +15,7 @@ from .shards import ShardLayout
 
 class SaveCalls(ShardLayout):
     """A scraped item's save, which carries its lease's token and the body staged for it; a
-    batch of saves goes in one script call where it can (scripts.BATCH_SCRIPTS)."""
+    batch of saves goes in one script call where it can (scripts.BATCH)."""
 
     @converts_redis_errors
     def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:
@@ -73,7 +73,7 @@ class SaveCalls(ShardLayout):
         for places in self._places_by_shard(job, saves):
             calls = [self._begin_save_call(job, *saves[i], worker_id, max_lost) for i in places]
             replies, (bodies,) = self._eval_many(
-                "begin_save", calls,
+                [("begin_save", *call) for call in calls],
                 after=[("MGET", *(keys.body_key(job, saves[i][1]) for i in places))],
                 undecoded=True)
             for i, res, body in zip(places, replies, bodies):
@@ -101,7 +101,8 @@ class SaveCalls(ShardLayout):
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
             calls = [self._complete_call(job, *saves[i])[:2] for i in places]
-            for i, res in zip(places, self._eval_many("complete", calls, undecoded=True)[0]):
+            replies, _ = self._eval_many([("complete", *call) for call in calls], undecoded=True)
+            for i, res in zip(places, replies):
                 out[i] = CompleteResult(dispatch=dispatched(res[1:]),
                                         changed=bool(res[0]))
         return out

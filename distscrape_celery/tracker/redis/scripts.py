@@ -1,10 +1,9 @@
 """The tracker's Lua scripts (``lua/``), read from the package once per process.
 
 An item script is ``_lib.lua``, then ``_begin.lua`` (the call's keys, the job checked), then its
-own file; the others stand alone. A batch script (``NAME_many``, for NAME in BATCH_SCRIPTS) runs
-NAME's file as a function once per item of a batch, in one call; ``combined`` runs calls of any
-of them, each with its script's name (the calls a process's threads make at the same time).
-Redis runs the item scripts in one of two forms of the same text:
+own file; the others stand alone. The batch script (BATCH) runs several calls of the scripts in
+BATCH_SCRIPTS in one call, each file as a function. Redis runs the item scripts in one of two
+forms of the same text:
 
 - a **function library** (Redis 7 and later): the library and every item script are loaded once
   with FUNCTION LOAD and called with FCALL, so a call does not build the library's ~50 closures
@@ -32,10 +31,10 @@ ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
 )
-# Item scripts with a batch form, NAME_many: what a save batch calls once for all its pages; and
-# what threads of a process call at the same time, which go together in COMBINED (combine.py).
+# The item scripts whose calls go together in one call of BATCH: what a save batch calls for all
+# its pages, and what threads of a process call at the same time (combine.py).
 BATCH_SCRIPTS = ("begin_save", "complete", "checkout", "scraped")
-COMBINED = "combined"
+BATCH = "batch"
 # The item keys every item script takes (KEYS[1] to KEYS[21], see _lib.lua).
 ITEM_KEYS = 21
 
@@ -53,12 +52,13 @@ def _run_function(name: str) -> str:
 
 def item_script_names() -> tuple[str, ...]:
     """Every item script, the batch forms included."""
-    return (*ITEM_SCRIPTS, *(f"{n}_many" for n in BATCH_SCRIPTS), COMBINED)
+    return (*ITEM_SCRIPTS, BATCH)
 
 
-def _combined_runs() -> str:
-    """The Lua table of the run function of every script COMBINED runs, by name."""
-    return "{" + ", ".join(f"{n} = run_{n}" for n in BATCH_SCRIPTS) + "}"
+def _batch_runs() -> str:
+    """The Lua expression of BATCH's function: the run function of each of BATCH_SCRIPTS, by
+    name, to _lib.lua's batch."""
+    return "batch({" + ", ".join(f"{n} = run_{n}" for n in BATCH_SCRIPTS) + "})"
 
 
 def with_library(text: str) -> str:
@@ -69,15 +69,12 @@ def with_library(text: str) -> str:
 
 def source(name: str) -> str:
     """The text Redis runs for script ``name`` with EVAL (an item script with the library
-    first; a ``NAME_many`` batch script built from NAME's file)."""
+    first; BATCH built from the files of BATCH_SCRIPTS)."""
     if name not in item_script_names():
         return read_lua(name)
-    if name == COMBINED:
+    if name == BATCH:
         runs = "".join(_run_function(n) for n in BATCH_SCRIPTS)
-        return with_library(runs + f"return combined({_combined_runs()})(KEYS, ARGV)\n")
-    if name.endswith("_many"):
-        base = name[:-len("_many")]
-        return with_library(_run_function(base) + f"return batch(run_{base})(KEYS, ARGV)\n")
+        return with_library(runs + f"return {_batch_runs()}(KEYS, ARGV)\n")
     return with_library(read_lua(name))
 
 
@@ -113,13 +110,9 @@ def library() -> Library:
             + "".join(_run_function(n) for n in ITEM_SCRIPTS))
     name = "distscrape_" + hashlib.sha1(body.encode()).hexdigest()[:16]
     functions = {n: f"{name}_{n}" for n in item_script_names()}
-    def run(n: str) -> str:
-        if n == COMBINED:
-            return f"combined({_combined_runs()})"
-        return f"batch(run_{n[:-len('_many')]})" if n.endswith("_many") else f"run_{n}"
-
     registers = "".join(
-        f"redis.register_function('{functions[n]}', item_script({run(n)}))\n"
+        f"redis.register_function('{functions[n]}', "
+        f"item_script({_batch_runs() if n == BATCH else f'run_{n}'}))\n"
         for n in item_script_names())
     return Library(name, f"#!lua name={name}\n{body}{registers}", functions)
 

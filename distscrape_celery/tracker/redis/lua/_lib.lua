@@ -830,70 +830,51 @@ local function end_counts()
   end
 end
 
--- A batch of item-script calls in one call: ARGV[1] the calls, then each call's fields, which
--- read_call(args, i) reads from args[i] on: it returns the call's run function, whether the call
--- takes a key of its own, its argument count and where its arguments begin. KEYS are the item
--- keys, then the keys of their own of the calls that take one (KEYS[22] of the script alone), in
--- order. Each call runs with KEYS and ARGV of its own (the job's key names, set by _begin.lua
--- from the batch's KEYS, are the same for every call); the reply is the list of their replies.
+-- A batch of item-script calls in one call (scripts.py's BATCH: a save batch's begins or
+-- completes, the calls a process's threads make at the same time): ARGV[1] the calls, then for
+-- each its script's name, whether it takes a key of its own ('1' or '0'), its argument count and
+-- its arguments; `runs` holds the run function of each name. KEYS are the item keys, then the
+-- keys of their own of the calls that take one (KEYS[22] of the script alone), in order. Each
+-- call runs with KEYS and ARGV of its own (the job's key names, set by _begin.lua from the
+-- batch's KEYS, are the same for every call); the reply is the list of their replies.
 -- _begin.lua's checks run once, and so do the dispatch top-up (only the last call's reply hands
 -- items out) and the writes of the job's counters. A call that raises ends the batch, the calls
 -- before it kept, their counts written.
 local ITEM_KEYS = 21
-local function run_batch(keys, args, read_call)
-  local calls = tonumber(args[1])
-  local call_keys, replies = {}, {}
-  topup_deferred, deferred_topup = true, nil
-  counts_deferred = true
-  for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
-  local ok, err = pcall(function()
-    local at, next_key = 2, ITEM_KEYS + 1
-    for i = 1, calls do
-      local run, own_key, n, first = read_call(args, at)
-      if own_key then
-        call_keys[ITEM_KEYS + 1] = keys[next_key]
-        next_key = next_key + 1
-      else
-        call_keys[ITEM_KEYS + 1] = nil
+local function batch(runs)
+  return function(keys, args)
+    local calls = tonumber(args[1])
+    local call_keys, replies = {}, {}
+    topup_deferred, deferred_topup = true, nil
+    counts_deferred = true
+    for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
+    local ok, err = pcall(function()
+      local at, next_key = 2, ITEM_KEYS + 1
+      for i = 1, calls do
+        local run = runs[args[at]]
+        if not run then error('no batch form of item script ' .. tostring(args[at])) end
+        if args[at + 1] == '1' then
+          call_keys[ITEM_KEYS + 1] = keys[next_key]
+          next_key = next_key + 1
+        else
+          call_keys[ITEM_KEYS + 1] = nil
+        end
+        local n = tonumber(args[at + 2])
+        local call_args = {}
+        for j = 1, n do call_args[j] = args[at + 2 + j] end
+        at = at + 3 + n
+        replies[i] = run(call_keys, call_args)
       end
-      local call_args = {}
-      for j = 1, n do call_args[j] = args[first + j - 1] end
-      at = first + n
-      replies[i] = run(call_keys, call_args)
-    end
+      topup_deferred = false
+      -- One top-up, with the room the whole batch made, its items after the last reply's own
+      -- (whether or not that call reached its top-up: it may have returned early).
+      if deferred_topup then
+        take_for_dispatch(deferred_topup[1], deferred_topup[2], deferred_topup[3], replies[calls])
+      end
+    end)
     topup_deferred = false
-    -- One top-up, with the room the whole batch made, its items after the last reply's own
-    -- (whether or not that call reached its top-up: it may have returned early).
-    if deferred_topup then
-      take_for_dispatch(deferred_topup[1], deferred_topup[2], deferred_topup[3], replies[calls])
-    end
-  end)
-  topup_deferred = false
-  end_counts()
-  if not ok then error(err, 0) end
-  return replies
-end
-
--- The batch form of `run` (NAME_many): each call's arguments after their count; every call
--- takes a key of its own, or none does.
-local function batch(run)
-  return function(keys, args)
-    local own_keys = #keys > ITEM_KEYS
-    return run_batch(keys, args, function(a, at)
-      return run, own_keys, tonumber(a[at]), at + 1
-    end)
-  end
-end
-
--- Calls of several item scripts in one (the calls a process's threads make at the same time,
--- combine.py): each call's script name, whether it takes a key of its own ('1' or '0'), its
--- argument count, then its arguments; `runs` holds the run function of each name.
-local function combined(runs)
-  return function(keys, args)
-    return run_batch(keys, args, function(a, at)
-      local run = runs[a[at]]
-      if not run then error('no batch form of item script ' .. tostring(a[at])) end
-      return run, a[at + 1] == '1', tonumber(a[at + 2]), at + 3
-    end)
+    end_counts()
+    if not ok then error(err, 0) end
+    return replies
   end
 end
