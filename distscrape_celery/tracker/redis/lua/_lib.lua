@@ -65,8 +65,10 @@ local redis_call, str_format, str_sub
 
 -- A script's state lives in the locals below, which _begin.lua sets at the start of every call.
 -- In a Redis function library (Redis 7 and later, see scripts.py) this text runs once, when the
--- library is loaded, and its locals outlive the call: nothing a call cached may be read by the
--- next one, so every cache is declared here and set anew there.
+-- library is loaded, and its locals outlive the call: nothing a call cached about its job may be
+-- read by the next one, so every such cache is declared here and set anew there. The few caches
+-- kept from call to call (items' fingerprints and domains, numbers' texts) hold what depends on
+-- their key alone.
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED
 local K_OWNERS, K_STATS, K_FAILS, K_DEAD
 local K_PENDING, K_LOST, K_SPEC
@@ -80,7 +82,30 @@ local job_state_now
 -- worker, whose components built from an earlier job of the same name must not be used.
 local job_created
 -- The call's caches (begin).
-local now_cache, id_domain, limits_cache, head_starts, fingerprints
+local now_cache, id_domain, limits_cache, head_starts
+-- The fingerprints and domains of the items in flight: unlike the caches above they outlive the
+-- call in a function library, since each is a function of the item's name alone (a URL's domain;
+-- an item that is not a URL takes its job's id_domain, which is not kept here). An item's five
+-- steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
+-- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one
+-- is dropped, and a fact found in the old one moves to the new. That bounds the memory they take
+-- in Redis's Lua and its collector's work, which sweeps every live object at each of its cycles:
+-- kept by the ten thousand, they cost more than they saved. The items that add_items adds are
+-- not kept (most are a page's links, found once and queued far longer than a generation lasts).
+local FACTS_MAX = 2048
+local fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
+local old_fp_of, old_fp_high_of, old_domain_cache = {}, {}, {}
+-- False while add_items looks at the items it is given.
+local keep_facts = true
+
+-- Room for one more fact (fingerprint or domain) of an item.
+local function room_for_fact()
+  if facts >= FACTS_MAX then
+    old_fp_of, old_fp_high_of, old_domain_cache = fp_of, fp_high_of, domain_cache
+    fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
+  end
+  facts = facts + 1
+end
 -- Lease times (lease_mean): by domain, and the job's; the domains whose mean a batch changed
 -- and has yet to write, as a set and in order.
 local lease_means, job_mean, means_unwritten, means_unwritten_order
@@ -111,8 +136,17 @@ end
 -- An integral number as the text of a command's argument. Redis writes a number it is given with
 -- "%.17g", whose arithmetic on every deadline and count cost more than the command; constants
 -- are written as text ('1') for the same reason.
+-- Small numbers' texts outlive the call (a function of the number alone, and few: depths, packed
+-- states, counts); the others are kept for the call, where a batch writes one deadline for many
+-- items.
+local SMALL_TEXTS = 4096
+local small_texts, texts = {}, nil
 local function int(n)
-  return str_format('%d', n)
+  local t = small_texts[n] or texts[n]
+  if t then return t end
+  t = str_format('%d', n)
+  if n >= 0 and n < SMALL_TEXTS then small_texts[n] = t else texts[n] = t end
+  return t
 end
 
 -- `seconds` (a number or its text) in whole microseconds.
@@ -222,12 +256,25 @@ end
 -- The domain `item` is fetched from: its URL's host[:port], lower case, user info dropped; or the
 -- job's id_domain for an item that is not a URL (keys.domain_of is the same rule in Python).
 local function domain_of(item)
+  local dom = domain_cache[item]
+  if dom then return dom end
+  dom = old_domain_cache[item]
+  if dom then
+    room_for_fact()
+    domain_cache[item] = dom
+    return dom
+  end
   local authority = string.match(item, '^%a[%w+.-]*://([^/?#]*)')
   if not authority then
     if not id_domain then id_domain = redis_call('HGET', K_POLICY, 'id_domain') or '-' end
     return id_domain
   end
-  return string.lower((string.gsub(authority, '^.*@', '')))
+  dom = string.lower((string.gsub(authority, '^.*@', '')))
+  if keep_facts then
+    room_for_fact()
+    domain_cache[item] = dom
+  end
+  return dom
 end
 
 -- The domain's least microseconds between two fetch starts, and its in-flight cap.
@@ -394,15 +441,24 @@ local TWO_33 = 8589934592
 -- int64) and its high part a. Lua numbers are doubles (exact to 2^53), so the two parts are kept
 -- apart and joined as text; no leading zero.
 local function fingerprint(item)
-  local f = fingerprints[item]
-  if f then return f[1], f[2] end
+  local fp = fp_of[item]
+  if fp then return fp, fp_high_of[item] end
+  fp = old_fp_of[item]
+  if fp then
+    local a = old_fp_high_of[item]
+    room_for_fact()
+    fp_of[item], fp_high_of[item] = fp, a
+    return fp, a
+  end
   local h = redis.sha1hex(item)
   local a = tonumber(str_sub(h, 1, 9), 16) % TWO_33
   local b = tonumber(str_sub(h, 10, 17), 16) % 1000000000
-  local fp
   -- %d (a C long, 64 bits here) is exact for a < 2^33 and cheaper than %.0f.
   if a == 0 then fp = str_format('%d', b) else fp = str_format('%d%09d', a, b) end
-  fingerprints[item] = {fp, a}
+  if keep_facts then
+    room_for_fact()
+    fp_of[item], fp_high_of[item] = fp, a
+  end
   return fp, a
 end
 
@@ -524,7 +580,7 @@ local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
 
 -- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
 local function pack(state, depth)
-  return str_format('%d', tonumber(depth) * 8 + CODE[state])
+  return int(tonumber(depth) * 8 + CODE[state])
 end
 
 -- `item`'s bucket key and fingerprint.
@@ -534,14 +590,23 @@ local function live_slot(item)
   return bucket_of(live, a), fp
 end
 
+-- A packed value's state letter and depth as one string ('q0'), by the value's text: kept across
+-- calls (a function of the text alone), up to SMALL_TEXTS of them.
+local state_texts, state_text_count = {}, 0
+
 -- The state letter and depth of live `item`, as one string ('q0'); nil if it is not live.
 local function live_get(item)
   local key, fp = live_slot(item)
   local v = redis_call('HGET', key, fp)
   if not v then return nil end
+  local text = state_texts[v]
+  if text then return text end
   local n = tonumber(v)
   local code = n % 8
-  return LETTER[code] .. str_format('%d', (n - code) / 8)
+  text = LETTER[code] .. int((n - code) / 8)
+  if state_text_count >= SMALL_TEXTS then state_texts, state_text_count = {}, 0 end
+  state_texts[v], state_text_count = text, state_text_count + 1
+  return text
 end
 
 -- Live `item` (already live: add_items makes items live) is now in `state` at `depth`.
@@ -610,6 +675,7 @@ local function add_items(args, first, depth)
   -- The new items' names are written a slice at a time (one RPUSH per domain).
   local added, new_of, doms = 0, {}, {}
   local value = pack('q', depth)
+  keep_facts = false
   for i = first, #args do
     if added >= room then break end
     local item = args[i]
@@ -631,6 +697,7 @@ local function add_items(args, first, depth)
       end
     end
   end
+  keep_facts = true
   if added == 0 then return 0 end
   for _, dom in ipairs(doms) do
     local q = new_of[dom]
