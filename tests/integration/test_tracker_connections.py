@@ -141,3 +141,33 @@ def test_a_flushed_script_cache_is_loaded_again(redis_url, redis_client):
     assert tracker.checkout("j", "a", wid, max_lost=3).status is LeaseStatus.OK
     redis_client.script_flush()  # as a restarted Redis without the scripts would be
     assert tracker.checkout("j", "b", wid, max_lost=3).status is LeaseStatus.OK
+
+
+class _CountingSocket:
+    """A socket that counts the writes made on it."""
+
+    def __init__(self, sock) -> None:
+        self._sock, self.writes = sock, 0
+
+    def sendall(self, data) -> None:
+        self.writes += 1
+        self._sock.sendall(data)
+
+    def __getattr__(self, name):
+        return getattr(self._sock, name)
+
+
+def test_a_call_with_a_body_goes_out_in_one_write(redis_url):
+    """redis-py writes each value over 6,000 bytes on its own, and Redis then often reads the
+    request in several reads, each a turn of its event loop: a page's body and the call it
+    rides with go out as one write."""
+    tracker = _tracker(redis_url)
+    wid = _job(tracker, ["http://b.example.invalid/"])
+    co = tracker.checkout("j", "http://b.example.invalid/", wid, max_lost=3)
+    conn = tracker._thread_connection()
+    counting = conn._sock = _CountingSocket(conn._sock)
+    body = b"x" * 50_000
+    assert tracker.scraped("j", "http://b.example.invalid/", co.token, body=body).held
+    assert counting.writes == 1
+    [begin] = tracker.begin_saves("j", [("http://b.example.invalid/", co.token)], wid, max_lost=3)
+    assert begin.body == body
