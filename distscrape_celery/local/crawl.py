@@ -132,15 +132,17 @@ def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
 def redis_for_crawl(
     settings: Settings, use_embedded: bool, state_dir: Optional[Path] = None
 ) -> Iterator[Settings]:
-    """Yield settings that point at a reachable Redis, starting an embedded one if asked; with
-    ``state_dir``, one that keeps its data there."""
+    """Yield settings that point at a reachable Redis, starting an embedded one if asked (the
+    crawl's processes reach it on its Unix socket where it has one); with ``state_dir``, one that
+    keeps its data there."""
     if not use_embedded:
         yield settings
         return
     server = EmbeddedRedis(state_dir=state_dir)
     try:
         server.start()
-        yield settings.model_copy(update={"redis_url": server.url, "broker_url": None})
+        url = server.socket_url or server.url
+        yield settings.model_copy(update={"redis_url": url, "broker_url": None})
     finally:
         with lifecycle.shielded():
             server.stop()

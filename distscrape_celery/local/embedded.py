@@ -37,6 +37,11 @@ def find_redis_server() -> str:
     )
 
 
+# The longest path a Unix socket may have here: sockaddr_un holds 108 bytes on Linux, its NUL
+# included, and less on some other systems.
+_SOCKET_PATH_MAX = 100
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -50,7 +55,8 @@ class EmbeddedRedis:
     With ``state_dir`` it keeps the crawl's state there in an append-only file (fsynced every
     second) and its password in a 0600 file, so a later run on the same directory picks up where
     this one stopped. It has a random password either way, so other users of this machine cannot
-    reach into the crawl.
+    reach into the crawl. Besides its port it listens on a Unix socket in its directory
+    (:attr:`socket_url`), which only its owner can open.
     """
 
     def __init__(
@@ -65,12 +71,22 @@ class EmbeddedRedis:
         self.password = secrets.token_hex(16)
         self._proc: Optional[subprocess.Popen] = None
         self._dir: Optional[str] = None
+        self._socket: Optional[str] = None
 
     @property
     def url(self) -> str:
         if self.port is None or self._proc is None:
             raise EmbeddedServiceError("embedded Redis is not running")
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def socket_url(self) -> Optional[str]:
+        """The server on its Unix socket, or None if it has none (its directory's path is too
+        long for a socket's). On one machine the cheaper way in: a request and its reply cost
+        Redis less CPU than over TCP on 127.0.0.1, the kernel's part mostly."""
+        if self.port is None or self._proc is None or self._socket is None:
+            return None
+        return f"unix://:{self.password}@{self._socket}?db=0"
 
     @property
     def pid(self) -> Optional[int]:
@@ -87,6 +103,9 @@ class EmbeddedRedis:
             ["--appendonly", "yes", "--appendfsync", "everysec"]
             if self.state_dir is not None else ["--appendonly", "no"]
         )
+        socket_path = str(Path(self._dir, "redis.sock"))
+        self._socket = socket_path if len(socket_path) <= _SOCKET_PATH_MAX else None
+        listen = ["--unixsocket", self._socket, "--unixsocketperm", "700"] if self._socket else []
         last_error = "unknown error"
         log = Path(self._dir, "redis.log")
         for _ in range(1 if self._fixed_port else 5):  # a free port may be taken before we bind
@@ -96,7 +115,7 @@ class EmbeddedRedis:
                     self.binary, self._write_config(), "--port", str(port), "--bind", "127.0.0.1",
                     "--save", "", *persistence, "--maxmemory-policy", "noeviction",
                     "--dir", self._dir, "--logfile", str(log), "--daemonize", "no",
-                    "--protected-mode", "yes",
+                    "--protected-mode", "yes", *listen,
                 ],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                 # On Linux it stops (cleanly: SIGTERM) when we die, even by SIGKILL.

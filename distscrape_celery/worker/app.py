@@ -7,6 +7,7 @@ environment at import, or set by the CLI with :func:`configure_app` before anyth
 from __future__ import annotations
 
 from typing import Any, Optional
+from urllib.parse import parse_qsl, urlsplit
 
 from celery import Celery
 from kombu import Exchange, Queue
@@ -21,10 +22,24 @@ BRPOP_SECONDS = 0.25
 PRIORITY_STEPS = [0]
 
 
+def kombu_broker(url: str) -> tuple[str, Optional[str]]:
+    """The broker URL and virtual host to give kombu for our broker ``url``. kombu's Redis
+    transport knows no unix:// (redis-py's form for a Unix socket): it takes
+    redis+socket:///PATH, with the database as the virtual host."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "unix":
+        return url, None
+    db = dict(parse_qsl(parts.query)).get("db", "0")
+    userinfo = parts.netloc  # "[user][:password]@" as written (percent-encoded), or ""
+    return f"redis+socket://{userinfo}{parts.path}", db
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings derived from ours; the reasons are the crawl's guarantees."""
+    broker_url, broker_vhost = kombu_broker(settings.effective_broker_url)
     return {
-        "broker_url": settings.effective_broker_url,
+        "broker_url": broker_url,
+        "broker_vhost": broker_vhost,
         # JSON only: a pickle payload from the broker would run code in the worker.
         "task_serializer": "json",
         "result_serializer": "json",
