@@ -14,6 +14,7 @@ lease_means, job_mean, means_unwritten, means_unwritten_order = {}, nil, {}, {}
 topup_deferred, deferred_topup = false, nil
 counts_deferred, deltas, token_base, tokens_taken, grow_deferred = false, {}, nil, 0, false
 page_limits, reactivated = nil, false
+fails_empty, lost_empty = nil, nil
 limits_cache, head_starts, texts, keep_facts = {}, {}, {}, true
 seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')
 STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}

@@ -836,14 +836,52 @@ local function delay_until(item, state, depth, due)
   redis_call('ZADD', K_DELAYED, int(due), item)
 end
 
+-- Whether the job's fails and lost hashes (items' failed attempts and vanished holders) are
+-- empty, read once a call and kept true by every write through the functions below: most items
+-- never fail, and each page's steps would otherwise read and clear both for nothing. nil: not
+-- read yet in this call.
+local fails_empty, lost_empty
+
+-- The failed attempts of `item` that were its fault.
+local function fails_of(item)
+  if fails_empty == nil then fails_empty = redis_call('EXISTS', K_FAILS) == 0 end
+  if fails_empty then return 0 end
+  return tonumber(redis_call('HGET', K_FAILS, item) or '0')
+end
+
+-- How many times a holder of `item` vanished.
+local function lost_of(item)
+  if lost_empty == nil then lost_empty = redis_call('EXISTS', K_LOST) == 0 end
+  if lost_empty then return 0 end
+  return tonumber(redis_call('HGET', K_LOST, item) or '0')
+end
+
+-- One more failed attempt of `item`, or vanished holder; the new count.
+local function add_fail(item)
+  fails_empty = false
+  return redis_call('HINCRBY', K_FAILS, item, '1')
+end
+
+local function add_lost(item)
+  lost_empty = false
+  return redis_call('HINCRBY', K_LOST, item, '1')
+end
+
+-- `item` starts afresh: its failed attempts and vanished holders are forgotten.
+local function forget_failures(item)
+  if fails_empty == nil then fails_empty = redis_call('EXISTS', K_FAILS) == 0 end
+  if not fails_empty then redis_call('HDEL', K_FAILS, item) end
+  if lost_empty == nil then lost_empty = redis_call('EXISTS', K_LOST) == 0 end
+  if not lost_empty then redis_call('HDEL', K_LOST, item) end
+end
+
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
 -- (so it is never added again); `done` counts it.
 local function finish(item, state)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_del(item)
-  redis_call('HDEL', K_FAILS, item)
-  redis_call('HDEL', K_LOST, item)
+  forget_failures(item)
   remember_done(item)
   count('done', 1)
 end
@@ -867,9 +905,9 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
                              front, delay)
   local over = false
   if mode == 'item' then
-    over = redis_call('HINCRBY', K_FAILS, item, '1') > max_retries
+    over = add_fail(item) > max_retries
   elseif mode == 'lost' then
-    over = redis_call('HINCRBY', K_LOST, item, '1') > max_lost
+    over = add_lost(item) > max_lost
   end
   if retryable and not over then
     if delay and delay > 0 then

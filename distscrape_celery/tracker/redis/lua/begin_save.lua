@@ -23,7 +23,7 @@ local bound, max_batch = ARGV[6], tonumber(ARGV[7])
 local v = item_value(item)
 if not v then return {'unknown', 0, job_created} end
 local state, depth = split_state(v)
-local lost = tonumber(redis_call('HGET', K_LOST, item) or '0')
+local lost = lost_of(item)
 if state == 'D' then return {'done', lost, job_created} end
 if state == 'X' then return {'dead', lost, job_created} end
 local who, held = holder(item)
@@ -37,7 +37,7 @@ if state == 'S' then
   if tonumber(redis_call('ZSCORE', K_LEASED, item) or '0') > now then
     return {'busy', lost, job_created}
   end
-  lost = redis_call('HINCRBY', K_LOST, item, '1')
+  lost = add_lost(item)
   if lost > max_lost then
     give_up(item, state, depth, 'its save was interrupted ' .. lost .. ' times: the worker ' ..
       'process died while saving it (out of memory, or a crashing saver?)')

@@ -25,7 +25,7 @@ local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0', job_created} end
 local state, depth = split_state(v)
-local fails = tonumber(redis_call('HGET', K_FAILS, item) or '0')
+local fails = fails_of(item)
 if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created} end
 if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created} end
 if state == 's' or state == 'w' then

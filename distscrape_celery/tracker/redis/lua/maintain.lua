@@ -53,7 +53,7 @@ for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT'
   if v and str_sub(v, 1, 1) == 'S' then
     local _, depth = split_state(v)
     local was, token = holder(item)
-    local lost = redis_call('HINCRBY', K_LOST, item, 1)
+    local lost = add_lost(item)
     if lost > max_lost then
       give_up(item, 'S', depth, 'its save was interrupted too often (last holder ' .. was .. ')')
       died = died + 1

@@ -11,8 +11,7 @@ for i = 4, #ARGV do
   local v = live_get(item)
   if v and str_sub(v, 1, 1) == 'X' then
     redis_call('HDEL', K_DEAD, item)
-    redis_call('HDEL', K_FAILS, item)
-    redis_call('HDEL', K_LOST, item)
+    forget_failures(item)
     count('dead', -1)
     requeue(item, 'X', str_sub(v, 2), false)
     n = n + 1
