@@ -87,10 +87,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
             "polling_interval": BRPOP_SECONDS,
             # One list per queue: nothing here publishes with a priority. kombu's default keeps
             # four (priorities 0, 3, 6, 9), and every BRPOP then waits on 8 keys for our 2
-            # queues, which costs Redis a few microseconds more per message taken
-            # (docs/performance.md). A message with a priority still arrives (in the one list);
-            # one that another kombu left in a priority list is not taken by these workers
-            # (lost_saves still reads those lists).
+            # queues (what one list saves is within noise: docs/performance.md). A message with
+            # a priority still arrives (in the one list); one that another kombu left in a
+            # priority list is not taken by these workers (lost_saves still reads those lists).
             "priority_steps": PRIORITY_STEPS,
         },
         # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
