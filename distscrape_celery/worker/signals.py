@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Optional
 
 from celery import signals as celery_signals
@@ -86,9 +87,72 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+# How long a cold shutdown may take before the worker gives back what it holds and ends.
+COLD_SHUTDOWN_SECONDS = 5.0
+
+
+def _guard_cold_shutdown(pool: object) -> None:
+    """Celery runs a cold shutdown (SIGQUIT) inside its signal handler, wherever the main thread
+    was. A prefork worker caught while writing a task to a pool process then waits for ever for
+    that pool process, which waits for the rest of the task. Wrap Celery's handler: past
+    COLD_SHUTDOWN_SECONDS such a worker gives back what it holds and ends, pool processes too
+    (they were being cancelled anyway). Other pools are left to Celery."""
+    # Not imported here: a threads worker forked by worker_main must not load the prefork pool.
+    prefork = sys.modules.get("celery.concurrency.prefork")
+    if prefork is None or not isinstance(pool, prefork.TaskPool):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+    celery_handler = signal.getsignal(signal.SIGQUIT)
+    if not callable(celery_handler):
+        return
+    started = threading.Event()
+
+    def on_sigquit(signum: int, frame: object) -> None:
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=_end_a_stuck_shutdown, name="distscrape-cold-shutdown",
+                             daemon=True).start()
+        celery_handler(signum, frame)
+
+    signal.signal(signal.SIGQUIT, on_sigquit)
+
+
+def _end_a_stuck_shutdown() -> None:
+    time.sleep(COLD_SHUTDOWN_SECONDS)
+    log.warning("the cold shutdown did not end within %.0f s: giving back what this worker "
+                "holds and ending it", COLD_SHUTDOWN_SECONDS)
+    try:
+        if _agent is not None:
+            _agent.stop()
+    finally:
+        _kill_children()
+        os._exit(1)
+
+
+def _kill_children() -> None:
+    """SIGKILL this process's children (its pool processes), found in /proc (Linux)."""
+    me = os.getpid()
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == me:
+                os.kill(int(name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+
+
 @celery_signals.worker_ready.connect
-def _on_worker_ready(**_):
+def _on_worker_ready(sender=None, **_):
     freeze_startup_objects()
+    _guard_cold_shutdown(getattr(sender, "pool", None))
     if _agent is not None:
         _agent.start()
 

@@ -321,6 +321,62 @@ def _first_child(site) -> str:
 SLOW_SECONDS = 5.0
 
 
+def test_a_cold_shutdown_that_celery_cannot_finish_ends_within_seconds(
+    redis_url, redis_client, start_worker, tmp_path
+):
+    """A prefork worker's cold shutdown (SIGQUIT) cancels its running tasks and waits for its
+    pool processes. One that does not stop (here a scraper that ignores SIGTERM and sleeps a
+    minute; in the wild, a pool process left waiting for a task its worker was interrupted
+    while sending) would keep the worker for ever: within a few seconds the worker gives back
+    what it holds and ends, that pool process with it."""
+    from distscrape_celery.worker.signals import COLD_SHUTDOWN_SECONDS
+    from tests.plugins.savers import _sha1, control_dir
+
+    settings, tracker, (victim,) = _setup(
+        redis_url, start_worker, ["stubborn"], lease=LONG_LEASE,
+        plugin_modules="tests.plugins.scrapers")
+    victim_id = _worker_id(tracker, victim)
+    site = generate_site(n_pages=20, seed=23, unreachable=0)
+    out = tmp_path / "out"
+    with SiteServer(site) as server:
+        stubborn = server.url(_first_child(site))
+        ctl = control_dir(out)
+        ctl.mkdir(parents=True)
+        (ctl / "stubborn").write_text(stubborn + "\n")
+        spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)},
+                           "scraper": {"kind": "tests.plugins.scrapers:StubbornScraper"}})
+        CrawlManager(tracker, publisher.scrape, settings=settings).seed("stubborn", spec)
+        started = ctl / "stubborn-started" / _sha1(stubborn)
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert time.monotonic() < deadline, "the stubborn page was never scraped"
+            time.sleep(0.05)
+        pool_pid = int(started.read_text())
+        assert _snapshot(redis_client, "stubborn").get(stubborn) == ("l", victim_id)
+
+        os.kill(victim.proc.pid, signal.SIGQUIT)
+        quit_at = time.monotonic()
+        try:
+            victim.proc.wait(COLD_SHUTDOWN_SECONDS + 10)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not end within {COLD_SHUTDOWN_SECONDS + 10:.0f} s of "
+                        f"SIGQUIT:\n{victim.log_tail()}")
+        took = time.monotonic() - quit_at
+        assert "the cold shutdown did not end" in victim.log_tail(100_000)
+        # It gave the page back as it ended, and its pool process went with it.
+        assert _snapshot(redis_client, "stubborn").get(stubborn, ("?", ""))[1] != victim_id
+        assert not Path(f"/proc/{pool_pid}").exists() or _zombie(pool_pid)
+    print(f"\ncold shutdown ended after {took:.1f} s")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2:].split()[0] == "Z"
+
+
 @pytest.mark.parametrize("signals", ["TERM,QUIT", "QUIT"])
 def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
     redis_url, redis_client, start_worker, tmp_path, signals

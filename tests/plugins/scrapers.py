@@ -1,5 +1,5 @@
-"""Scrapers that misbehave on request, for tests/faults/test_save_faults.py (see plugins/savers.py
-for the control directory ``<output>.ctl`` next to the saver's output).
+"""Scrapers that misbehave on request, for tests/faults/ (see plugins/savers.py for the control
+directory ``<output>.ctl`` next to the saver's output).
 
 Control file ``die_before_save_publish`` (one item per line): once the pipeline has made that item
 save-pending (``scraped``), the process group of the worker that scraped it is SIGKILLed (a power
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 from distscrape_celery.scrapers import SimpleScraper
 
@@ -49,3 +50,22 @@ def _die_before_publishing_save_of(item: str) -> None:
         return send_batch(job, saves)
 
     publisher.save, publisher.save_batch = save, save_batch
+
+
+class StubbornScraper(SimpleScraper):
+    """Control file ``stubborn`` (one item per line): the process that scrapes such an item
+    ignores SIGTERM from then on and takes a minute over it (a pool process Celery cannot
+    cancel). ``stubborn-started/<sha1>`` records the pid once it has begun."""
+
+    @classmethod
+    def from_spec(cls, spec):
+        scraper = super().from_spec(spec)
+        scraper.ctl = control_dir(spec.saver.output)
+        return scraper
+
+    def find_items(self, item, download):
+        if item in _lines(self.ctl / "stubborn"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _create_durably(self.ctl / "stubborn-started" / _sha1(item), str(os.getpid()))
+            time.sleep(60)
+        return super().find_items(item, download)
