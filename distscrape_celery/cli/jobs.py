@@ -65,6 +65,9 @@ def _watch(tracker, job: str) -> None:
         while tracker.job_info(job).state in (JobState.RUNNING, JobState.PAUSED):
             time.sleep(1.0)
             live.update(_status_view(tracker, job), refresh=True)
+        # The job may have ended between the last view and the check: the view it leaves shows
+        # how it ended.
+        live.update(_status_view(tracker, job), refresh=True)
 
 
 def _status_view(tracker, job: str):
