@@ -17,13 +17,17 @@ from distscrape_celery.scrapers import SimpleScraper
 from .savers import _create_durably, _lines, _sha1, control_dir
 
 
-class DyingScraper(SimpleScraper):
+class _Controlled(SimpleScraper):
+    """A SimpleScraper that reads its instructions from the output's control directory."""
+
     @classmethod
     def from_spec(cls, spec):
         scraper = super().from_spec(spec)
         scraper.ctl = control_dir(spec.saver.output)
         return scraper
 
+
+class DyingScraper(_Controlled):
     def find_items(self, item, download):
         found = super().find_items(item, download)
         if item in _lines(self.ctl / "die_before_save_publish"):
@@ -52,16 +56,10 @@ def _die_before_publishing_save_of(item: str) -> None:
     publisher.save, publisher.save_batch = save, save_batch
 
 
-class StubbornScraper(SimpleScraper):
+class StubbornScraper(_Controlled):
     """Control file ``stubborn`` (one item per line): the process that scrapes such an item
     ignores SIGTERM from then on and takes a minute over it (a pool process Celery cannot
     cancel). ``stubborn-started/<sha1>`` records the pid once it has begun."""
-
-    @classmethod
-    def from_spec(cls, spec):
-        scraper = super().from_spec(spec)
-        scraper.ctl = control_dir(spec.saver.output)
-        return scraper
 
     def find_items(self, item, download):
         if item in _lines(self.ctl / "stubborn"):
