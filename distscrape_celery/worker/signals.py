@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Optional
 
 from celery import signals as celery_signals
@@ -131,21 +132,16 @@ def _end_a_stuck_shutdown() -> None:
 
 
 def _kill_children() -> None:
-    """SIGKILL this process's children (its pool processes), found in /proc (Linux)."""
-    me = os.getpid()
+    """SIGKILL this process's pool processes: the children its main thread forked (Linux)."""
+    pid = os.getpid()
     try:
-        names = os.listdir("/proc")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return
-    for name in names:
-        if not name.isdigit():
-            continue
+    for child in children:
         try:
-            with open(f"/proc/{name}/stat") as fh:
-                stat = fh.read()
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == me:
-                os.kill(int(name), signal.SIGKILL)
-        except (OSError, ValueError):
+            os.kill(int(child), signal.SIGKILL)
+        except OSError:
             continue
 
 
