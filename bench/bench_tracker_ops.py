@@ -1,7 +1,7 @@
 """Tracker throughput: operations per second and Redis CPU per operation, one client.
 
     python bench/bench_tracker_ops.py [--urls 50000] [--pages 10000] [--code PATH] [--scripts]
-        [--callgrind]
+        [--callgrind] [--save-batch N] [--inline]
 
 Starts a throwaway Redis and creates a job with default settings. Then:
 
@@ -10,7 +10,9 @@ Starts a throwaway Redis and creates a job with default settings. Then:
   (checkout, scraped with no links, begin_save, complete; with ``--save-batch N``, begin_saves
   and complete_many for N pages at a time), each dispatched item as soon as a call hands it out, with a ``--body``-byte body staged, read and dropped as the pipeline does
   (``--body 0``: no body). Code whose tracker stages the body in ``scraped`` and drops it in
-  ``complete`` does it so (5 round trips a page); older code uses the staging's own calls (7);
+  ``complete`` does it so (5 round trips a page); older code uses the staging's own calls (7).
+  ``--inline``: as a worker that saves its pages itself (``save_inline``), checkout, scraped
+  (the item turns saving; no body staged) and complete, or complete_many for N pages;
 
 and prints, for each, items per second (wall, one client: round trips included) and Redis CPU
 per item (INFO cpu, used_cpu_user + used_cpu_sys, of the embedded server only); for the cycle
@@ -57,6 +59,10 @@ def main() -> int:
                         help="pages a save batch begins and completes in one call each, as "
                              "workers do (begin_saves, complete_many; needs --body > 0); 1: a "
                              "begin_save and a complete a page")
+    parser.add_argument("--inline", action="store_true",
+                        help="the cycle of a page saved where it was downloaded (save_inline): "
+                             "scraped puts it in the saving state, no body is staged, and with "
+                             "--save-batch N a complete_many ends N pages")
     parser.add_argument("--scripts", action="store_true",
                         help="run the item scripts with EVALSHA where Redis has functions too")
     parser.add_argument("--callgrind", action="store_true",
@@ -110,7 +116,7 @@ def main() -> int:
         batch: list[tuple[str, int]] = []  # scraped pages whose saves wait for a batch
 
         def save_batch() -> None:
-            for begin in t.begin_saves("ops", batch, w, max_lost=3):
+            for begin in ([] if args.inline else t.begin_saves("ops", batch, w, max_lost=3)):
                 todo.extend(begin.dispatch)
                 assert begin.body == body
             for done in t.complete_many("ops", batch):
@@ -126,7 +132,9 @@ def main() -> int:
             todo.extend(co.dispatch)
             if co.status.value != "ok":
                 continue
-            if not body:
+            if args.inline:
+                todo.extend(t.scraped("ops", item, co.token, save_as=w).dispatch)
+            elif not body:
                 todo.extend(t.scraped("ops", item, co.token).dispatch)
             elif fused:
                 todo.extend(t.scraped("ops", item, co.token, body=body).dispatch)
@@ -136,6 +144,9 @@ def main() -> int:
             pages += 1
             if args.save_batch > 1:
                 batch.append((item, co.token))
+                continue
+            if args.inline:
+                todo.extend(t.complete("ops", item, token=co.token).dispatch)
                 continue
             todo.extend(t.begin_save("ops", item, co.token, w, max_lost=3).dispatch)
             if body:
@@ -161,8 +172,10 @@ def main() -> int:
     print(f"code: {Path(distscrape_celery.__file__).parent.parent}")
     print(f"add:   {args.urls / add_wall:,.0f} URLs/s, Redis CPU {add_cpu / args.urls * 1e6:.1f} us/URL")
     trips = 4 + (0 if not body else 1 if fused else 3)
+    if args.inline:
+        trips = 3
     if args.save_batch > 1:
-        trips = f"2 + 2/{args.save_batch}"
+        trips = f"2 + {1 if args.inline else 2}/{args.save_batch}"
     print(f"cycle: {pages / cycle_wall:,.0f} pages/s ({trips} round trips, body {args.body} B), "
           f"Redis CPU {cycle_cpu / pages * 1e6:.1f} us/page, client CPU {cycle_own / pages * 1e6:.1f} "
           f"us/page")

@@ -90,14 +90,23 @@ def left_for_recovery(job: str, item: str, exc: TrackerUnavailable) -> str:
 
 
 class ScrapedSave(NamedTuple):
-    """A scraped item waiting in its worker process for its save task to be queued, with the
-    items found in it that the tracker handed out for scraping."""
+    """A scraped item waiting in its worker process for its save batch, with the items found in
+    it that the tracker handed out for scraping. ``download``: the page itself, where this
+    process saves it (``save_inline``); otherwise its body is staged and a save task takes it."""
 
     job: str
     item: str
     token: int
     meta: dict
     dispatch: list[str]
+    download: Optional[Download] = None
+
+
+def _by_job(saves: list[ScrapedSave]) -> dict[str, list[ScrapedSave]]:
+    by_job: dict[str, list[ScrapedSave]] = {}
+    for entry in saves:
+        by_job.setdefault(entry.job, []).append(entry)
+    return by_job
 
 
 class _Store(NamedTuple):
@@ -128,10 +137,11 @@ class ItemPipeline:
             ByteBoundedCache(settings.known_links_bytes, _known_link_bytes)
             if settings.known_links_bytes else None)
         self._saves: Optional[Batcher[ScrapedSave]] = None
-        if settings.save_batch_size > 1 and not settings.save_inline:
+        if settings.save_batch_size > 1:
             self._saves = Batcher(
-                self._queue_saves, max_items=settings.save_batch_size,
-                max_wait=settings.save_batch_seconds, name="distscrape-saves",
+                self._save_here if settings.save_inline else self._queue_saves,
+                max_items=settings.save_batch_size, max_wait=settings.save_batch_seconds,
+                name="distscrape-saves",
             )
 
     @property
@@ -142,8 +152,8 @@ class ItemPipeline:
         return self.rt.worker_id if self.rt.keeps_scraped_pages else None
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Queue the save tasks of every item scraped so far now (a worker stopping calls it).
-        True if none is left waiting."""
+        """Queue the save tasks of every item scraped so far now, or save them here
+        (``save_inline``); a worker stopping calls it. True if none is left waiting."""
         return self._saves is None or self._saves.flush(timeout)
 
     def _dispatch(self, job: str, items: Sequence[str]) -> None:
@@ -291,18 +301,16 @@ class ItemPipeline:
             found, cut = cap_links(job, item, found, spec.scraper.max_links_per_page)
         found = self._unknown_links(job, co.created, found)
         inline = self.rt.settings.save_inline
-        if self._saves is not None:
-            # Its save task is queued later, with those of other pages.
-            res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
-                                  keep_as=self._keeper, cut=cut)
-        elif inline:
-            # Saved here and now: the item turns saving under our lease in the same step, and
-            # its body, which only a save task on another run would need, is not staged.
+        if inline:
+            # Saved in this process (now, or with its batch): the item turns saving under our
+            # lease in the same step, and its body, which only a save task on another run would
+            # need, is not staged.
             res = tracker.scraped(job, item, token, found, co.depth + 1, save_as=self.rt.worker_id,
                                   cut=cut)
         else:
-            # Staged in the same step as the item turns save-pending, so a pending save always
-            # has a body to take, and a stale lease stages nothing.
+            # Its body is staged in the same step as the item turns save-pending, so a pending
+            # save always has a body to take, and a stale lease stages nothing; its save task is
+            # queued now, or later with those of other pages.
             res = tracker.scraped(job, item, token, found, co.depth + 1, body=download.body,
                                   keep_as=self._keeper, cut=cut)
         # Stale or not, the tracker took the finds.
@@ -323,7 +331,8 @@ class ItemPipeline:
                 carry.clear()
             if not hold:
                 found = self._dispatch_or_keep(job, item, found)
-            self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + found))
+            self._saves.add(ScrapedSave(job, item, token, download.meta(), carry + found,
+                                        download if inline else None))
             carry.clear()
             return "scraped"
         try:
@@ -373,10 +382,7 @@ class ItemPipeline:
     def _queue_saves(self, saves: list[ScrapedSave]) -> None:
         """Publish one save task per job for ``saves``, with the scrape messages of the items
         found in them: one broker round trip. What cannot be published is handed back."""
-        by_job: dict[str, list[ScrapedSave]] = {}
-        for entry in saves:
-            by_job.setdefault(entry.job, []).append(entry)
-        for job, group in by_job.items():
+        for job, group in _by_job(saves).items():
             try:
                 with self.publisher.batch():
                     self._dispatch(job, [x for entry in group for x in entry.dispatch])
@@ -394,6 +400,23 @@ class ItemPipeline:
                 continue
             if self._keeper is not None:
                 self._hand_over(job, [(e.item, e.token) for e in group])
+
+    def _save_here(self, saves: list[ScrapedSave]) -> None:
+        """Save ``saves``, scraped by this process and held under its saving leases, as
+        :meth:`save_batch` saves a batch it has begun, one group per job, and publish the scrape
+        messages that waited with them: a save batch with no save task (``save_inline``)."""
+        for job, group in _by_job(saves).items():
+            stores = [_Store(i, e.item, e.token, e.download, False) for i, e in enumerate(group)]
+            results: list[Optional[str]] = [None] * len(stores)
+            try:
+                with self.publisher.batch():
+                    self._dispatch(job, [x for entry in group for x in entry.dispatch])
+                    self._store_all(job, stores, results, together=True)
+            except Exception as exc:
+                # Not saved, or saved with what they handed out unsent: either way the tracker
+                # reclaims what is left in flight within a lease.
+                log.warning("%s: %d saves ended early (%d saved): %s", job, len(group),
+                            results.count("saved"), exc)
 
     def _hand_over(self, job: str, saves: list[tuple[str, int]]) -> None:
         """Give the items of save messages just queued (item, token) the save timeout: from
@@ -445,16 +468,8 @@ class ItemPipeline:
                         results[i] = outcome
                     else:
                         stores.append(_Store(i, item, token, outcome, begin.status is SaveStart.STALE))
-                if (len(stores) > 1 and not any(begin.lost for begin in begins)
-                        and self._commits_groups(job)):
-                    self._store_together(job, stores, results)
-                else:
-                    for store in stores:
-                        try:
-                            results[store.index] = self._store(
-                                job, store.item, store.token, store.download, stale=store.stale)
-                        except TrackerUnavailable as exc:
-                            results[store.index] = left_for_recovery(job, store.item, exc)
+                self._store_all(job, stores, results,
+                                together=not any(begin.lost for begin in begins))
         except Exception as exc:
             if None in results:  # not the batch's send at the end
                 raise
@@ -462,6 +477,21 @@ class ItemPipeline:
             # (and a save to look at again later) was not queued: reclaimed within a lease.
             log.warning("%s: could not queue what %d saves handed out: %s", job, len(entries), exc)
         return results  # type: ignore[return-value]
+
+    def _store_all(
+        self, job: str, stores: list[_Store], results: list[Optional[str]], *, together: bool
+    ) -> None:
+        """Store ``stores``: as one group where ``together`` allows and the job's saver commits
+        groups, else each alone; each result goes to ``results`` at its entry's index."""
+        if together and len(stores) > 1 and self._commits_groups(job):
+            self._store_together(job, stores, results)
+            return
+        for store in stores:
+            try:
+                results[store.index] = self._store(
+                    job, store.item, store.token, store.download, stale=store.stale)
+            except TrackerUnavailable as exc:
+                results[store.index] = left_for_recovery(job, store.item, exc)
 
     def _commits_groups(self, job: str) -> bool:
         """Whether the job's saver commits groups; False if it cannot be built, so that each

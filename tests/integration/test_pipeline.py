@@ -304,6 +304,58 @@ def test_save_inline_failure_fails_the_item_as_a_save_task_would(inline_env, mon
     assert "save failed: disk on fire" in rt.tracker.dead_items("p")[server.base + "/ok"]
 
 
+def test_save_inline_in_batches_saves_the_group_here_with_one_complete(
+    redis_url, server, tmp_path, monkeypatch
+):
+    """With ``save_inline`` and save batches, the pages a process scraped wait in it, each
+    saving under its lease with no body staged, and are saved there as one group: no save task,
+    no begin_saves, no hand-over, one complete_many."""
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_inline=True,
+                                         save_batch_size=8, save_batch_seconds=5)
+    pages = [server.base + "/ok", server.base + "/ok2", server.base + "/hostile"]
+    rt.tracker.add("p", pages)
+    calls = []
+    for name in ("complete_many", "complete", "begin_saves", "begin_save", "handoff"):
+        real = getattr(rt.tracker, name)
+        monkeypatch.setattr(rt.tracker, name,
+                            lambda *a, _real=real, _name=name, **kw: (calls.append(_name),
+                                                                      _real(*a, **kw))[1])
+    assert [pipe.scrape("p", url) for url in pages] == ["scraped"] * 3
+    assert [item_state(rt.tracker.client, "p", url)[0] for url in pages] == ["S"] * 3
+    assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
+    assert rt.tracker.stats("p").done == 0 and not list((tmp_path / "out").rglob("*.html"))
+    assert pipe.flush(timeout=10)
+    assert calls == ["complete_many"]
+    assert rec.saves == []
+    assert rt.tracker.stats("p").done == 3
+    saved = sorted(p.read_bytes() for p in (tmp_path / "out").rglob("*.html"))
+    assert saved == sorted(ROUTES[url.removeprefix(server.base)][1] for url in pages)
+
+
+def test_save_inline_in_batches_fails_only_the_page_whose_save_failed(
+    redis_url, server, tmp_path, monkeypatch
+):
+    """A save of the group that raised counts against its own page; the others are done."""
+    rt, pipe, rec, server = pipeline_env(redis_url, server, tmp_path, save_inline=True,
+                                         save_batch_size=8, save_batch_seconds=5)
+    good, bad = server.base + "/ok", server.base + "/ok2"
+    rt.tracker.add("p", [good, bad])
+    saver = rt.saver("p")
+    real_save_many = saver.save_many
+
+    def one_fails(entries):
+        out = real_save_many([e for e in entries if e[0] != bad])
+        return [RuntimeError("disk on fire") if item == bad else out.pop(0) for item, _ in entries]
+
+    monkeypatch.setattr(saver, "save_many", one_fails)
+    assert [pipe.scrape("p", url) for url in (good, bad)] == ["scraped", "scraped"]
+    assert pipe.flush(timeout=10)
+    stats = rt.tracker.stats("p")
+    assert (stats.done, stats.dead, stats.leased) == (1, 0, 0)
+    assert item_state(rt.tracker.client, "p", bad)[0] in "qwd"  # back for another attempt
+    assert [p.read_bytes() for p in (tmp_path / "out").rglob("*.html")] == [ROUTES["/ok"][1]]
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["save", "save_batch"])
 def test_a_process_that_only_saves_follows_a_job_seeded_again(env, tmp_path, batched):
     """A process that runs save tasks and no scrape task built the first job's saver. Once the
