@@ -27,6 +27,10 @@ ENV_PREFIX = "DISTSCRAPE_"
 # in flight and far away) needs many tasks: 128 did about 1.5x the pages/s of 64 on
 # bench/broad.py (docs/performance.md, "Broad crawl").
 DEFAULT_CRAWL_CONCURRENCY = 128
+# Where `distscrape crawl` differs from the declared defaults (the environment still decides): its
+# worker processes share one machine, so a save task would only carry a page's body through
+# Redis from one of them to another.
+CRAWL_DEFAULTS: dict[str, object] = {"save_inline": True}
 # Worker processes per core. One process holds its GIL for at most about one core, and leaves
 # that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
 # of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site
@@ -121,12 +125,14 @@ class Settings(BaseModel):
     )
     save_inline: bool = Field(
         False,
-        description="Run each page's save in the scrape task that downloaded it, in the same "
-        "worker, instead of queueing a save task. It is no faster than the default save batches, "
-        "whose pages share their disk flushes (docs/performance.md, 'Saving'). "
-        "Save workers of the save queue then get only deferred saves, Flower shows no save "
-        "tasks, and a page whose worker dies while saving it is downloaded again (see "
-        "docs/architecture.md, 'Saving inline').",
+        description="Save each page in the worker process that downloaded it, with the pages it "
+        "gathered for a save batch (save_batch_size; 1: each in its scrape task, at once), "
+        "instead of queueing a save task. The page's body never passes through Redis, and a page "
+        "costs Redis two tracker steps fewer (docs/performance.md, 'Saving'). Save workers of "
+        "the save queue then get only deferred saves, Flower shows no save tasks, and a page "
+        "whose process dies before it is saved is downloaded again (docs/architecture.md, "
+        "'Saving inline'). Off for workers; on for distscrape crawl, whose processes share one "
+        "machine.",
     )
     save_batch_size: int = Field(
         32,
@@ -340,9 +346,11 @@ class Settings(BaseModel):
 
     @classmethod
     def from_env(
-        cls, environ: Optional[Mapping[str, str]] = None, **overrides: object
+        cls, environ: Optional[Mapping[str, str]] = None, *,
+        defaults: Optional[Mapping[str, object]] = None, **overrides: object
     ) -> "Settings":
-        """Build settings from ``environ`` (default: the process environment) plus overrides.
+        """Build settings from ``environ`` (default: the process environment) plus overrides;
+        ``defaults`` stand in for the declared defaults of a command (``CRAWL_DEFAULTS``).
 
         Unknown ``DISTSCRAPE_*`` variables are rejected, so a typo is an error, not a silent default.
         """
@@ -355,11 +363,12 @@ class Settings(BaseModel):
             raise ConfigError(
                 f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
-        values: dict[str, object] = {
+        values: dict[str, object] = dict(defaults or {})
+        values.update({
             name: environ[ENV_PREFIX + name.upper()]
             for name in cls.model_fields
             if ENV_PREFIX + name.upper() in environ
-        }
+        })
         given = {k: v for k, v in overrides.items() if v is not None}
         values.update(given)
         try:

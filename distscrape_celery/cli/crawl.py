@@ -12,7 +12,7 @@ from ..errors import JobConflict, SaveError
 from ..job.spec import JobSpec
 from ..lifecycle import Terminated, stop_signals
 from ..redaction import redact
-from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings
+from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, Settings
 from ..tracker.keys import check_job_name
 from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_url_option, settings_for
 from .progress import CrawlProgress
@@ -69,7 +69,7 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     # The user runs their own spec here, on workers this command starts for it: the classes it
     # names are theirs to load. Its workers get that allow-list; with --redis-url they also take
     # other jobs of that Redis, which may name these modules and no others.
-    settings = _with_own_plugins(settings_for(redis_url, lease_seconds), spec)
+    settings = _with_own_plugins(settings_for(redis_url, lease_seconds, CRAWL_DEFAULTS), spec)
     check_spec_components(spec, settings, names)
     job = job or default_job_name(spec)
     check_job_name(job)

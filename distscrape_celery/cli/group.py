@@ -8,6 +8,7 @@ bodies, never at the top of a command module: ``distscrape --help`` then loads n
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Optional
 
 import click
@@ -29,9 +30,13 @@ redis_url_option = click.option(
 )
 
 
-def settings_for(redis_url: Optional[str], lease_seconds: Optional[float] = None) -> Settings:
-    """This process's settings (from the environment), with what the command's options set."""
-    return Settings.from_env(redis_url=redis_url, lease_seconds=lease_seconds)
+def settings_for(
+    redis_url: Optional[str], lease_seconds: Optional[float] = None,
+    defaults: Optional[Mapping[str, object]] = None,
+) -> Settings:
+    """This process's settings (from the environment, else ``defaults``, else the declared
+    ones), with what the command's options set."""
+    return Settings.from_env(defaults=defaults, redis_url=redis_url, lease_seconds=lease_seconds)
 
 
 def redis_tracker(settings: Settings):

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -412,6 +413,36 @@ def test_a_crawl_on_a_redis_named_by_a_unix_url_runs(small_site, tmp_path):
         # Tracker and broker both in database 3.
         assert redis.Redis.from_url(url.replace("db=3", "db=0")).dbsize() == 0
         assert redis.Redis.from_url(url).dbsize() > 0
+
+
+@pytest.mark.parametrize("inline", [None, "false"], ids=["default", "save-tasks"])
+def test_the_crawl_saves_pages_where_it_downloads_them(inline, small_site, tmp_path):
+    """`distscrape crawl` saves each page in the worker process that downloaded it, with that
+    process's save batch: no save message, no body staged in Redis. DISTSCRAPE_SAVE_INLINE=false
+    brings the save tasks back."""
+    with EmbeddedRedis() as redis_server, SiteServer(small_site) as server:
+        seen: list[str] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            with redis.Redis.from_url(redis_server.url).monitor() as monitor:
+                watching.set()
+                for event in monitor.listen():
+                    seen.append(event["command"])
+
+        threading.Thread(target=watch, daemon=True).start()
+        assert watching.wait(10)
+        out = tmp_path / "out"
+        crawl = Crawl(tmp_path, server.url("/"), out, "--redis-url", redis_server.url,
+                      env={"DISTSCRAPE_SAVE_INLINE": inline} if inline else None)
+        assert crawl.wait(120) == 0, crawl.stderr
+        assert saved_files(out) == expected_files(server, small_site, out)
+    saves = [c for c in seen if "distscrape.save" in c and "LPUSH" in c.upper()]
+    staged = [c for c in seen if c.upper().startswith("SET ") and ":body:" in c]
+    if inline is None:
+        assert (saves, staged) == ([], [])
+    else:
+        assert saves and staged
 
 
 def test_resuming_drops_the_previous_runs_messages_and_puts_its_work_back(tmp_path):

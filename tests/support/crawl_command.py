@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 TEMP_PREFIXES = ("distscrape-redis-", "distscrape-worker-")
 
@@ -32,12 +33,12 @@ class Crawl:
     """One `distscrape crawl` subprocess with its own TMPDIR; output goes to files."""
 
     def __init__(self, tmp_path: Path, url: str, out: Path, *extra: str, tag: str = "run",
-                 preexec_fn=None) -> None:
+                 preexec_fn=None, env: Optional[dict[str, str]] = None) -> None:
         self.tmp = tmp_path / "tmp"
         self.tmp.mkdir(exist_ok=True)
         self.stdout_path, self.stderr_path = tmp_path / f"{tag}.out", tmp_path / f"{tag}.err"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
-        env["TMPDIR"] = str(self.tmp)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")},
+               **(env or {}), "TMPDIR": str(self.tmp)}
         with self.stdout_path.open("w") as so, self.stderr_path.open("w") as se:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "distscrape_celery.cli", "crawl", url, "--output", str(out),
