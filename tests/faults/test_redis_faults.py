@@ -31,7 +31,7 @@ from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
-from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.tracker import LeaseStatus, RedisTracker
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LEASE = 2.0
@@ -234,14 +234,34 @@ def reclaimed(procs) -> int:
     )
 
 
+def ghost_lease(url, job) -> str:
+    """Lease a dispatched item of ``job`` for LEASE s to a worker that never beats again."""
+    tracker = RedisTracker.from_url(url, lease_seconds=LEASE)
+    client = tracker.client
+    ghost = tracker.register_worker("ghost", 0, 1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for item in client.zrange(JobKeys(job).dispatched, 0, -1):
+            co = tracker.checkout(job, item, ghost, max_lost=5)
+            publisher.scrape(job, co.dispatch)
+            if co.status is LeaseStatus.OK:
+                return item
+        time.sleep(0.01)
+    raise AssertionError("no dispatched item to lease")
+
+
 def test_redis_frozen_mid_crawl_past_the_socket_timeout(aof_redis, workers, tmp_path):
     """Redis frozen (SIGSTOP) for three socket timeouts: connections hang instead of failing.
     The workers neither crash nor spin, and when Redis answers again the leases that expired
-    meanwhile (on Redis's clock) are reclaimed and the crawl finishes with every page."""
+    meanwhile (on Redis's clock) are reclaimed and the crawl finishes with every page.
+    A live worker extends the expired leases of the pages it still holds at its first heartbeat,
+    and may do so before any maintenance runs; so one lease is held by a worker that never comes
+    back, which only a reclaim brings back."""
     site = generate_site(n_pages=120, seed=22, unreachable=0)
     with SiteServer(site, delay=0.05) as server:
         tracker, procs = start_crawl(aof_redis, workers, tmp_path, server, "frozen")
         wait_done(tracker, "frozen", 30, procs)
+        ghost_lease(aof_redis.url, "frozen")
         reclaimed_before = reclaimed(procs)
         cpu_before = workers_cpu(procs)
         assert cpu_before > 0.5  # the meter sees the workers (they used CPU to start and crawl)
