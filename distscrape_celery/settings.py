@@ -138,19 +138,20 @@ class Settings(BaseModel):
         32,
         ge=1,
         le=1000,
-        description="Most pages one save task carries. A worker process gathers the saves of the "
+        description="Most pages one save batch holds. A worker process gathers the saves of the "
         "pages it scraped for up to save_batch_seconds and queues them as one save task, with the "
         "links found in them: one broker message and one delivery for many pages "
-        "(docs/performance.md). 1: a save task per page, sent at once.",
+        "(docs/performance.md); with save_inline it saves them itself, as one group. 1: a save "
+        "task per page, sent at once (with save_inline: each page saved in its scrape task).",
     )
     save_batch_seconds: float = Field(
         0.2,
         ge=0,
         le=5,
-        description="Longest a scraped page waits in its worker process for its save task to be "
-        "queued (default 0.2, or a quarter of a shorter lease). Until then the worker holds the "
+        description="Longest a scraped page waits in its worker process for its save batch "
+        "(default 0.2, or a quarter of a shorter lease). Until then the worker holds the "
         "page under its lease, so a worker that dies meanwhile costs a download again, one "
-        "lease later. Each save task costs four tracker round trips whatever its pages: a "
+        "lease later. A save batch costs the tracker the same round trips whatever its pages: a "
         "longer wait gathers more pages into each (docs/performance.md).",
     )
     known_links_bytes: int = Field(
