@@ -935,6 +935,39 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
 
 # -- save batches: a worker that stops queues what it gathered ------------------------------------
 
+def _stop_while_gathering(redis_url, start_worker, tmp_path, job, gathered, at_stop, *, pool,
+                          settings_kw=None, **worker_kw):
+    """Crawl with one worker that gathers its pages' saves (up to 1000 pages or 2 s a batch),
+    stop it (SIGTERM) once ``gathered()`` names 3 pages waiting in it, read ``at_stop(tracker)``
+    and let another worker finish. Every page must be saved, each downloaded once. Returns what
+    ``at_stop`` read, and the downloads before the stop and in all."""
+    site = generate_site(n_pages=40, seed=909, unreachable=0)
+    settings, tracker, [scraper] = _setup(
+        redis_url, start_worker, ["gather"], lease=8.0, pool=pool, **worker_kw,
+        settings_kw={"save_batch_seconds": 2.0, "save_batch_size": 1000, **(settings_kw or {})},
+    )
+    out = tmp_path / "out"
+    n = len(site.reachable)
+    with SiteServer(site, delay=0.02) as server:
+        manager = _manager(tracker)
+        manager.seed(job, _spec(server, out))
+        deadline = time.monotonic() + 30
+        while len(gathered()) < 3:
+            assert time.monotonic() < deadline, "no scraped page waits in the worker"
+            time.sleep(0.02)
+        scraper.stop(timeout=20)
+        assert not scraper.alive
+        seen = at_stop(tracker)
+        fetched_before = server.counts()
+        full = start_worker(settings, "finish")
+        stats = manager.wait(job, timeout=60, check=_check_all([full]))
+        fetched = server.counts()
+    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
+    assert saved_files(out) == expected_files(server, site, out)
+    assert fetched == Counter(site.reachable), "a page gathered at the stop was downloaded again"
+    return seen, fetched_before, fetched
+
+
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_stopping_worker_queues_the_saves_it_gathered(
     redis_url, redis_client, start_worker, tmp_path, pool
@@ -942,86 +975,44 @@ def test_a_stopping_worker_queues_the_saves_it_gathered(
     """A worker process holds the saves of the pages it scraped for up to
     save_batch_seconds. A warm shutdown (SIGTERM) must queue them: not leave them to be
     reclaimed a lease later and downloaded again."""
-    lease = 8.0
-    site = generate_site(n_pages=40, seed=909, unreachable=0)
-    settings, tracker, [scraper] = _setup(
-        redis_url, start_worker, ["gather"], lease=lease, queues=[SCRAPE_QUEUE], pool=pool,
-        settings_kw={"save_batch_seconds": 2.0, "save_batch_size": 1000},
-    )
-    out, job = tmp_path / "out", "gathered"
-    n = len(site.reachable)
+    job = "gathered"
     k = JobKeys(job)
-    with SiteServer(site, delay=0.02) as server:
-        manager = _manager(tracker)
-        manager.seed(job, _spec(server, out))
-        deadline = time.monotonic() + 30
 
-        def kept():
-            """Save-pending pages whose save message is not in the broker: waiting in the
-            worker (the pending set is read first, so a batch sent meanwhile is not counted)."""
-            pending = [i for i in redis_client.zrange(k.pending, 0, -1)
-                       if (item_state(redis_client, job, i) or "").startswith("s")]
-            queued = {item for _, item, _ in queued_saves(redis_client, SAVE_QUEUE)}
-            return [i for i in pending if i not in queued]
+    def kept():
+        """Save-pending pages whose save message is not in the broker: waiting in the
+        worker (the pending set is read first, so a batch sent meanwhile is not counted)."""
+        pending = [i for i in redis_client.zrange(k.pending, 0, -1)
+                   if (item_state(redis_client, job, i) or "").startswith("s")]
+        queued = {item for _, item, _ in queued_saves(redis_client, SAVE_QUEUE)}
+        return [i for i in pending if i not in queued]
 
-        while len(kept()) < 3:
-            assert time.monotonic() < deadline, "no scraped page waits in the worker"
-            time.sleep(0.02)
-        scraper.stop(timeout=20)
-        assert not scraper.alive
-        still_kept = kept()
-        waiting = tracker.stats(job).saving
-        queued = _queued_saves(redis_client)
-        fetched_before = server.counts()
-        full = start_worker(settings, "finish")
-        stats = manager.wait(job, timeout=60, check=_check_all([full]))
-        fetched = server.counts()
-
+    (still_kept, waiting, queued), fetched_before, fetched = _stop_while_gathering(
+        redis_url, start_worker, tmp_path, job, kept,
+        lambda tracker: (kept(), tracker.stats(job).saving, _queued_saves(redis_client)),
+        pool=pool, queues=[SCRAPE_QUEUE])
     _report("stop-flush", pool=pool, waiting_saves=waiting, queued_saves=queued,
             fetched_before_stop=sum(fetched_before.values()), total_fetches=sum(fetched.values()))
     assert still_kept == []  # every gathered save was queued
     assert waiting == queued > 0
-    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
-    assert saved_files(out) == expected_files(server, site, out)
-    assert fetched == Counter(site.reachable), "a page gathered at the stop was downloaded again"
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_a_stopping_worker_saves_what_it_gathered_inline(
-    redis_url, redis_client, start_worker, tmp_path
+    redis_url, redis_client, start_worker, tmp_path, pool
 ):
     """With ``save_inline``, the pages a process gathered for its save batch are its own to save:
     a warm shutdown (SIGTERM) saves them before the worker exits, none downloaded again."""
-    site = generate_site(n_pages=40, seed=909, unreachable=0)
-    settings, tracker, [scraper] = _setup(
-        redis_url, start_worker, ["gather"], lease=8.0, pool="threads",
-        settings_kw={"save_inline": True, "save_batch_seconds": 2.0, "save_batch_size": 1000},
-    )
-    out, job = tmp_path / "out", "gathered-inline"
-    n = len(site.reachable)
+    job = "gathered-inline"
     k = JobKeys(job)
-    with SiteServer(site, delay=0.02) as server:
-        manager = _manager(tracker)
-        manager.seed(job, _spec(server, out))
-        deadline = time.monotonic() + 30
 
-        def gathered() -> list[str]:
-            return [i for i in redis_client.zrange(k.leased, 0, -1)
-                    if (item_state(redis_client, job, i) or "").startswith("S")]
+    def gathered() -> list[str]:
+        return [i for i in redis_client.zrange(k.leased, 0, -1)
+                if (item_state(redis_client, job, i) or "").startswith("S")]
 
-        while len(gathered()) < 3:
-            assert time.monotonic() < deadline, "no scraped page waits in the worker"
-            time.sleep(0.02)
-        scraper.stop(timeout=20)
-        assert not scraper.alive
-        done_at_stop = tracker.stats(job).done
-        left = gathered()
-        full = start_worker(settings, "finish")
-        stats = manager.wait(job, timeout=60, check=_check_all([full]))
-        fetched = server.counts()
-
-    _report("stop-saves-inline", done_at_stop=done_at_stop, left=len(left))
+    (done_at_stop, left), _, _ = _stop_while_gathering(
+        redis_url, start_worker, tmp_path, job, gathered,
+        lambda tracker: (tracker.stats(job).done, gathered()),
+        pool=pool, settings_kw={"save_inline": True})
+    _report("stop-saves-inline", pool=pool, done_at_stop=done_at_stop, left=len(left))
     assert left == []  # every gathered page was saved
     assert done_at_stop >= 3
-    assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
-    assert saved_files(out) == expected_files(server, site, out)
-    assert fetched == Counter(site.reachable), "a page gathered at the stop was downloaded again"
