@@ -26,8 +26,8 @@ from .spec_options import check_spec_components, spec_data, spec_from_data, with
 @redis_url_option
 @click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
               show_default=True,
-              help="Concurrent tasks (downloads and saves), split over two worker processes per "
-                   "core, each a threads pool.")
+              help="Concurrent tasks (downloads, and saves when DISTSCRAPE_SAVE_INLINE=false), "
+                   "split over two worker processes per core, each a threads pool.")
 @click.option("--in-memory", is_flag=True,
               help="No Redis at all: one process, in-memory tracker and transport.")
 @click.option("--lease-seconds", type=click.FloatRange(0.5), help="Lease length (default 60).")
