@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Optional
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -135,6 +136,16 @@ if sys.platform.startswith("linux"):
         _prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - no usable libc
         _prctl = None
+
+
+def child_pids(pid: int) -> Optional[list[int]]:
+    """The live children that the main thread of process ``pid`` forked (Linux's
+    /proc/PID/task/PID/children); None where that list cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return None
+    return [int(child) for child in text.split()]
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Optional[Callable[[], None]]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Optional
 
 from ..errors import EmbeddedServiceError
-from ..lifecycle import die_with_parent
+from ..lifecycle import child_pids, die_with_parent
 from ..settings import Settings
 
 
@@ -119,11 +119,7 @@ class WorkerProcess:
         """The workers the started process forked and still supervises (``forks`` only)."""
         if self.proc is None or not self.forks:
             return []
-        try:
-            text = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
-        except OSError:
-            return []
-        return [int(pid) for pid in text.split()]
+        return child_pids(self.proc.pid) or []
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the worker's whole process group (parent and pool processes), and
@@ -169,8 +165,7 @@ def can_fork_workers() -> bool:
     """Whether workers may be forked from one supervisor here (worker_main ``--forks``): Linux
     only, where a forked worker ends with its supervisor and the supervisor's children can be
     listed, so that :meth:`WorkerProcess.kill` reaches every one."""
-    pid = os.getpid()
-    return sys.platform.startswith("linux") and Path(f"/proc/{pid}/task/{pid}/children").exists()
+    return sys.platform.startswith("linux") and child_pids(os.getpid()) is not None
 
 
 def wait_for_workers(tracker, count: int, timeout: float = 60.0, procs=()) -> None:

@@ -14,12 +14,12 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Optional
 
 from celery import signals as celery_signals
 
 from ..core import runtime
+from ..lifecycle import child_pids
 from ..core.runtime import Runtime, current_runtime
 from ..tracker import RedisTracker
 from ..tracker import checks as redis_checks
@@ -133,14 +133,9 @@ def _end_a_stuck_shutdown() -> None:
 
 def _kill_children() -> None:
     """SIGKILL this process's pool processes: the children its main thread forked (Linux)."""
-    pid = os.getpid()
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return
-    for child in children:
+    for child in child_pids(os.getpid()) or []:
         try:
-            os.kill(int(child), signal.SIGKILL)
+            os.kill(child, signal.SIGKILL)
         except OSError:
             continue
 

@@ -842,17 +842,25 @@ end
 -- read yet in this call.
 local fails_empty, lost_empty
 
+local function no_fails()
+  if fails_empty == nil then fails_empty = redis_call('EXISTS', K_FAILS) == 0 end
+  return fails_empty
+end
+
+local function none_lost()
+  if lost_empty == nil then lost_empty = redis_call('EXISTS', K_LOST) == 0 end
+  return lost_empty
+end
+
 -- The failed attempts of `item` that were its fault.
 local function fails_of(item)
-  if fails_empty == nil then fails_empty = redis_call('EXISTS', K_FAILS) == 0 end
-  if fails_empty then return 0 end
+  if no_fails() then return 0 end
   return tonumber(redis_call('HGET', K_FAILS, item) or '0')
 end
 
 -- How many times a holder of `item` vanished.
 local function lost_of(item)
-  if lost_empty == nil then lost_empty = redis_call('EXISTS', K_LOST) == 0 end
-  if lost_empty then return 0 end
+  if none_lost() then return 0 end
   return tonumber(redis_call('HGET', K_LOST, item) or '0')
 end
 
@@ -869,10 +877,8 @@ end
 
 -- `item` starts afresh: its failed attempts and vanished holders are forgotten.
 local function forget_failures(item)
-  if fails_empty == nil then fails_empty = redis_call('EXISTS', K_FAILS) == 0 end
-  if not fails_empty then redis_call('HDEL', K_FAILS, item) end
-  if lost_empty == nil then lost_empty = redis_call('EXISTS', K_LOST) == 0 end
-  if not lost_empty then redis_call('HDEL', K_LOST, item) end
+  if not no_fails() then redis_call('HDEL', K_FAILS, item) end
+  if not none_lost() then redis_call('HDEL', K_LOST, item) end
 end
 
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
