@@ -54,12 +54,21 @@ def _on_worker_init(sender, **_):
     # still exits through the interpreter, so give back what we hold there too.
     atexit.register(_agent.stop)
     _exit_on_stop_signals()
+
+
+@celery_signals.celeryd_after_setup.connect
+def _on_worker_logging_ready(sender=None, **_):
+    """Say where the worker went, and what its Redis weakens, once Celery has set up its logging:
+    at ``worker_init`` a ``--logfile`` is not open yet, so a detached worker (``celery multi``)
+    would send these lines to a closed stderr."""
+    rt = _runtime_for_worker()
     tracker = rt.tracker
-    if isinstance(tracker, RedisTracker):
-        # WARNING, Celery's default level for workers: an operator starting a worker sees where
-        # it went whatever the log level (the URL's password is redacted).
-        log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
-        redis_checks.warn_about(tracker.client, tracker.url)
+    if rt.in_memory or not isinstance(tracker, RedisTracker):
+        return
+    # WARNING, Celery's default level for workers: an operator starting a worker sees where
+    # it went whatever the log level (the URL's password is redacted).
+    log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
+    redis_checks.warn_about(tracker.client, tracker.url)
 
 
 def _exit_on_stop_signals() -> None:

@@ -356,3 +356,13 @@ def test_documented_multi_command_starts_two_workers_per_core_each_in_its_own_se
                        timeout=120)
     assert not [w for w in tracker.workers() if w.alive]
     assert not list((tmp_path / "run").glob("*.pid"))
+    # Detached, a worker has only its --logfile: where it went and what its Redis (the tests'
+    # own, which keeps nothing on disk) weakens must be there, not on a closed stderr.
+    aof = redis.Redis.from_url(redis_url, decode_responses=True).config_get("appendonly")
+    logs = sorted((tmp_path / "log").glob("*.log"))
+    assert len(logs) == expected
+    for log_file in logs:
+        text = log_file.read_text()
+        assert "connected to Redis at" in text, (log_file.name, text[-2000:])
+        if aof["appendonly"] == "no":
+            assert "appendonly is 'no'" in text and "set appendonly yes" in text, log_file.name
