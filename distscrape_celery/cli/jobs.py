@@ -97,7 +97,7 @@ def _status_view(tracker, job: str):
 def jobs(as_json, redis_url) -> None:
     """List every job: state, counts, pages/s, start time."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.table import Column, Table
 
     tracker = redis_tracker(settings_for(redis_url))
     rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
@@ -105,7 +105,9 @@ def jobs(as_json, redis_url) -> None:
         for row in rows:
             click.echo(json.dumps(row))
         return
-    table = Table("job", "state", *JOB_COLUMNS, "pages/s", "started")
+    # The counts and the start time are never cut; a long job name wraps instead.
+    table = Table("job", "state", *(Column(c, no_wrap=True) for c in JOB_COLUMNS),
+                  Column("pages/s", no_wrap=True), Column("started", no_wrap=True, min_width=19))
     for r in rows:
         table.add_row(r["job"], r["state"], *(str(r[c]) for c in JOB_COLUMNS),
                       f"{r['rate']:.1f}", when(r["started"]))

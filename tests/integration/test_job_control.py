@@ -174,3 +174,18 @@ def test_watch_ends_with_the_job_and_the_cli_reads_states(redis_url):
     assert_one_line_error(run("export", "j", "--redis-url", redis_url), "give --dead")
     # Done items are not kept: the error points to where the saved pages are listed.
     assert_one_line_error(run("export", "j", "--done", "--redis-url", redis_url), "tar-index")
+
+
+def test_jobs_table_keeps_the_start_time_whole_on_an_80_column_terminal(redis_url):
+    from tests.support.cli import run
+
+    t = RedisTracker.from_url(redis_url)
+    job = "a-job-with-a-rather-long-name-that-needs-room"
+    t.create_job(job, SPEC)
+    t.add(job, ITEMS[:2])
+    started = t.job_info(job).started
+    assert started
+    res = run("jobs", "--redis-url", redis_url, env={"COLUMNS": "80"})
+    assert res.returncode == 0, res.stderr
+    assert max(map(len, res.stdout.splitlines())) <= 80, res.stdout
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) in res.stdout, res.stdout
