@@ -1,4 +1,5 @@
-"""``distscrape tar-index``: what a crawl's tar archive holds, read from its shards."""
+"""``distscrape tar-index`` and ``distscrape join``: what a crawl's tar archive holds, read from
+its shards, and the shards of a tar or WARC archive joined into the one file."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import click
 
 from ..errors import ConfigError
-from ..job.spec import saver_kind_for
+from ..job.spec import FetchSpec, saver_kind_for
 from .group import cli
 
 
@@ -30,3 +31,31 @@ def tar_index_command(output, as_json) -> None:
             click.echo(f"{item}\t{shard}\t{member}")
     if not listed:
         raise ConfigError(f"no saved items found in the shards of {output!r}")
+
+
+@cli.command("join")
+@click.argument("output")
+@click.option("--max-bytes", type=click.IntRange(min=1), default=None,
+              help="The job's fetch.max_bytes, if it raised it: the largest body an item holds "
+              f"(default {FetchSpec.model_fields['max_bytes'].default}).")
+@click.option("--job", default="", help="The job's name, for a WARC file's warcinfo record.")
+def join_command(output, max_bytes, job) -> None:
+    """Join the shards of the tar or WARC archive OUTPUT (the name given to --output) that are on
+    this host into OUTPUT itself, each item once, and remove them once OUTPUT reads back whole.
+    For a seeded job, once it is finished: gather every host's shards into one directory first."""
+    from ..local.crawl import join_archive_file
+    from ..savers.tar import tar_shards
+    from ..savers.warc import warc_shards
+
+    kind = saver_kind_for(output)
+    if kind not in ("tar", "warc"):
+        raise ConfigError(f"OUTPUT {output!r} is not a tar or WARC archive name (.tar, .tar.gz, "
+                          ".tar.bz2, .warc.gz)")
+    if not (tar_shards if kind == "tar" else warc_shards)(output):
+        raise ConfigError(f"no shards of {output!r} found to join")
+    if max_bytes is None:
+        max_bytes = FetchSpec.model_fields["max_bytes"].default
+    joined = join_archive_file(kind, output, max_bytes=max_bytes, job=job)
+    assert joined is not None
+    click.echo(f"joined {len(joined.shards)} shard(s) into {joined.path}"
+               + (f": {joined.items} item(s)" if joined.items is not None else ""))

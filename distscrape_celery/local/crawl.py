@@ -203,11 +203,18 @@ def join_archive(spec: JobSpec, job: str) -> Optional[Joined]:
     named file, which then exists, and remove them. None for any other saver. Raises
     :class:`~distscrape_celery.errors.SaveError` (shards and output left as they were) when
     that cannot be done."""
+    return join_archive_file(spec.saver.kind, spec.saver.output, max_bytes=spec.fetch.max_bytes,
+                             job=job)
+
+
+def join_archive_file(kind: str, output: str, *, max_bytes: int, job: str = "") -> Optional[Joined]:
+    """Join the shards of the ``kind`` (tar or warc) archive ``output`` found on this host into
+    ``output``, as :func:`join_archive` does; ``max_bytes`` is the largest body a saved item may
+    hold (the job's ``fetch.max_bytes``). None for any other kind."""
     from ..savers.tar import join_tar
     from ..savers.warc import join_warc
 
-    kind, output = spec.saver.kind, spec.saver.output
-    max_unit = spec.fetch.max_bytes + _UNIT_HEADROOM
+    max_unit = max_bytes + _UNIT_HEADROOM
     if kind == "tar":
         return join_tar(output, max_unit=max_unit)
     if kind == "warc":

@@ -207,3 +207,31 @@ def test_join_never_overwrites_a_file_it_did_not_write(ext, tmp_path):
         _join(output)
     assert output.read_bytes() == b"someone else's file"
     assert len(shards_of(output)) == 1
+
+
+@pytest.mark.parametrize("ext", [".tar.gz", ".warc.gz"])
+def test_join_command_joins_shards_gathered_from_many_hosts(ext, tmp_path):
+    """A seeded job's shards, one set a host, copied into one directory: `distscrape join`
+    makes the one archive of them, which the standard readers read whole."""
+    output = tmp_path / f"site{ext}"
+    for host in ("a", "b"):
+        saver = _saver(output, f"w-{host}")
+        for i in range(3):
+            item = f"http://{host}.invalid/{i}"
+            saver.save(item, download(item, b"page %d" % i))
+        saver.close()
+    res = run("join", str(output), "--job", "site")
+    assert res.returncode == 0, res.stderr
+    assert "joined 2 shard(s)" in res.stdout and "6 item(s)" in res.stdout, res.stdout
+    assert sorted(items_in(output)) == sorted(
+        f"http://{h}.invalid/{i}" for h in ("a", "b") for i in range(3))
+    assert shards_of(output) == []
+
+
+def test_join_command_without_shards_writes_nothing(tmp_path):
+    output = tmp_path / "site.tar.gz"
+    res = run("join", str(output))
+    assert res.returncode == 2 and "no shards" in res.stderr, res.stderr
+    assert not output.exists()
+    res = run("join", str(tmp_path / "dir"))
+    assert res.returncode == 2 and "not a tar or WARC archive name" in res.stderr, res.stderr
