@@ -4,6 +4,12 @@
 #
 # Flower runs this file as Python when it starts; names that are Flower options set them.
 
+# Listen on loopback only (Flower's own default is every address, while it logs
+# "Visit me at http://127.0.0.1:5555"): reach it through an SSH tunnel or a reverse proxy, or
+# give --address=0.0.0.0 on the command line (which wins over this file), as compose.yaml does
+# inside its own network.
+address = "127.0.0.1"
+
 # Every task's arguments in the task list: a scrape task's are [job, URL or ID], a batch of saves'
 # [job, [[item, fencing token, download metadata], ...]] (a single save task's the same, unnested),
 # so the list shows which job and pages each is for.
