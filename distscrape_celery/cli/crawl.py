@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
                 if in_memory:
                     result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
                                                  on_progress=on_progress)
+                    # This process ends soon: leave the stopped worker's objects to the exit,
+                    # not to the collection on the way out (about 0.6 s for a small crawl).
+                    gc.freeze()
                 else:
                     result = run_local_crawl(job, spec, settings, embedded_redis=embedded,
                                              state_dir=state, concurrency=concurrency,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -325,6 +326,25 @@ def _stop_all(workers: list[WorkerProcess], timeout: float) -> None:
         t.join()
 
 
+# What the in-process worker logs when run_in_memory_crawl stops it: not news to its user.
+_REMOTE_SHUTDOWN_LOGGER = "celery.worker.control"
+_REMOTE_SHUTDOWN = "Got shutdown from remote"
+
+
+@contextlib.contextmanager
+def _without_log(logger_name: str, message: str) -> Iterator[None]:
+    """Drop records of ``logger_name`` whose message starts with ``message`` while inside."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(message)
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
 def run_in_memory_crawl(
     job: str,
     spec: JobSpec,
@@ -348,10 +368,10 @@ def run_in_memory_crawl(
     install_runtime(runtime)
     agent = WorkerAgent(runtime, concurrency=concurrency, publish=publisher.scrape)
     try:
-        with start_worker(
+        with contextlib.ExitStack() as stack, start_worker(
             app, pool="threads", concurrency=concurrency, perform_ping_check=False,
             loglevel="WARNING", shutdown_timeout=60,
-        ):
+        ) as worker:
             agent.register()
             agent.start()
             try:
@@ -362,6 +382,10 @@ def run_in_memory_crawl(
                 seconds = time.monotonic() - started
             finally:
                 agent.stop()
+                # The worker's loop notices a stop only between waits for a message of up to
+                # 2 s each; a shutdown command is a message, so it ends the wait at once.
+                stack.enter_context(_without_log(_REMOTE_SHUTDOWN_LOGGER, _REMOTE_SHUTDOWN))
+                app.control.shutdown(destination=[worker.hostname])
         return CrawlResult(job, stats, seconds, runtime.tracker.dead_items(job))
     finally:
         install_runtime(None)

@@ -665,3 +665,28 @@ def test_the_workers_run_the_package_the_crawl_runs(small_site, tmp_path):
             cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert crawl.returncode == 0, crawl.stderr[-3000:]
     assert len(saved_files(out)) == len(small_site.reachable)
+
+
+def test_in_memory_crawl_exits_right_after_its_last_page(small_site, tmp_path):
+    """The in-process worker is stopped at once, not after its loop's next 2 s wait for a
+    message, and the exit skips collecting it: the command ends within half a second of its
+    summary, and soon after its last page (a save batch's wait and a status poll between)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+    with SiteServer(small_site) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distscrape_celery.cli", "crawl", server.url("/"), "--output",
+             str(tmp_path / "out"), "--quiet", "--concurrency", "2", "--in-memory"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+            text=True)
+        try:
+            summary = proc.stdout.readline()
+            summary_at = time.time()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        exited = time.time()
+        last_page = max(t for path in set(server.requests) for t in server.request_times(path))
+    assert proc.returncode == 0 and "80 saved" in summary, (summary, out, err)
+    assert exited - summary_at < 0.5, (exited - summary_at, err)
+    assert exited - last_page < 1.5, (exited - last_page, err)
+    assert "Got shutdown" not in err, err
