@@ -13,9 +13,9 @@ from ..errors import JobConflict, SaveError
 from ..job.spec import JobSpec
 from ..lifecycle import Terminated, stop_signals
 from ..redaction import redact
-from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, Settings
+from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, ENV_PREFIX, Settings
 from ..tracker.keys import check_job_name
-from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_url_option, settings_for
+from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, settings_for
 from .progress import CrawlProgress
 from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
 
@@ -24,7 +24,10 @@ from .spec_options import check_spec_components, spec_data, spec_from_data, with
 @click.argument("seeds", nargs=-1)
 @click.option("--job", metavar="NAME", help="Job name (default: crawl-HOST, from the first seed).")
 @with_spec_options
-@redis_url_option
+@click.option("--redis-url", metavar="URL",
+              help="Crawl on this Redis, with its workers, instead of an embedded one. "
+                   "$DISTSCRAPE_REDIS_URL is not used here: a crawl joins a shared Redis only "
+                   "when told to.")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=DEFAULT_CRAWL_CONCURRENCY,
               show_default=True,
               help="Concurrent tasks (downloads, and saves when DISTSCRAPE_SAVE_INLINE=false), "
@@ -70,12 +73,16 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     # The user runs their own spec here, on workers this command starts for it: the classes it
     # names are theirs to load. Its workers get that allow-list; with --redis-url they also take
     # other jobs of that Redis, which may name these modules and no others.
-    settings = _with_own_plugins(settings_for(redis_url, lease_seconds, CRAWL_DEFAULTS), spec)
+    process_settings = settings_for(redis_url, lease_seconds, CRAWL_DEFAULTS)
+    settings = _with_own_plugins(process_settings, spec)
     check_spec_components(spec, settings, names)
     job = job or default_job_name(spec)
     check_job_name(job)
     check_local_output(spec)
     embedded = not in_memory and not redis_url
+    if embedded and "redis_url" in process_settings.model_fields_set:  # from the environment
+        click.echo(f"distscrape: note: crawl does not use ${ENV_PREFIX}REDIS_URL; it runs on a "
+                   "Redis of its own (give --redis-url to crawl on that one)", err=True)
     state = Path(state_dir or default_state_dir(spec, job)).expanduser().resolve() if embedded else None
 
     progress = CrawlProgress(quiet)

@@ -690,3 +690,18 @@ def test_in_memory_crawl_exits_right_after_its_last_page(small_site, tmp_path):
     assert exited - summary_at < 0.5, (exited - summary_at, err)
     assert exited - last_page < 1.5, (exited - last_page, err)
     assert "Got shutdown" not in err, err
+
+
+def test_crawl_runs_on_its_own_redis_when_the_environment_names_one(small_site, tmp_path,
+                                                                     redis_client):
+    """A DISTSCRAPE_REDIS_URL exported for other commands does not pull a one-machine crawl
+    (and the workers it starts) onto that Redis: it is named in a note, and left untouched."""
+    url = redis_client.connection_pool.connection_kwargs
+    env_url = f"redis://{url['host']}:{url['port']}/{url.get('db', 0)}"
+    with SiteServer(small_site) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "out",
+                      env={"DISTSCRAPE_REDIS_URL": env_url})
+        assert crawl.wait(120) == 0, crawl.stderr
+    assert "80 saved" in crawl.stdout, crawl.stdout
+    assert "does not use $DISTSCRAPE_REDIS_URL" in crawl.stderr, crawl.stderr
+    assert redis_client.dbsize() == 0
