@@ -22,17 +22,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.sitegen import SiteServer, generate_site  # noqa: E402
 
 
+# The site's port when none is given: a fixed one, so that the README's command, run again after
+# a Ctrl-C, crawls the same URLs and resumes the crawl.
+DEFAULT_PORT = 8301
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=300, help="pages reachable from /")
     parser.add_argument("--page-bytes", type=int, default=0, help="filler bytes per page")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port on 127.0.0.1 (default {DEFAULT_PORT}, so that the same "
+                        "command serves the same URLs and a crawl of them can be resumed; "
+                        "0: any free port)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS ({url})")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
 
     site = generate_site(n_pages=args.pages, page_padding=args.page_bytes)
-    with SiteServer(site, delay=args.delay) as server:
+    try:
+        server = SiteServer(site, delay=args.delay, port=args.port)
+    except OSError as exc:
+        print(f"local_site.py: cannot serve on 127.0.0.1:{args.port} ({exc.strerror}): give "
+              "another --port, or --port 0 for any free one", file=sys.stderr)
+        return 2
+    with server:
         print(f"serving {len(site.pages)} pages ({len(site.reachable)} reachable from /) "
               f"at {server.url('/')}", file=sys.stderr, flush=True)
         if not command:

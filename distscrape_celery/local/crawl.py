@@ -277,7 +277,7 @@ def run_local_crawl(
                 + (f" ({released} interrupted item(s) put back)" if released else "")
             )
         workers: list[WorkerProcess] = []
-        interrupted = False
+        interrupted: Optional[str] = None  # how a second stop request is made, once stopping
         try:
             # Threads, not prefork: the prefork parent costs a third of the CPU per page.
             # Time limits do not apply to threads; reserved_items gives up a task's lease
@@ -300,15 +300,18 @@ def run_local_crawl(
             stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
             seconds = time.monotonic() - started
             return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed)
-        except (KeyboardInterrupt, lifecycle.Terminated):
-            interrupted = True
+        except KeyboardInterrupt:
+            interrupted = "another Ctrl-C"
+            raise
+        except lifecycle.Terminated as exc:
+            interrupted = f"another {exc.signal_name} (or Ctrl-C)"
             raise
         finally:
             if workers:
                 if interrupted and any(w.alive for w in workers):
                     say(
                         f"distscrape: stopping: the worker finishes its running downloads "
-                        f"(up to {stop_timeout:.0f}s; another Ctrl-C stops it at once)"
+                        f"(up to {stop_timeout:.0f}s; {interrupted} stops it at once)"
                     )
                 with lifecycle.shielded():
                     _stop_all(workers, stop_timeout)

@@ -160,6 +160,9 @@ def test_a_signal_stops_everything_the_crawl_started(sig, small_site, tmp_path):
             assert crawl.temp_dirs() == [], crawl.temp_dirs()
             assert status == EXIT_STATUS[sig], (status, crawl.stderr)
             assert "Traceback" not in crawl.stderr, crawl.stderr
+            # The stop message names the signal that hurries it, not always Ctrl-C.
+            again = "another Ctrl-C" if sig == signal.SIGINT else f"another {sig.name} (or Ctrl-C)"
+            assert f"{again} stops it at once" in crawl.stderr, crawl.stderr
             assert stopped_in < 25, stopped_in
             print(f"\n{sig.name}: stopped in {stopped_in:.1f}s, "
                   f"{len(server.requests)} of {len(small_site.reachable)} pages fetched")
@@ -568,22 +571,31 @@ def test_the_state_directory_is_guarded(tmp_path):
         assert res.returncode == 2 and "Error: --state-dir and --fresh are for the embedded Redis" in res.stderr
 
 
-def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
+def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly_and_the_same_command_resumes(
+        tmp_path):
     """The README's first command runs the crawl under bench/local_site.py. A Ctrl-C on the
     terminal goes to both; the wrapper must leave the crawl to stop what it started (killing it
-    would leave its worker to the kernel and its temporary directories behind)."""
+    would leave its worker to the kernel and its temporary directories behind). The crawl says
+    to run the same command again, and that command, serving the site on the same port, resumes
+    the crawl and finishes it."""
+    from tests.support.ops import free_port
+
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
     env["TMPDIR"] = str(tmp)
     out = tmp_path / "crawl-output"
     root = Path(__file__).resolve().parents[2]
+    # The README gives no --port (the script's fixed default); tests running at once each need
+    # one of their own.
+    command = [sys.executable, str(root / "bench" / "local_site.py"), "--pages", "80",
+               "--port", str(free_port()), "--delay", "0.2", "--", sys.executable, "-m",
+               "distscrape_celery.cli", "crawl", "{url}", "--output", str(out), "--quiet",
+               "--concurrency", "2"]
     with (tmp_path / "err").open("w") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(root / "bench" / "local_site.py"), "--pages", "80", "--delay", "0.2",
-             "--", sys.executable, "-m", "distscrape_celery.cli", "crawl", "{url}", "--output",
-             str(out), "--quiet", "--concurrency", "2"],
-            stdout=subprocess.DEVNULL, stderr=err, env=env, start_new_session=True,  # a "terminal"
+            command, stdout=subprocess.DEVNULL, stderr=err, env=env,
+            start_new_session=True,  # a "terminal"
             preexec_fn=as_from_a_terminal(),
         )
     children: dict[int, int] = {}
@@ -602,11 +614,17 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly(tmp_path):
         time.sleep(0.5)
         assert not alive(children), alive(children)
         assert sorted(p.name for p in tmp.iterdir()) == []
-        assert "run the same command again to resume" in (tmp_path / "err").read_text()
+        stderr = (tmp_path / "err").read_text()
+        assert "run the same command again to resume" in stderr
+        assert "another Ctrl-C stops it at once" in stderr, stderr
     finally:
         if proc.poll() is None:
             proc.kill()
         kill_all(children)
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120,
+                           preexec_fn=as_from_a_terminal())
+    assert again.returncode == 0, again.stderr
+    assert "resuming job" in again.stderr and "80 saved" in again.stdout, again.stderr
 
 
 def test_crawl_splits_its_concurrency_over_two_worker_processes_per_core():
@@ -705,3 +723,17 @@ def test_crawl_runs_on_its_own_redis_when_the_environment_names_one(small_site, 
     assert "80 saved" in crawl.stdout, crawl.stdout
     assert "does not use $DISTSCRAPE_REDIS_URL" in crawl.stderr, crawl.stderr
     assert redis_client.dbsize() == 0
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.6])
+def test_ctrl_c_while_the_command_starts_is_one_line(delay, tmp_path):
+    """Ctrl-C once Python runs the command but before it has imported what it runs (Python's
+    own start-up, the first tens of milliseconds, is Python's): one line and status 130, no
+    traceback."""
+    crawl = Crawl(tmp_path, "http://127.0.0.1:9/", tmp_path / "out")
+    time.sleep(delay)
+    crawl.proc.send_signal(signal.SIGINT)
+    status = crawl.wait(60)
+    assert "Traceback" not in crawl.stderr, crawl.stderr
+    assert status == 130, (status, crawl.stderr)
+    assert crawl.stderr.strip().splitlines()[-1] == "distscrape: interrupted", crawl.stderr

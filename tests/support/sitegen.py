@@ -288,13 +288,14 @@ class _Server(QuietServer):
 
 
 class SiteServer:
-    """Serve a :class:`Site` on 127.0.0.1 (OS-chosen port) from a daemon thread. ``host`` may
+    """Serve a :class:`Site` on 127.0.0.1 (``port``, or one the OS chooses) from a daemon thread. ``host`` may
     name another address only inside a network namespace a test made itself.
 
     Starts on construction; use as a context manager or call :meth:`stop`.
     """
 
-    def __init__(self, site: Site, delay: float = 0.0, host: str = "127.0.0.1") -> None:
+    def __init__(self, site: Site, delay: float = 0.0, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         self.site = site
         self.delay = delay
         self._lock = threading.Lock()
@@ -303,7 +304,7 @@ class SiteServer:
         self._robots_requests = 0
         self._conns: set[socket.socket] = set()
         self._stopped = False
-        self._httpd = _Server((host, 0), _Handler)
+        self._httpd = _Server((host, port), _Handler)
         self._httpd.owner = self
         self.port: int = self._httpd.server_address[1]
         self.base_url = f"http://{host}:{self.port}"
