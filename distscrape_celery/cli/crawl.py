@@ -53,8 +53,8 @@ def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_secon
 def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
            fresh, quiet) -> None:
     from ..local.crawl import (
-        archive_shards, check_local_output, default_job_name, default_state_dir, join_archive,
-        run_in_memory_crawl, run_local_crawl, state_directory,
+        archive_shards, check_local_output, default_job_name, join_archive, run_in_memory_crawl,
+        run_local_crawl, state_dir_path, state_directory,
     )
 
     data, names = spec_data(seeds, spec_flags)
@@ -75,7 +75,7 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     check_job_name(job)
     check_local_output(spec)
     embedded = not in_memory and not redis_url
-    state = Path(state_dir or default_state_dir(spec, job)).expanduser().resolve() if embedded else None
+    state = state_dir_path(state_dir, spec, job) if embedded else None
 
     progress = CrawlProgress(quiet)
     say = progress.say
