@@ -431,12 +431,16 @@ def embedded_probe(state_dir: Path):
                 cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            # redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
-            found = re.search(rb"redis-server[^\0]* 127\.0\.0\.1:(\d+)", b"\0".join(cmdline))
-            if found:
-                port = int(found.group(1))
+            # redis-server rewrites its title to "redis-server 127.0.0.1:PORT", or to
+            # "redis-server unixsocket:PATH" without a TCP port (as the crawl now starts it).
+            title = b"\0".join(cmdline)
+            on_port = re.search(rb"redis-server[^\0]* 127\.0\.0\.1:(\d+)", title)
+            on_socket = re.search(rb"redis-server[^\0]* unixsocket:([^\0]+)", title)
+            if on_port or on_socket:
+                where = ({"port": int(on_port.group(1))} if on_port
+                         else {"unix_socket_path": on_socket.group(1).decode()})
                 password = (state_dir / "redis.password").read_text().strip()
-                probe = RedisProbe(redis.Redis(port=port, password=password))
+                probe = RedisProbe(redis.Redis(**where, password=password))
                 return probe if probe.sample() else None
         return None
     return find

@@ -57,8 +57,8 @@ def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_secon
 def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
            fresh, quiet) -> None:
     from ..local.crawl import (
-        archive_shards, check_local_output, default_job_name, default_state_dir, join_archive,
-        run_in_memory_crawl, run_local_crawl, state_directory,
+        archive_shards, check_local_output, default_job_name, join_archive, run_in_memory_crawl,
+        run_local_crawl, state_dir_path, state_directory,
     )
 
     data, names = spec_data(seeds, spec_flags)
@@ -83,7 +83,7 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     if embedded and "redis_url" in process_settings.model_fields_set:  # from the environment
         click.echo(f"distscrape: note: crawl does not use ${ENV_PREFIX}REDIS_URL; it runs on a "
                    "Redis of its own (give --redis-url to crawl on that one)", err=True)
-    state = Path(state_dir or default_state_dir(spec, job)).expanduser().resolve() if embedded else None
+    state = state_dir_path(state_dir, spec, job) if embedded else None
 
     progress = CrawlProgress(quiet)
     say = progress.say

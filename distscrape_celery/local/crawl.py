@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -17,7 +18,8 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from .. import lifecycle
-from .embedded import EmbeddedRedis
+from .embedded import PASSWORD_FILE, EmbeddedRedis
+from .private import absolute_path, open_private_file, private_directory
 from ..errors import ConfigError
 from ..job.spec import JobSpec
 from .processes import WorkerProcess, can_fork_workers
@@ -45,7 +47,7 @@ class CrawlResult:
 
 
 STATE_SUFFIX = ".distscrape-state"
-_STATE_MARKER = "redis.password"  # written by EmbeddedRedis into every state directory
+_STATE_MARKER = PASSWORD_FILE  # written by EmbeddedRedis into every state directory
 _STATE_LOCK = "distscrape.lock"
 
 
@@ -70,6 +72,13 @@ def default_state_dir(spec: JobSpec, job: str) -> Path:
         return Path.cwd() / f"{job}{STATE_SUFFIX}"
     out = Path(output).expanduser().resolve()
     return out.with_name(out.name + STATE_SUFFIX)
+
+
+def state_dir_path(given: Optional[str], spec: JobSpec, job: str) -> Path:
+    """The state directory's absolute path: ``given`` (``--state-dir``) or the default, with
+    the symlinks of its parents resolved but not its own (a symlink there is refused, not
+    followed: see :func:`state_directory`)."""
+    return absolute_path(given if given else default_state_dir(spec, job))
 
 
 def check_local_output(spec: JobSpec) -> None:
@@ -98,26 +107,23 @@ def check_local_output(spec: JobSpec) -> None:
 
 @contextlib.contextmanager
 def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
-    """Hold ``path`` as the crawl's state directory (created if need be) for the block: locked
-    against a second crawl on it, and emptied first if ``fresh``. A directory that holds other
-    files but no crawl state is refused, so neither Redis nor ``--fresh`` touches it."""
+    """Hold ``path`` as the crawl's state directory for the block: locked against a second
+    crawl on it, and emptied first if ``fresh``. A directory that holds other files but no crawl
+    state is refused, so neither Redis nor ``--fresh`` touches it. So is one that is not the
+    user's own, private one (see :func:`~.private.private_directory`): a symlink, another
+    user's, or open to group or others; one made here is made mode 0700."""
     import fcntl
 
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = os.open(path / _STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:
-        raise ConfigError(f"cannot use the state directory {path}: {exc.strerror or exc}") from None
+    _refuse_other_files(path)  # first: no advice to chmod a directory that is not for a crawl
+    path = private_directory(path)
+    lock = open_private_file(path / _STATE_LOCK, os.O_RDWR)
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ConfigError(f"another distscrape crawl is using the state directory {path}") from None
+        _refuse_other_files(path)
         contents = [p for p in path.iterdir() if p.name != _STATE_LOCK]
-        if contents and not (path / _STATE_MARKER).exists():
-            raise ConfigError(
-                f"{path} is not empty and holds no crawl state; give another --state-dir"
-            )
         if fresh:
             for p in contents:
                 if p.is_dir() and not p.is_symlink():
@@ -129,17 +135,31 @@ def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
         os.close(lock)
 
 
+def _refuse_other_files(path: Path) -> None:
+    """Raise :class:`ConfigError` if ``path`` is a directory of the user's (not a symlink) that
+    holds files, but no crawl state. Anything else is left to :func:`private_directory`."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return
+        contents = [p for p in path.iterdir() if p.name != _STATE_LOCK]
+    except OSError:
+        return
+    if contents and not os.path.lexists(path / _STATE_MARKER):
+        raise ConfigError(f"{path} is not empty and holds no crawl state; give another --state-dir")
+
+
 @contextlib.contextmanager
 def redis_for_crawl(
     settings: Settings, use_embedded: bool, state_dir: Optional[Path] = None
 ) -> Iterator[Settings]:
-    """Yield settings that point at a reachable Redis, starting an embedded one if asked (the
-    crawl's processes reach it on its Unix socket where it has one); with ``state_dir``, one that
-    keeps its data there."""
+    """Yield settings that point at a reachable Redis, starting an embedded one if asked; with
+    ``state_dir``, one that keeps its data there. The crawl's processes reach it on its Unix
+    socket, its only listener; on TCP only if no socket path fits (see :class:`EmbeddedRedis`)."""
     if not use_embedded:
         yield settings
         return
-    server = EmbeddedRedis(state_dir=state_dir)
+    server = EmbeddedRedis(state_dir=state_dir, tcp=False)
     try:
         server.start()
         url = server.socket_url or server.url

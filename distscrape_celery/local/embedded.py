@@ -17,6 +17,7 @@ import redis
 
 from ..errors import EmbeddedServiceError
 from ..lifecycle import die_with_parent
+from .private import open_private_file, private_directory, read_private_file, write_private_file
 
 
 def find_redis_server() -> str:
@@ -40,6 +41,10 @@ def find_redis_server() -> str:
 # The longest path a Unix socket may have here: sockaddr_un holds 108 bytes on Linux, its NUL
 # included, and less on some other systems.
 _SOCKET_PATH_MAX = 100
+_SOCKET_NAME = "redis.sock"
+_TEMP_PREFIX = "distscrape-redis-"
+_TEMP_RANDOM = 8  # the random characters tempfile.mkdtemp adds to the prefix
+PASSWORD_FILE = "redis.password"
 
 
 def _free_port() -> int:
@@ -48,43 +53,69 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _owner_only_child():
+    """A ``preexec_fn`` for the server: umask 077, so that what it creates (its append-only
+    files, a log it finds gone) is owner-only; and, where it can, SIGTERM when we die, even by
+    SIGKILL (it then stops cleanly)."""
+    with_parent = die_with_parent(signal.SIGTERM)  # made here: it must know this thread
+
+    def preexec() -> None:
+        os.umask(0o077)
+        if with_parent is not None:
+            with_parent()
+
+    return preexec
+
+
 class EmbeddedRedis:
-    """A private ``redis-server`` on 127.0.0.1 that lives as long as this object is open.
+    """A private ``redis-server`` that lives as long as this object is open.
 
     Without ``state_dir`` it keeps nothing on disk: it exists for one crawl or one test session.
     With ``state_dir`` it keeps the crawl's state there in an append-only file (fsynced every
     second) and its password in a 0600 file, so a later run on the same directory picks up where
-    this one stopped. It has a random password either way, so other users of this machine cannot
-    reach into the crawl. Besides its port it listens on a Unix socket in its directory
-    (:attr:`socket_url`), which only its owner can open.
+    this one stopped. That directory must be the user's own with mode 0700 (created so if
+    missing), and a password file there that others could have written is refused
+    (:mod:`.private`): :class:`~distscrape_celery.errors.ConfigError`. It has a random password
+    either way, and every file it or the server creates is owner-only.
+
+    It listens on a Unix socket only its owner can open (:attr:`socket_url`): in its directory,
+    or in a private temporary directory if that path is too long for a socket's. With ``tcp``
+    it also listens on 127.0.0.1 (:attr:`url`); without, on no TCP port at all, unless no
+    socket path fits anywhere.
     """
 
     def __init__(
         self, binary: Optional[str] = None, startup_timeout: float = 15.0,
         state_dir: Optional[str | os.PathLike] = None, port: Optional[int] = None,
+        tcp: bool = True,
     ) -> None:
         self.binary = binary or find_redis_server()
         self.startup_timeout = startup_timeout
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.port: Optional[int] = port
         self._fixed_port = port is not None
+        self.tcp = tcp
         self.password = secrets.token_hex(16)
         self._proc: Optional[subprocess.Popen] = None
         self._dir: Optional[str] = None
         self._socket: Optional[str] = None
+        self._socket_dir: Optional[str] = None  # a directory made for the socket alone
 
     @property
     def url(self) -> str:
-        if self.port is None or self._proc is None:
+        """The server on 127.0.0.1; an error if it is not running or listens on no TCP port."""
+        if self._proc is None:
             raise EmbeddedServiceError("embedded Redis is not running")
+        if self.port is None:
+            raise EmbeddedServiceError("embedded Redis listens on no TCP port: use its socket_url")
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     @property
     def socket_url(self) -> Optional[str]:
-        """The server on its Unix socket, or None if it has none (its directory's path is too
-        long for a socket's). On one machine the cheaper way in: a request and its reply cost
-        Redis less CPU than over TCP on 127.0.0.1, the kernel's part mostly."""
-        if self.port is None or self._proc is None or self._socket is None:
+        """The server on its Unix socket, or None if it has none (no path for it fits in a
+        socket's). On one machine the cheaper way in: a request and its reply cost Redis less
+        CPU than over TCP on 127.0.0.1, the kernel's part mostly."""
+        if self._proc is None or self._socket is None:
             return None
         return f"unix://:{self.password}@{self._socket}?db=0"
 
@@ -94,22 +125,24 @@ class EmbeddedRedis:
 
     def start(self) -> "EmbeddedRedis":
         if self.state_dir is not None:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            self._dir = str(self.state_dir)
+            self._dir = str(private_directory(self.state_dir))
             self.password = self._stored_password()
         elif self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="distscrape-redis-")
+            self._dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX)  # mode 0700, a new name
         persistence = (
             ["--appendonly", "yes", "--appendfsync", "everysec"]
             if self.state_dir is not None else ["--appendonly", "no"]
         )
-        socket_path = str(Path(self._dir, "redis.sock"))
-        self._socket = socket_path if len(socket_path) <= _SOCKET_PATH_MAX else None
+        self._socket = self._place_socket()
+        tcp = self.tcp or self._socket is None
         listen = ["--unixsocket", self._socket, "--unixsocketperm", "700"] if self._socket else []
         last_error = "unknown error"
         log = Path(self._dir, "redis.log")
-        for _ in range(1 if self._fixed_port else 5):  # a free port may be taken before we bind
-            port = self.port if self._fixed_port else _free_port()
+        # The server opens its log by name, following a symlink, with the umask's mode: it
+        # finds a regular file of ours, mode 0600, there.
+        os.close(open_private_file(log, os.O_WRONLY | os.O_APPEND))
+        for _ in range(5 if tcp and not self._fixed_port else 1):  # a free port may be taken
+            port = (self.port if self._fixed_port else _free_port()) if tcp else 0
             self._proc = subprocess.Popen(
                 [
                     self.binary, self._write_config(), "--port", str(port), "--bind", "127.0.0.1",
@@ -118,43 +151,60 @@ class EmbeddedRedis:
                     "--protected-mode", "yes", *listen,
                 ],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                # On Linux it stops (cleanly: SIGTERM) when we die, even by SIGKILL.
-                preexec_fn=die_with_parent(signal.SIGTERM),
+                preexec_fn=_owner_only_child(),
             )
             if self._wait_ready(port):
-                self.port = port
+                self.port = port if tcp else None
                 return self
             last_error = log.read_text(errors="replace")[-500:] if log.exists() else "no log"
             self._kill()
         self.stop()
         raise EmbeddedServiceError(f"embedded Redis ({self.binary}) did not start: {last_error}")
 
+    def _place_socket(self) -> Optional[str]:
+        """The path for the server's Unix socket: in its directory if that path fits in a
+        socket's, else in a new private directory (mode 0700) in the temporary directory or
+        /tmp, removed at :meth:`stop`; None if no such path fits."""
+        self._remove_socket_dir()
+        beside = os.path.join(self._dir, _SOCKET_NAME)
+        if len(beside) <= _SOCKET_PATH_MAX:
+            return beside
+        for base in dict.fromkeys((tempfile.gettempdir(), "/tmp")):
+            longest = os.path.join(base, _TEMP_PREFIX + "x" * _TEMP_RANDOM, _SOCKET_NAME)
+            if len(longest) <= _SOCKET_PATH_MAX and os.path.isdir(base):
+                self._socket_dir = tempfile.mkdtemp(prefix=_TEMP_PREFIX, dir=base)
+                return os.path.join(self._socket_dir, _SOCKET_NAME)
+        return None
+
+    def _remove_socket_dir(self) -> None:
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
     def _stored_password(self) -> str:
-        """The state directory's password, made on first use (0600, like the config file)."""
-        path = Path(self._dir, "redis.password")
-        try:
-            stored = path.read_text().strip()
-            if stored:
-                return stored
-        except FileNotFoundError:
-            pass
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.password)
+        """The state directory's password, made on first use (0600, like the config file). One
+        that others could have read or written is refused: it would be theirs, and the state
+        beside it may be too."""
+        path = Path(self._dir, PASSWORD_FILE)
+        stored = read_private_file(
+            path, "if you made it, chmod 600 it; if not, the state beside it is not yours to "
+                  "trust either: --fresh starts over with a new password",
+        )
+        if stored and stored.strip():
+            return stored.strip()
+        write_private_file(path, self.password)
         return self.password
 
     def _write_config(self) -> str:
         """A config file holding the password, readable by us only (a command line is not)."""
         path = Path(self._dir, "redis.conf")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(f"requirepass {self.password}\n")
+        write_private_file(path, f"requirepass {self.password}\n")
         return str(path)
 
     def _wait_ready(self, port: int) -> bool:
-        client = redis.Redis(
-            host="127.0.0.1", port=port, password=self.password, socket_connect_timeout=0.5
-        )
+        """Whether the server answers, on ``port``, or on its socket if ``port`` is 0."""
+        where = {"host": "127.0.0.1", "port": port} if port else {"unix_socket_path": self._socket}
+        client = redis.Redis(**where, password=self.password, socket_connect_timeout=0.5)
         deadline = time.monotonic() + self.startup_timeout
         try:
             while time.monotonic() < deadline:
@@ -199,6 +249,7 @@ class EmbeddedRedis:
     def stop(self) -> None:
         """Stop the server; a temporary directory goes with it, a state directory stays."""
         self._kill()
+        self._remove_socket_dir()
         if not self._fixed_port:
             self.port = None
         if self._dir and self.state_dir is None:

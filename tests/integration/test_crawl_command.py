@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,7 @@ from tests.support.crawl import crawl_settings, expected_files, saved_files
 from tests.support.crawl_command import Crawl, as_from_a_terminal, wait_until
 from tests.support.http import RouteServer
 from tests.support.sitegen import SiteServer, generate_site
+from tests.support.sockets import listening
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -569,6 +571,118 @@ def test_the_state_directory_is_guarded(tmp_path):
     for extra in (["--in-memory", "--fresh"], ["--redis-url", "redis://127.0.0.1:9/0", "--state-dir", "x"]):
         res = run("crawl", "http://127.0.0.1:9/", *extra)
         assert res.returncode == 2 and "Error: --state-dir and --fresh are for the embedded Redis" in res.stderr
+
+
+def _crawl_into(server, out: Path, *extra: str):
+    from tests.support.cli import run
+
+    return run("crawl", server.url("/"), "--output", str(out), "--quiet", "--concurrency", "2",
+               *extra)
+
+
+def _another_users_directory(tmp_path: Path) -> Path:
+    """A directory of another user, mode 0700: as root, one made here and given to nobody
+    (65534); as anyone else, /, which is root's."""
+    if os.geteuid() != 0:
+        return Path("/")
+    theirs = tmp_path / "out.distscrape-state"
+    theirs.mkdir(parents=True)
+    os.chmod(theirs, 0o700)
+    (theirs / "redis.password").write_text("attacker-password\n")
+    os.chown(theirs / "redis.password", 65534, 65534)
+    os.chown(theirs, 65534, 65534)
+    return theirs
+
+
+def test_a_state_directory_open_to_other_users_is_refused(small_site, tmp_path):
+    """A state directory is found beside the output, often under /tmp: another user may have
+    made it first, or it may be open to them, holding their redis.password. Were it used, the
+    crawl's Redis would take their password, and they would log in to it. Refused, with the
+    way out, before anything is written in it."""
+    from tests.support.cli import assert_one_line_error
+
+    out, state = tmp_path / "out", tmp_path / "out.distscrape-state"
+    state.mkdir()
+    os.chmod(state, 0o777)
+    (state / "redis.password").write_text("attacker-password\n")
+    with SiteServer(small_site) as server:
+        res = _crawl_into(server, out)
+        assert_one_line_error(res, str(state), "mode 0777", f"chmod 700 {state}", "--state-dir")
+        assert sorted(os.listdir(state)) == ["redis.password"]
+
+        theirs = _another_users_directory(tmp_path / "other")
+        res = _crawl_into(server, out, "--state-dir", str(theirs))
+        assert_one_line_error(res, str(theirs), "belongs to user 0" if str(theirs) == "/"
+                              else "belongs to user 65534", "--state-dir")
+
+
+def test_a_state_directory_that_is_a_symlink_is_refused(small_site, tmp_path):
+    """A symlink in place of the state directory leads the crawl's Redis, its password and
+    its data wherever whoever made it chose: refused, not followed."""
+    from tests.support.cli import assert_one_line_error
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.chmod(elsewhere, 0o700)
+    (tmp_path / "out.distscrape-state").symlink_to(elsewhere)
+    (tmp_path / "link").symlink_to(elsewhere)
+    with SiteServer(small_site) as server:
+        for given in ([], ["--state-dir", str(tmp_path / "link")]):
+            res = _crawl_into(server, out, *given)
+            assert_one_line_error(res, "symbolic link", "--state-dir")
+    assert os.listdir(elsewhere) == []
+
+
+@pytest.mark.parametrize("how", ["readable by others", "a symlink"])
+def test_a_password_file_that_is_not_owner_only_is_refused(how, small_site, tmp_path):
+    """redis.password is the one secret between the crawl and its Redis. One that others could
+    read or write (or a symlink to one) is not used: the crawl stops with the way out, and
+    --fresh starts over with a new password, written owner-only."""
+    from tests.support.cli import assert_one_line_error
+
+    out, state = tmp_path / "out", tmp_path / "out.distscrape-state"
+    state.mkdir()
+    os.chmod(state, 0o700)
+    password = state / "redis.password"
+    if how == "a symlink":
+        (tmp_path / "theirs").write_text("attacker-password\n")
+        os.chmod(tmp_path / "theirs", 0o600)
+        password.symlink_to(tmp_path / "theirs")
+    else:
+        password.write_text("attacker-password\n")
+        os.chmod(password, 0o644)
+    with SiteServer(small_site) as server:
+        res = _crawl_into(server, out)
+        assert_one_line_error(res, str(password), "--fresh")
+        res = _crawl_into(server, out, "--fresh")
+        assert res.returncode == 0, res.stderr
+    assert stat.S_ISREG(password.lstat().st_mode)
+    assert stat.S_IMODE(password.lstat().st_mode) == 0o600
+    assert "attacker-password" not in password.read_text()
+
+
+def test_the_crawls_redis_listens_on_no_tcp_port(small_site, tmp_path):
+    """The crawl's processes all reach its Redis on its Unix socket, so the server listens on
+    nothing else: no TCP port for another user to try. The output here lies deep in the test's
+    directory, too deep for a socket beside it, so the socket is in a private temporary
+    directory (the crawl's TMPDIR is the test's own), and the crawl saves the whole site."""
+    out = tmp_path / "out"
+    with SiteServer(small_site, delay=0.05) as server:
+        crawl = Crawl(tmp_path, server.url("/"), out)
+        try:
+            [pid] = [p for p in started_children(crawl) if "redis-server" in _comm(p)]
+            listens = listening(pid)
+            assert listens.tcp_ports == [], listens
+            [path] = listens.unix_paths
+            password = (tmp_path / "out.distscrape-state" / "redis.password").read_text().strip()
+            client = redis.Redis(unix_socket_path=path, password=password)
+            assert client.config_get("port") == {"port": "0"}
+            assert crawl.wait(120) == 0, crawl.stderr
+        finally:
+            if crawl.proc.poll() is None:
+                crawl.proc.kill()
+    assert saved_files(out) == expected_files(server, small_site, out)
+    assert crawl.temp_dirs() == [] and not os.path.exists(os.path.dirname(path))
 
 
 def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly_and_the_same_command_resumes(

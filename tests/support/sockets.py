@@ -1,0 +1,48 @@
+"""What a process listens on, read from /proc: its listening sockets, TCP and Unix."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+_TCP_LISTEN = "0A"
+_UNIX_ACCEPTING = 0x10000  # __SO_ACCEPTCON: a listening Unix socket
+
+
+@dataclass(frozen=True)
+class Listening:
+    tcp_ports: list[int]  # over IPv4 and IPv6
+    unix_paths: list[str]
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of every socket ``pid`` has open."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            found.add(target[len("socket:["):-1])
+    return found
+
+
+def listening(pid: int) -> Listening:
+    """The TCP ports and Unix socket paths on which ``pid`` accepts connections."""
+    inodes = _socket_inodes(pid)
+    ports = []
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in fh.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == _TCP_LISTEN and fields[9] in inodes:
+                    ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    paths = []
+    with open(f"/proc/{pid}/net/unix") as fh:
+        for line in fh.readlines()[1:]:
+            fields = line.split()
+            if (len(fields) > 7 and int(fields[3], 16) & _UNIX_ACCEPTING
+                    and fields[6] in inodes):
+                paths.append(fields[7])
+    return Listening(sorted(ports), sorted(paths))
