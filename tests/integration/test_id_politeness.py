@@ -44,7 +44,8 @@ def tracker_kind(request):
     if request.param == "memory":
         return InMemoryTracker(bound_refresh_seconds=0), 1
     url = request.getfixturevalue("redis_url")
-    return RedisTracker.from_url(url, bound_refresh_seconds=0), 4 if "shards" in request.param else 1
+    shards = 4 if "shards" in request.param else 1
+    return RedisTracker.from_url(url, bound_refresh_seconds=0), shards
 
 
 def start_job(t, shards: int, **politeness) -> str:
@@ -142,7 +143,9 @@ class CountingSite:
 
         def respond(path: str, n: int):
             if path == "/robots.txt":
-                return (200, robots, {"Content-Type": "text/plain"}, 0) if robots else (404, b"", {}, 0)
+                if not robots:
+                    return 404, b"", {}, 0
+                return 200, robots, {"Content-Type": "text/plain"}, 0
             with lock:
                 self.now += 1
                 self.peak = max(self.peak, self.now)

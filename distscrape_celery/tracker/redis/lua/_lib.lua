@@ -84,14 +84,14 @@ local job_created
 -- The call's caches (begin).
 local now_cache, id_domain, limits_cache, head_starts
 -- The fingerprints and domains of the items in flight: unlike the caches above they outlive the
--- call in a function library, since each is a function of the item's name alone (a URL's domain;
--- an item that is not an http(s) URL takes its job's id_domain, which is not kept here). An item's five
--- steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
--- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one
--- is dropped, and a fact found in the old one moves to the new. That bounds the memory they take
--- in Redis's Lua and its collector's work, which sweeps every live object at each of its cycles:
--- kept by the ten thousand, they cost more than they saved. The items that add_items adds are
--- not kept (most are a page's links, found once and queued far longer than a generation lasts).
+-- call in a function library, since each is a function of the item's name alone (a URL's domain; an
+-- item that is not an http(s) URL takes its job's id_domain, which is not kept here). An item's
+-- five steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
+-- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one is
+-- dropped, and a fact found in the old one moves to the new. That bounds the memory they take in
+-- Redis's Lua and its collector's work, which sweeps every live object at each of its cycles: kept
+-- by the ten thousand, they cost more than they saved. The items that add_items adds are not kept
+-- (most are a page's links, found once and queued far longer than a generation lasts).
 local FACTS_MAX = 2048
 local fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
 local old_fp_of, old_fp_high_of, old_domain_cache = {}, {}, {}
