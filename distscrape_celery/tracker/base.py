@@ -10,8 +10,9 @@ Item life cycle (every seen item is in exactly one state, so none can be lost)::
             +--- delayed <- fail with retries left and a delay (backoff)
                     fail past max_retries, or lost past max_lost ------------------------------> dead
 
-Politeness is the tracker's, shared by every worker: each item belongs to a domain (its URL's
-``host[:port]``, see :func:`~distscrape_celery.tracker.keys.domain_of`) with its own queue; dispatch takes
+Politeness is the tracker's, shared by every worker: each item belongs to a domain (its http(s)
+URL's ``host[:port]``, or for an ID the job's download host, see
+:func:`~distscrape_celery.tracker.keys.domain_of`) with its own queue; dispatch takes
 turns among domains under their in-flight cap, and a checkout takes the domain's fetch slot
 (rate limit) or hands the item back, throttled. :class:`CrawlLimits` holds a job's limits.
 

@@ -80,8 +80,10 @@ job name, so no job's keys clash with another's shard). Each shard is its own ha
 cluster spreads the shards over its masters; an item lives in the shard :func:`shard_of` its
 domain, so a domain's politeness state is whole in one shard.
 
-An item's domain is its URL's host, with ``:port`` if the URL names one; items that are not URLs
-(IDs) share one pseudo-domain, the host of the job's ``download_url_fmt``. The item scripts take
+An item's domain is its http(s) URL's host, with ``:port`` if the URL names one; items that are not
+http(s) URLs (IDs, also those shaped ``scheme://x``) share one pseudo-domain, the host of the job's
+``download_url_fmt``, which is where they are fetched from: so that host's politeness (its in-flight
+cap, rate, Crawl-delay and page limit) holds for them all. The item scripts take
 the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
 same rule as :meth:`JobKeys.domain_queue` and :func:`domain_of`, which mirror ``domain_of`` in
 tracker/lua/_lib.lua.
@@ -102,9 +104,11 @@ JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 JOBS = f"{PREFIX}:jobs"
 ACTIVE_JOBS = f"{PREFIX}:active-jobs"
-# The authority of an absolute URL; the same pattern as domain_of in tracker/lua/_lib.lua.
-_AUTHORITY = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://([^/?#]*)")
-# The pseudo-domain of items that are not URLs when the job names no download_url_fmt.
+# The authority of an http(s) URL, the scheme in any case; the same pattern as domain_of in
+# tracker/lua/_lib.lua. Spelled out letter by letter: re.IGNORECASE would also take non-ASCII
+# letters ("\u017f" matches "s"), which Lua's patterns do not.
+_HTTP_AUTHORITY = re.compile(r"[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)")
+# The pseudo-domain of items that are not http(s) URLs when the job names no download_url_fmt.
 NO_DOMAIN = "-"
 # The layout of a job's keys. A job whose control hash records another (or none: created before
 # the seen set; 2: live items by name in one hash; 3: deadlines in seconds, not microseconds) is
@@ -138,9 +142,11 @@ def check_job_name(job: str) -> str:
 
 
 def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
-    """The domain ``item`` is fetched from: its URL's ``host[:port]`` in ASCII lower case (user
-    info dropped), or ``id_domain`` for an item that is not a URL."""
-    m = _AUTHORITY.match(item)
+    """The domain ``item`` is fetched from: its http(s) URL's ``host[:port]`` in ASCII lower case
+    (user info dropped), or ``id_domain`` for any other item. An ID, whatever its shape
+    (``a://x``, ``mailto:x``, ``//host/x``), is downloaded from the job's download host, so it
+    counts against that host's politeness: it never makes a domain of its own."""
+    m = _HTTP_AUTHORITY.match(item)
     if m is None:
         return id_domain
     # bytes.lower() folds ASCII only, as Lua's string.lower does in Redis.

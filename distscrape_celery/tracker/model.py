@@ -181,7 +181,7 @@ class CrawlLimits:
     overrides: Mapping[str, DomainLimits] = field(default_factory=dict)
     max_pages: Optional[int] = None
     max_pages_per_domain: Optional[int] = None
-    id_domain: str = NO_DOMAIN  # the domain of items that are not URLs (IDs)
+    id_domain: str = NO_DOMAIN  # the domain of items that are not http(s) URLs (IDs)
     # Hash-tag shards the Redis tracker spreads the job over (a layout matter: the in-memory
     # tracker has one store). Each shard enforces max_pages / shards (see RedisTracker).
     shards: int = 1

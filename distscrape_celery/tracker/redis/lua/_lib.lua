@@ -36,7 +36,7 @@
 --                              concurrency (every domain's), i:<domain> and c:<domain> (one
 --                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
---                              URLs); a missing field is no limit
+--                              http(s) URLs); a missing field is no limit
 --   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
 --                              running), job (its name), started, ended, final_seen, final_done,
 --                              final_dead (figures recorded when it ended), epoch (ends so far),
@@ -84,14 +84,14 @@ local job_created
 -- The call's caches (begin).
 local now_cache, id_domain, limits_cache, head_starts
 -- The fingerprints and domains of the items in flight: unlike the caches above they outlive the
--- call in a function library, since each is a function of the item's name alone (a URL's domain;
--- an item that is not a URL takes its job's id_domain, which is not kept here). An item's five
--- steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
--- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one
--- is dropped, and a fact found in the old one moves to the new. That bounds the memory they take
--- in Redis's Lua and its collector's work, which sweeps every live object at each of its cycles:
--- kept by the ten thousand, they cost more than they saved. The items that add_items adds are
--- not kept (most are a page's links, found once and queued far longer than a generation lasts).
+-- call in a function library, since each is a function of the item's name alone (a URL's domain; an
+-- item that is not an http(s) URL takes its job's id_domain, which is not kept here). An item's
+-- five steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
+-- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one is
+-- dropped, and a fact found in the old one moves to the new. That bounds the memory they take in
+-- Redis's Lua and its collector's work, which sweeps every live object at each of its cycles: kept
+-- by the ten thousand, they cost more than they saved. The items that add_items adds are not kept
+-- (most are a page's links, found once and queued far longer than a generation lasts).
 local FACTS_MAX = 2048
 local fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
 local old_fp_of, old_fp_high_of, old_domain_cache = {}, {}, {}
@@ -253,8 +253,10 @@ end
 
 -- -- domains ----------------------------------------------------------------------------------
 
--- The domain `item` is fetched from: its URL's host[:port], lower case, user info dropped; or the
--- job's id_domain for an item that is not a URL (keys.domain_of is the same rule in Python).
+-- The domain `item` is fetched from: its http(s) URL's host[:port], lower case, user info
+-- dropped; or the job's id_domain (its download host) for any other item, an ID shaped 'a://x'
+-- too, which is fetched from that host and so must count against its politeness (keys.domain_of
+-- is the same rule in Python).
 local function domain_of(item)
   local dom = domain_cache[item]
   if dom then return dom end
@@ -264,7 +266,7 @@ local function domain_of(item)
     domain_cache[item] = dom
     return dom
   end
-  local authority = string.match(item, '^%a[%w+.-]*://([^/?#]*)')
+  local authority = string.match(item, '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)')
   if not authority then
     if not id_domain then id_domain = redis_call('HGET', K_POLICY, 'id_domain') or '-' end
     return id_domain
