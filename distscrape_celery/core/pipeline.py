@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 
 # A saver failing with one of these cannot store anything right now; the item is not to blame.
 _OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-# The longest robots.txt Crawl-delay obeyed: a larger one (or a hostile one) would all but stop
-# the domain; this still keeps to one request a minute.
-MAX_CRAWL_DELAY = 60.0
 _CRAWL_DELAYS_BYTES = 4 * 1024 * 1024  # some 10,000 domains
 
 
@@ -211,7 +208,7 @@ class ItemPipeline:
         if robots is None or url is None:
             return
         robots.check(url)
-        delay = min(robots.crawl_delay(url) or 0.0, MAX_CRAWL_DELAY)
+        delay = robots.crawl_delay(url) or 0.0  # at most robots.MAX_CRAWL_DELAY
         domain = domain_of(url)
         if self._crawl_delays.get((job, domain)) != delay:
             # Once per domain and process (again if robots.txt changes): it is the same for all.

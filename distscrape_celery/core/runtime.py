@@ -36,7 +36,8 @@ class Runtime:
         self.tracker = tracker
         self.staging = staging
         self.in_memory = in_memory
-        self.robots_store = robots_store if robots_store is not None else MemoryRobotsStore()
+        self.robots_store = (robots_store if robots_store is not None
+                             else MemoryRobotsStore(settings.robots_cache_bytes))
         # Until the worker agent registers, leases name the process.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
@@ -56,7 +57,7 @@ class Runtime:
         )
         return cls(
             settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
-            robots_store=RedisRobotsStore(bodies),
+            robots_store=RedisRobotsStore(bodies, settings.robots_cache_bytes),
         )
 
     @classmethod
