@@ -216,14 +216,23 @@ class ItemPipeline:
             self._crawl_delays.put((job, domain), delay)
 
     def _redirect_check(self, job: str) -> Optional[Callable[[str], None]]:
-        """What a redirect target must pass: the job's robots.txt (None when it ignores it)."""
+        """What a redirect target must pass, in order: the job's host scope (a target outside
+        it ends the item, and nothing is fetched there, not even its robots.txt), then the
+        job's robots.txt (unless it ignores it). None: nothing to check."""
+        scope = self.rt.host_scope(job)
         robots = self.rt.robots(job)
-        if robots is None:
+        if scope.takes_any and robots is None:
             return None
 
         def check(url: str) -> None:
-            with redirect_check(None):  # fetching the target host's robots.txt checks no hop
-                robots.check(url)
+            if not scope.takes(url):
+                raise FetchError(
+                    f"redirect to {url} leaves the job's hosts (scraper.same_host, "
+                    "scraper.allowed_domains)", retryable=False,
+                )
+            if robots is not None:
+                with redirect_check(None):  # fetching the target host's robots.txt checks no hop
+                    robots.check(url)
 
         return check
 
