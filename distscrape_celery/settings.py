@@ -36,6 +36,10 @@ CRAWL_DEFAULTS: dict[str, object] = {"save_inline": True}
 # of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site
 # (docs/performance.md). More (6 or 8 of 8) cost more than they bought.
 PROCESSES_PER_CORE = 2
+# The robots.txt cache's bound in the tracker's Redis, shared by every job and worker: 1,024
+# records of the 64 KiB a record may take at most (a hostile site's), some 25,000 of a usual 2
+# KiB. Past it the records nearest their expiry go first, and are fetched again when next needed.
+DEFAULT_ROBOTS_CACHE_BYTES = 64 * 1024 * 1024
 
 
 def crawl_worker_processes(concurrency: int, cpus: Optional[int] = None) -> list[int]:
@@ -160,6 +164,13 @@ class Settings(BaseModel):
         description="Memory (bytes) each worker process may spend remembering the links it has "
         "passed to the tracker, so that a link found again on another page is not sent again "
         "(the tracker would only find it known). Oldest first out; 0: send every link.",
+    )
+    robots_cache_bytes: int = Field(
+        DEFAULT_ROBOTS_CACHE_BYTES,
+        ge=1024 * 1024,
+        description="The most the robots.txt records of all jobs may take in the tracker's Redis "
+        "(each at most 64 KiB), counted with their names; past it the records nearest their "
+        "expiry are dropped (fetched again when next needed). Give every worker the same.",
     )
     save_timeout_seconds: Optional[float] = Field(
         None,

@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 
 # A saver failing with one of these cannot store anything right now; the item is not to blame.
 _OUTPUT_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-# The longest robots.txt Crawl-delay obeyed: a larger one (or a hostile one) would all but stop
-# the domain; this still keeps to one request a minute.
-MAX_CRAWL_DELAY = 60.0
 _CRAWL_DELAYS_BYTES = 4 * 1024 * 1024  # some 10,000 domains
 
 
@@ -211,7 +208,7 @@ class ItemPipeline:
         if robots is None or url is None:
             return
         robots.check(url)
-        delay = min(robots.crawl_delay(url) or 0.0, MAX_CRAWL_DELAY)
+        delay = robots.crawl_delay(url) or 0.0  # at most robots.MAX_CRAWL_DELAY
         domain = domain_of(url)
         if self._crawl_delays.get((job, domain)) != delay:
             # Once per domain and process (again if robots.txt changes): it is the same for all.
@@ -219,14 +216,23 @@ class ItemPipeline:
             self._crawl_delays.put((job, domain), delay)
 
     def _redirect_check(self, job: str) -> Optional[Callable[[str], None]]:
-        """What a redirect target must pass: the job's robots.txt (None when it ignores it)."""
+        """What a redirect target must pass, in order: the job's host scope (a target outside
+        it ends the item, and nothing is fetched there, not even its robots.txt), then the
+        job's robots.txt (unless it ignores it). None: nothing to check."""
+        scope = self.rt.host_scope(job)
         robots = self.rt.robots(job)
-        if robots is None:
+        if scope.takes_any and robots is None:
             return None
 
         def check(url: str) -> None:
-            with redirect_check(None):  # fetching the target host's robots.txt checks no hop
-                robots.check(url)
+            if not scope.takes(url):
+                raise FetchError(
+                    f"redirect to {url} leaves the job's hosts (scraper.same_host, "
+                    "scraper.allowed_domains)", retryable=False,
+                )
+            if robots is not None:
+                with redirect_check(None):  # fetching the target host's robots.txt checks no hop
+                    robots.check(url)
 
         return check
 

@@ -17,6 +17,7 @@ from typing import Optional
 from .components import build_saver, build_scraper
 from ..job.spec import JobSpec
 from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
+from ..web.scope import HostScope
 from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings
@@ -36,7 +37,8 @@ class Runtime:
         self.tracker = tracker
         self.staging = staging
         self.in_memory = in_memory
-        self.robots_store = robots_store if robots_store is not None else MemoryRobotsStore()
+        self.robots_store = (robots_store if robots_store is not None
+                             else MemoryRobotsStore(settings.robots_cache_bytes))
         # Until the worker agent registers, leases name the process.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
@@ -44,6 +46,7 @@ class Runtime:
         self._scrapers: dict[str, Scraper] = {}
         self._savers: dict[str, ItemSaver] = {}
         self._robots: dict[str, RobotsCache] = {}
+        self._host_scopes: dict[str, HostScope] = {}
         self._created: dict[str, str] = {}  # job -> the creation its components were built for
 
     @classmethod
@@ -56,7 +59,7 @@ class Runtime:
         )
         return cls(
             settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
-            robots_store=RedisRobotsStore(bodies),
+            robots_store=RedisRobotsStore(bodies, settings.robots_cache_bytes),
         )
 
     @classmethod
@@ -105,6 +108,7 @@ class Runtime:
             self._specs.pop(job, None)
             self._scrapers.pop(job, None)
             self._robots.pop(job, None)
+            self._host_scopes.pop(job, None)
             saver = self._savers.pop(job, None)
         if saver is not None:
             log.info("job %s was created again: its saver is built anew from its spec", job)
@@ -136,6 +140,10 @@ class Runtime:
         return self._per_job(
             self._robots, job, lambda spec: RobotsCache.from_spec(spec, self.robots_store)
         )
+
+    def host_scope(self, job: str) -> HostScope:
+        """The hosts the job's redirects may lead to (its link scope's hosts)."""
+        return self._per_job(self._host_scopes, job, HostScope.from_spec)
 
     def saver(self, job: str) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its

@@ -60,13 +60,23 @@ key                               type    holds
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
-``ds:robots:<fetch>:<origin>``    string  a host's robots.txt record (JSON: its first 500 KiB
-                                          or status, and when it was fetched; has a TTL),
-                                          shared by the jobs whose fetch of it is the same:
-                                          ``<fetch>`` digests their user agent, timeouts and
-                                          redirect limit; ``<origin>`` is ``scheme://host[:port]``
-``ds:robots-fetch:<name>``        string  set while one worker fetches the robots.txt of
-                                          ``ds:robots:<name>`` (TTL)
+``ds:{robots}:r:<name>``          string  a host's robots.txt record (JSON: the groups of its
+                                          first 500 KiB that apply to the fetching user agent,
+                                          re-written and cut to 64 KiB, or its status, and when
+                                          it was fetched; has a TTL), shared by the jobs whose
+                                          fetch of it is the same. ``<name>`` is
+                                          ``<fetch>:<origin>``: ``<fetch>`` digests their user
+                                          agent, timeouts and redirect limit; ``<origin>`` is
+                                          ``scheme://host[:port]`` (lower case, no user info,
+                                          no default port)
+``ds:{robots}:fetch:<name>``      string  set while one worker fetches the robots.txt of
+                                          ``ds:{robots}:r:<name>`` (TTL)
+``ds:{robots}:index``             zset    record name -> when it expires (ms, Redis clock):
+                                          the records counted against the cache's bound
+                                          (``DISTSCRAPE_ROBOTS_CACHE_BYTES``), soonest out
+                                          first when it is passed
+``ds:{robots}:sizes``             hash    record name -> the bytes it is counted as
+``ds:{robots}:bytes``             string  the sum of ``ds:{robots}:sizes``
 ``ds:{workers}:info``             hash    worker ID -> JSON description (host, pid, concurrency)
 ``ds:{workers}:concurrency``      hash    worker ID -> concurrency
 ``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
@@ -121,14 +131,22 @@ HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
 WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
 
 
+# The robots.txt cache: one hash tag, so that the script that stores a record and keeps the
+# cache within its bound (web/robots.py) touches one cluster slot.
+ROBOTS_RECORD_PREFIX = f"{PREFIX}:{{robots}}:r:"
+ROBOTS_INDEX = f"{PREFIX}:{{robots}}:index"
+ROBOTS_SIZES = f"{PREFIX}:{{robots}}:sizes"
+ROBOTS_BYTES = f"{PREFIX}:{{robots}}:bytes"
+
+
 def robots(name: str) -> str:
     """Where the robots.txt record ``name`` (``<fetch digest>:scheme://host[:port]``) is cached."""
-    return f"{PREFIX}:robots:{name}"
+    return ROBOTS_RECORD_PREFIX + name
 
 
 def robots_fetch(name: str) -> str:
     """The claim of the worker fetching the robots.txt of record ``name`` right now."""
-    return f"{PREFIX}:robots-fetch:{name}"
+    return f"{PREFIX}:{{robots}}:fetch:{name}"
 
 
 def check_job_name(job: str) -> str:

@@ -46,6 +46,10 @@ MAX_CONNECTIONS_PER_HOST = 256
 # Statuses worth trying again later; every other 4xx is the request's own fault.
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# The longest wait a Retry-After is read as (a day); a longer one, or a date further ahead, is
+# cut to it. The item's backoff has its own, shorter cap (politeness.backoff_max).
+MAX_RETRY_AFTER = 86400.0
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 # What every redirect target must pass before it is requested. Scrapers build their own fetchers
 # (they are plugins), so the pipeline cannot hand them the job's robots.txt policy; it sets it
 # here around a download instead. A context variable, so each thread of a pool has its own.
@@ -384,20 +388,27 @@ def _check_status(url: str, response: urllib3.BaseHTTPResponse) -> None:
 
 
 def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP-date); None when
-    absent or unreadable. A date in the past is 0."""
+    """Seconds a ``Retry-After`` header asks to wait (delta-seconds or an HTTP-date), at most
+    :data:`MAX_RETRY_AFTER`; None when absent or unreadable. A date in the past is 0. Never
+    raises, whatever the server sent."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    # ASCII digits only: str.isdigit also takes "²" and other digits float() refuses.
+    if _DELTA_SECONDS.fullmatch(value):
+        digits = value.lstrip("0")
+        # A number of more digits than a day's seconds is not converted: it is cut to a day.
+        if len(digits) > len(str(int(MAX_RETRY_AFTER))):
+            return MAX_RETRY_AFTER
+        return min(float(digits or 0), MAX_RETRY_AFTER)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:  # an HTTP-date is always GMT
+            return None
+        wait = when.timestamp() - (time.time() if now is None else now)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:  # an HTTP-date is always GMT
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return min(max(0.0, wait), MAX_RETRY_AFTER)
 
 
 def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec) -> FetchError:

@@ -5,10 +5,54 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Optional
+from urllib.parse import urlsplit
 
 from ..job.spec import DEFAULT_DENY_EXTENSIONS, JobSpec
 from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, compile_pattern
 from ..job.urls import DEFAULT_MAX_URL_LENGTH, Canonicalizer, url_host
+
+
+def scope_hosts(spec: JobSpec) -> tuple[Optional[set[str]], Optional[list[str]]]:
+    """The hosts (matched exactly) and domains (with their subdomains) ``spec.scraper`` keeps a
+    crawl to; both None: any host. By default, the hosts of the job's seeds."""
+    s = spec.scraper
+    if not s.same_host:
+        return None, None
+    if s.allowed_domains is not None:
+        return None, s.allowed_domains
+    return {url_host(url) for url in spec.origin_urls()}, None
+
+
+class HostScope:
+    """The hosts a job may fetch from when a redirect leads elsewhere: those of its link scope
+    (:func:`scope_hosts`), the other rules of :class:`LinkScope` aside (a redirect's target is
+    the page it was sent for, not a link the job chose to follow)."""
+
+    def __init__(self, hosts: Optional[Iterable[str]] = None,
+                 domains: Optional[Iterable[str]] = None) -> None:
+        self.hosts = frozenset(h.lower() for h in hosts) if hosts is not None else None
+        self.domains = tuple(d.lower() for d in domains) if domains is not None else None
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec) -> "HostScope":
+        return cls(*scope_hosts(spec))
+
+    @property
+    def takes_any(self) -> bool:
+        """True when every host is in scope (``scraper.same_host = false``)."""
+        return self.hosts is None and self.domains is None
+
+    def takes(self, url: str) -> bool:
+        """Whether ``url``'s host is in scope; a URL without a readable host is not."""
+        if self.takes_any:
+            return True
+        try:
+            host = (urlsplit(url).hostname or "").lower()
+        except ValueError:
+            return False
+        if self.hosts is not None and host not in self.hosts:
+            return False
+        return self.domains is None or _in_domains(host, self.domains)
 
 
 class LinkScope:
@@ -46,12 +90,7 @@ class LinkScope:
     def from_spec(cls, spec: JobSpec) -> "LinkScope":
         """The scope ``spec.scraper`` describes; by default, the hosts of the job's seeds."""
         s = spec.scraper
-        hosts = domains = None
-        if s.same_host:
-            if s.allowed_domains is not None:
-                domains = s.allowed_domains
-            else:
-                hosts = {url_host(url) for url in spec.origin_urls()}
+        hosts, domains = scope_hosts(spec)
         allow = ([s.link_regex] if s.link_regex is not None else []) + s.allow_regex
         return cls(
             Canonicalizer(s.strip_params), hosts=hosts, domains=domains, allow=allow,

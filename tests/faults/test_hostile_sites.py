@@ -33,6 +33,7 @@ from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.tracker import keys
 from tests.support.http import reply, serve
 from tests.support.guard import public_test_hooks
 
@@ -288,7 +289,7 @@ def test_robots_txt_is_cached_in_redis_for_every_worker(redis_url, redis_client)
             t.join(10)
     assert results == [False, False, False]
     assert len(hits) == 1  # fetched by one worker, the others waited for its record
-    [key] = redis_client.keys(f"ds:robots:*:{base}")  # one record: one user agent, one origin
+    [key] = redis_client.keys(keys.robots(f"*:{base}"))  # one record: one user agent, one origin
     ttl = redis_client.pttl(key)
     assert 0 < ttl <= 30_000
 
