@@ -9,6 +9,7 @@ import click
 
 from ..errors import ConfigError
 from ..job.spec import FetchSpec, saver_kind_for
+from ..redaction import escape
 from .group import cli
 
 
@@ -28,7 +29,7 @@ def tar_index_command(output, as_json) -> None:
         if as_json:
             click.echo(json.dumps({"item": item, "shard": shard, "member": member}))
         else:
-            click.echo(f"{item}\t{shard}\t{member}")
+            click.echo(f"{escape(item)}\t{shard}\t{escape(member)}")  # as a site sent them
     if not listed:
         raise ConfigError(f"no saved items found in the shards of {output!r}")
 

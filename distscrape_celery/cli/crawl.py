@@ -12,7 +12,7 @@ import click
 from ..errors import JobConflict, SaveError
 from ..job.spec import JobSpec
 from ..lifecycle import Terminated, stop_signals
-from ..redaction import redact
+from ..redaction import escape, redact
 from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, ENV_PREFIX, Settings
 from ..tracker.keys import check_job_name
 from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, settings_for
@@ -140,7 +140,8 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         )
     if s.dead:
         for item, reason in list(result.dead.items())[:10]:
-            click.echo(f"  dead: {item}: {reason}", err=True)
+            # Both quote what a site sent: escaped, so no control character reaches the terminal.
+            click.echo(f"  dead: {escape(item)}: {escape(reason)}", err=True)
     if join_failed is not None:
         click.echo(f"distscrape: error: {join_failed}; the shards are kept", err=True)
         sys.exit(EXIT_ERROR)

@@ -15,6 +15,7 @@ import click
 
 from ..errors import DistscrapeError
 from ..lifecycle import Terminated
+from ..redaction import escape
 from ..settings import Settings
 
 EXIT_OK, EXIT_DEAD_ITEMS, EXIT_ERROR = 0, 1, 2
@@ -71,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         exc.show()
         sys.exit(EXIT_ERROR)
     except DistscrapeError as exc:
-        click.echo(f"distscrape: error: {exc}", err=True)
+        click.echo(f"distscrape: error: {escape(str(exc))}", err=True)  # it may quote a site
         sys.exit(EXIT_ERROR)
     except KeyboardInterrupt:
         click.echo("distscrape: interrupted", err=True)

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from ..errors import ConfigError, JobNotFound, JobStateError
+from ..redaction import escape
 from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
 from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
 
@@ -33,6 +34,13 @@ def _rate(info: JobInfo, stats: JobStats) -> float:
 
 def when(ts: Optional[float]) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def dead_line(item: str, reason: str, sep: str = "\t") -> str:
+    """A dead item and its reason for a terminal. Both come from a site (a URL, and a reason that
+    quotes URLs and headers): escaped here as well as where the reason was stored, since a tracker
+    of an earlier version, or anyone writing to its Redis, may have stored them as they came."""
+    return f"{escape(item)}{sep}{escape(reason)}"
 
 
 # -- one job's figures ---------------------------------------------------------------------------
@@ -82,7 +90,8 @@ def _status_view(tracker, job: str):
         if key not in ("job", "final"):
             table.add_row(key, when(value) if key in ("started", "ended") else str(value))
     dead = tracker.dead_items(job, limit=STATUS_DEAD_SHOWN)
-    lines = [Text.assemble(("dead", "red"), f" {item}: {reason}") for item, reason in dead.items()]
+    lines = [Text.assemble(("dead", "red"), f" {dead_line(item, reason, ': ')}")
+             for item, reason in dead.items()]
     if row["dead"] > len(dead):
         lines.append(Text(f"{row['dead'] - len(dead)} more: see distscrape dead {job}"))
     return Group(table, *lines)
@@ -98,6 +107,7 @@ def jobs(as_json, redis_url) -> None:
     """List every job: state, counts, pages/s, start time."""
     from rich.console import Console
     from rich.table import Column, Table
+    from rich.text import Text
 
     tracker = redis_tracker(settings_for(redis_url))
     rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
@@ -109,7 +119,8 @@ def jobs(as_json, redis_url) -> None:
     table = Table("job", "state", *(Column(c, no_wrap=True) for c in JOB_COLUMNS),
                   Column("pages/s", no_wrap=True), Column("started", no_wrap=True, min_width=19))
     for r in rows:
-        table.add_row(r["job"], r["state"], *(str(r[c]) for c in JOB_COLUMNS),
+        # Names come from Redis as they are found there; plain Text, so no markup applies.
+        table.add_row(Text(escape(r["job"])), r["state"], *(str(r[c]) for c in JOB_COLUMNS),
                       f"{r['rate']:.1f}", when(r["started"]))
     Console().print(table)
 
@@ -201,10 +212,10 @@ def dead(job, as_json, redis_url) -> None:
     """List every dead item of JOB with the reason it was given up on, one a line."""
     tracker = redis_tracker(settings_for(redis_url))
     for item, reason in tracker.iter_dead(job):
-        if as_json:
+        if as_json:  # JSON escapes every control and non-ASCII character itself
             click.echo(json.dumps({"item": item, "reason": reason}))
         else:
-            click.echo(f"{item}\t{reason}")
+            click.echo(dead_line(item, reason))
 
 
 @cli.command()
@@ -226,7 +237,7 @@ def export(job, which, redis_url) -> None:
         )
     tracker = redis_tracker(settings_for(redis_url))
     for item, reason in tracker.iter_dead(job):
-        click.echo(f"{item}\t{reason}")
+        click.echo(dead_line(item, reason))
 
 
 @cli.command("retry-dead")

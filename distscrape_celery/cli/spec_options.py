@@ -45,7 +45,8 @@ policy_options = [
                       "seeds' hosts)."),
     click.option("--allow-private", is_flag=True,
                  help="Let links reach private, loopback and link-local addresses (by default "
-                      "only those the seeds give literally: an IP address, or localhost)."),
+                      "only the address and port a seed gives literally, an IP address or "
+                      "localhost, and only by that literal, never by a name that resolves there)."),
 ]
 # How hard a job may hit each site, across all workers (see docs/configuration.md, Politeness).
 politeness_options = [

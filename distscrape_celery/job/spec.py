@@ -61,8 +61,9 @@ class FetchSpec(_Strict):
     allow_private: bool = Field(
         False,
         description="Let the job reach private, loopback, link-local and reserved addresses. "
-        "Without it only those its seed URLs give literally (an IP address, or localhost) are "
-        "allowed; a name's DNS answer never is.",
+        "Without it only the address and port a seed URL gives literally (an IP address, or "
+        "localhost) are allowed, and only through URLs that name them literally too; a name's "
+        "DNS answer never is.",
     )
 
     @field_validator("user_agent")

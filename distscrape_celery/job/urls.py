@@ -18,7 +18,8 @@ from w3lib.url import canonicalize_url
 from ..redaction import redact
 from ..caches import ByteBoundedCache, text_bytes
 
-_DEFAULT_PORTS = {"http": 80, "https": 443}
+# The port an http(s) URL without one names.
+DEFAULT_PORTS = {"http": 80, "https": 443}
 _URL_PREFIXES = ("http://", "https://")
 # Canonical forms kept, per job and process: some 6,000 URLs of a usual length.
 _CACHED_URL_BYTES = 4 * 1024 * 1024
@@ -113,7 +114,7 @@ class Canonicalizer:
             return self._canonical_w3lib(url)
         scheme, host, port, path = plain.groups()
         path = path or "/"
-        if port is None or int(port) == _DEFAULT_PORTS[scheme]:
+        if port is None or int(port) == DEFAULT_PORTS[scheme]:
             return CanonicalURL(f"{scheme}://{host}{path}", host, path)
         if int(port) > 65535:
             return self._canonical_w3lib(url)  # which refuses it
@@ -128,7 +129,7 @@ class Canonicalizer:
             raise ValueError(f"malformed URL {redact(url)!r}: {exc}") from None
         parts = urlsplit(url)
         scheme = parts.scheme
-        if scheme not in _DEFAULT_PORTS:
+        if scheme not in DEFAULT_PORTS:
             raise ValueError(f"not an http(s) URL: {redact(url)!r}")
         host = parts.hostname or ""
         if not host:
@@ -140,7 +141,7 @@ class Canonicalizer:
             raise ValueError(f"URL carries credentials, refusing it: {redact(url)!r}")
         port = parts.port  # raises ValueError on a malformed port
         netloc = f"[{host}]" if ":" in host else host
-        if port is not None and port != _DEFAULT_PORTS[scheme]:
+        if port is not None and port != DEFAULT_PORTS[scheme]:
             netloc = f"{netloc}:{port}"
         query = parts.query
         if query and self._strip is not None:

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, TypeVar
 
 from ..errors import JobConflict
+from ..redaction import escape
 from .model import (
     AddResult,
     Checkout,
@@ -74,6 +75,13 @@ MAX_RECLAIM_BATCH = 1000
 WAKE_WHILE_LEASED = 1.0
 # Reasons kept for dead items are cut to this many characters.
 MAX_REASON = 500
+
+
+def stored_reason(reason: str) -> str:
+    """``reason`` as the tracker keeps it: a reason quotes what a site sent (URLs, redirect
+    targets, headers), so its control characters are escaped (:func:`escape`) before anyone can
+    print it; then cut to MAX_REASON characters."""
+    return escape(reason)[:MAX_REASON]
 
 
 def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Optional[str] = None) -> None:

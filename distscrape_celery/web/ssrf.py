@@ -1,6 +1,8 @@
-"""SSRF guard: a job reaches private, loopback, link-local and reserved addresses only when its own
-seeds name them literally (an IP address, or ``localhost``), or when it says ``allow_private``.
-A DNS answer never makes an address trusted, whatever name it came for.
+"""SSRF guard: a job reaches private, loopback, link-local and reserved addresses only when it says
+``allow_private``, or at an address and port its own seeds name literally (an IP address, or
+``localhost``), and then only through a URL that names that address literally too. A DNS answer
+never makes an address trusted, whatever name it came for: a host name that resolves to a seed's
+private address is refused like any other.
 
 The guard resolves every host a connection is made to, checks each address, and the connection
 then goes to an address it checked (:func:`guarded_pool_classes`), so a DNS answer that changes
@@ -13,6 +15,7 @@ import ipaddress
 import socket
 from collections.abc import Callable, Iterable
 from typing import Optional, Union
+from urllib.parse import urlsplit
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -20,7 +23,7 @@ from urllib3.exceptions import NameResolutionError, NewConnectionError
 
 from ..errors import DistscrapeError
 from ..job.spec import JobSpec
-from ..job.urls import url_host
+from ..job.urls import DEFAULT_PORTS
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 # host -> the addresses it resolves to (strings); raises socket.gaierror when it does not resolve.
@@ -89,55 +92,77 @@ def literal_addresses(host: str) -> tuple[IPAddress, ...]:
         return LOOPBACK_ADDRESSES if is_localhost_name(host) else ()
 
 
+# (address, port): an endpoint a seed names literally, the only private one a job may reach.
+Endpoint = tuple[IPAddress, int]
+
+
+def literal_endpoints(url: str) -> tuple[Endpoint, ...]:
+    """The (address, port) pairs ``url`` names without DNS (see :func:`literal_addresses`), the
+    port being the scheme's default when the URL gives none; none for a host name."""
+    parts = urlsplit(url)
+    port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower())
+    if port is None:
+        return ()
+    return tuple((ip, port) for ip in literal_addresses(parts.hostname or ""))
+
+
 class AddressGuard:
-    """Resolves hosts for connections and refuses non-public addresses, except those the
-    ``trusted_hosts`` (the job's seeds) name literally, or all of them with ``allow_private``.
-    A trusted host given by name trusts nothing: its DNS answers are checked like any other."""
+    """Resolves hosts for connections and refuses non-public addresses, except at the endpoints
+    (address and port) that ``trusted_urls`` (the job's seeds) name literally, and there only
+    when the connection's host names that address literally too; or all of them with
+    ``allow_private``. A trusted URL given by name trusts nothing: its DNS answers are checked
+    like any other, and no name's DNS answer ever reaches a trusted endpoint."""
 
     def __init__(
         self,
         *,
         allow_private: bool = False,
-        trusted_hosts: Iterable[str] = (),
+        trusted_urls: Iterable[str] = (),
         resolver: Resolver = system_resolver,
         classify: Classifier = address_kind,
     ) -> None:
         self.allow_private = allow_private
-        self.trusted = frozenset(ip for host in trusted_hosts for ip in literal_addresses(host))
+        self.trusted: frozenset[Endpoint] = frozenset(
+            endpoint for url in trusted_urls for endpoint in literal_endpoints(url)
+        )
         self.resolver = resolver
         self.classify = classify
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **hooks) -> "AddressGuard":
-        """The guard of a job: its seeds' (and download URL's) literal hosts are trusted.
+        """The guard of a job: the literal endpoints of its seeds (and download URL) are trusted.
         ``hooks``: ``resolver`` and ``classify``, for tests."""
-        return cls(
-            allow_private=spec.fetch.allow_private,
-            trusted_hosts=[url_host(url) for url in spec.origin_urls()], **hooks,
-        )
+        return cls(allow_private=spec.fetch.allow_private, trusted_urls=spec.origin_urls(), **hooks)
 
-    def addresses(self, host: str) -> list[str]:
-        """The addresses to connect to for ``host``, every one checked. Raises
+    def addresses(self, host: str, port: int) -> list[str]:
+        """The addresses to connect to for ``host`` on ``port``, every one checked. Raises
         :class:`AddressRefused`, or ``socket.gaierror`` when ``host`` does not resolve."""
-        resolved = self._resolve(host)
+        literal = literal_addresses(host)
+        resolved = list(literal) or self._resolve(host)
         if not self.allow_private:
             for ip in resolved:
                 kind = self.classify(host, ip)
-                if kind is not None and ip not in self.trusted:
-                    # An IP literal host names just itself; a name (localhost too) resolves.
-                    literal = literal_addresses(host) == (ip,)
-                    where = f"{ip} is" if literal else f"{host} resolves to {ip},"
-                    raise AddressRefused(
-                        f"refused: {where} {kind} address (only addresses the seeds give "
-                        "literally, or localhost, are trusted; --allow-private / "
-                        "fetch.allow_private permits any)"
-                    )
+                # Only a host that names the address itself (never a DNS answer) reaches a
+                # trusted endpoint: a name resolving to a seed's 127.0.0.1 is any name.
+                if kind is not None and not (literal and (ip, port) in self.trusted):
+                    raise AddressRefused(self._refusal(host, port, ip, kind, literal))
         return [str(ip) for ip in resolved]
 
+    def _refusal(
+        self, host: str, port: int, ip: IPAddress, kind: str, literal: tuple[IPAddress, ...]
+    ) -> str:
+        """Why ``host`` on ``port`` (at ``ip``, of ``kind``) was refused, and what permits it."""
+        # An IP literal host names just itself; a name (localhost too) resolves.
+        where = f"{ip} is" if literal == (ip,) else f"{host} resolves to {ip},"
+        other_port = literal and any(ip == seed_ip for seed_ip, _ in self.trusted)
+        on = f" on port {port}, not the seed's port" if other_port else ""
+        return (
+            f"refused: {where} {kind} address{on} (only the address and port a seed URL gives "
+            "literally are trusted, and only by that literal; --allow-private / "
+            "fetch.allow_private permits any)"
+        )
+
     def _resolve(self, host: str) -> list[IPAddress]:
-        literal = literal_addresses(host)
-        if literal:
-            return list(literal)
         resolved = [ipaddress.ip_address(a.partition("%")[0]) for a in self.resolver(host)]
         if not resolved:
             raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
@@ -170,7 +195,7 @@ def _connect_checked(conn: HTTPConnection, guard: AddressGuard, connect) -> sock
     The TLS server name and Host header still come from the host name, restored afterwards."""
     name = conn._dns_host
     try:
-        addresses = guard.addresses(name)
+        addresses = guard.addresses(name, conn.port)
     except socket.gaierror as exc:
         raise NameResolutionError(conn.host, conn, exc) from exc
     try:

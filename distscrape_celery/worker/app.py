@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 from celery import Celery
 from kombu import Exchange, Queue
 
+from ..redaction import escape_log_records
 from ..settings import Settings
 from . import kombu_fixes
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
@@ -150,3 +151,5 @@ current_settings()
 
 # Before any channel exists: see kombu_fixes for the crash it prevents.
 kombu_fixes.apply()
+# Before the worker logs anything: log messages quote URLs and headers that sites sent.
+escape_log_records()

@@ -35,7 +35,7 @@ from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.tracker import keys
 from tests.support.http import reply, serve
-from tests.support.guard import public_test_hooks
+from tests.support.guard import public_test_hooks, resolver
 
 HTML = {"Content-Type": "text/html"}  # no charset: the body decides
 TRAP_LINKS = 2000
@@ -150,9 +150,11 @@ def hostile_routes(refused: int) -> tuple[dict, Counter]:
     return {path: counted(route) for path, route in routes.items()}, counts
 
 
-def hostile_spec(base: str, out) -> JobSpec:
+def hostile_spec(base: str, out, refused: int) -> JobSpec:
+    """The hostile site's job. The closed port is a seed too: a private address is trusted only
+    on the ports the seeds name, and its connection refused is what is tried here."""
     return build_spec({
-        "seeds": [base + "/"],
+        "seeds": [base + "/", f"http://127.0.0.1:{refused}/refused"],
         "saver": {"output": str(out)},
         # Generous for a loaded machine; only the slow drip should hit total_timeout.
         # An unreadable robots.txt (the refused host's) is asked again after 1 s, not 10.
@@ -204,7 +206,7 @@ def test_hostile_site_through_the_pipeline(redis_url, tmp_path, caplog):
     rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
     out = tmp_path / "out"
     with serve(routes) as (base, _, log), caplog.at_level(logging.WARNING):
-        spec = hostile_spec(base, out)
+        spec = hostile_spec(base, out, refused)
         crawl_inline(rt, "hostile", spec)
         assert rt.robots("hostile").crawl_delay(base + "/") == 0.5  # for the tracker's pacing
     check_outcomes(rt.tracker, "hostile", base, refused, counts, out)
@@ -226,7 +228,7 @@ def test_hostile_site_through_real_workers(redis_url, workers, tmp_path):
     out = tmp_path / "out"
     with serve(routes) as (base, _, _log):
         manager = CrawlManager(tracker, publisher.scrape)
-        manager.seed("hostile", hostile_spec(base, out))
+        manager.seed("hostile", hostile_spec(base, out, refused))
 
         def alive():
             for p in procs:
@@ -345,6 +347,43 @@ def test_public_seed_cannot_reach_loopback_or_metadata(redis_url, tmp_path):
     assert "refused: 169.254.169.254 is a link-local address" in dead["http://169.254.169.254/latest/meta-data/"]
     assert sorted(e["path"] for e in log) == ["/", "/go", "/robots.txt"]
     assert all(e["headers"]["Host"] == f"public.invalid:{port}" for e in log)
+
+
+def test_a_literal_seed_address_is_trusted_only_by_that_literal_and_port(redis_url, tmp_path):
+    """A job seeded with http://127.0.0.1:PORT/ crawls it, but its private address is reached by
+    no other name and on no other port: a link and a redirect to evil.invalid:PORT (whose injected
+    DNS answer is 127.0.0.1) and a link to 127.0.0.1 on another port, where a second server
+    listens, are refused, and neither server is asked for them."""
+    routes: dict = {}
+    with serve({"/secret": lambda h: reply(h, 200, b"other service")}) as (other, _, other_log):
+        with serve(routes) as (base, _, log):
+            port = base.rsplit(":", 1)[1]
+            evil = f"http://evil.invalid:{port}"
+            page = (f'<a href="{evil}/by-name">a</a><a href="/go">b</a>'
+                    f'<a href="{other}/secret">c</a><a href="/page">d</a>')
+            routes.update({
+                "/": lambda h: reply(h, 200, page.encode(), HTML),
+                "/page": lambda h: reply(h, 200, b"<html>fine</html>", HTML),
+                "/go": lambda h: reply(h, 302, headers={"Location": f"{evil}/by-redirect"}),
+                "/by-name": lambda h: reply(h, 200, b"internal"),
+                "/by-redirect": lambda h: reply(h, 200, b"internal"),
+            })
+            spec = build_spec({"seeds": [base + "/"], "scraper": {"same_host": False},
+                               "saver": {"output": str(tmp_path / "o")}, "max_retries": 0})
+            rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
+            hooks = {"resolver": resolver({"evil.invalid": ["127.0.0.1"]})}
+            rt._scrapers["lit"] = SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks))
+            rt._robots["lit"] = RobotsCache.from_spec(spec, rt.robots_store, **hooks)
+            stats = crawl_inline(rt, "lit", spec)
+    assert sorted(e["path"] for e in log) == ["/", "/go", "/page", "/robots.txt"]
+    assert [e["path"] for e in other_log] == []
+    dead = rt.tracker.dead_items("lit")
+    assert (stats.done, stats.dead) == (2, 3), dead
+    by_name = "refused: evil.invalid resolves to 127.0.0.1, a loopback address"
+    assert by_name in dead[f"{evil}/by-name"]
+    assert by_name in dead[f"{base}/go"]
+    assert (f"refused: 127.0.0.1 is a loopback address on port {other.rsplit(':', 1)[1]}, "
+            "not the seed's port") in dead[f"{other}/secret"]
 
 
 # -- every trap of a hostile site at once, through two real workers ------------------------------

@@ -181,21 +181,21 @@ def test_address_kinds(address: str, kind: str | None) -> None:
 
 def test_guard_refuses_private_addresses_by_name_and_literal() -> None:
     guard = AddressGuard(
-        trusted_hosts=["public.invalid"],
+        trusted_urls=["http://public.invalid/"],
         resolver=resolver({"public.invalid": ["93.184.216.34"], "meta.invalid": ["169.254.169.254"],
                            "mixed.invalid": ["93.184.216.35", "10.0.0.1"]}),
     )
-    assert guard.addresses("public.invalid") == ["93.184.216.34"]
+    assert guard.addresses("public.invalid", 80) == ["93.184.216.34"]
     with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local address"):
-        guard.addresses("169.254.169.254")
+        guard.addresses("169.254.169.254", 80)
     with pytest.raises(AddressRefused, match="meta.invalid resolves to 169.254.169.254, a link-local"):
-        guard.addresses("meta.invalid")
+        guard.addresses("meta.invalid", 80)
     with pytest.raises(AddressRefused, match="10.0.0.1, a private"):  # one bad answer is enough
-        guard.addresses("mixed.invalid")
+        guard.addresses("mixed.invalid", 80)
     with pytest.raises(AddressRefused, match="loopback"):
-        guard.addresses("[::1]")
+        guard.addresses("[::1]", 80)
     with pytest.raises(socket.gaierror):
-        guard.addresses("nowhere.invalid")
+        guard.addresses("nowhere.invalid", 80)
 
 
 def answers(host: str, *replies: list[str]):
@@ -219,27 +219,46 @@ def test_guard_trusts_the_literal_addresses_of_the_seeds_only() -> None:
     guard = AddressGuard.from_spec(
         spec, resolver=resolver({"intranet.invalid": ["10.0.0.6"], "alias.invalid": ["10.0.0.5"]})
     )
-    assert guard.addresses("10.0.0.5") == ["10.0.0.5"]
-    assert guard.addresses("[fd00::5]") == ["fd00::5"]
-    assert guard.addresses("alias.invalid") == ["10.0.0.5"]  # a trusted address, by any name
+    assert guard.addresses("10.0.0.5", 8080) == ["10.0.0.5"]
+    assert guard.addresses("[fd00::5]", 80) == ["fd00::5"]
     # A seed given by name gets no trust from its DNS answer: the user is told what permits it.
     with pytest.raises(AddressRefused, match=r"^refused: intranet\.invalid resolves to 10\.0\.0\.6, "
                        r"a private address .*--allow-private / fetch\.allow_private"):
-        guard.addresses("intranet.invalid")
+        guard.addresses("intranet.invalid", 80)
     with pytest.raises(AddressRefused, match="169.254.169.254"):
-        guard.addresses("169.254.169.254")
+        guard.addresses("169.254.169.254", 80)
     allowed = AddressGuard.from_spec(
         build_spec({"seeds": ["http://intranet.invalid/"], "fetch": {"allow_private": True}}),
         resolver=resolver({"intranet.invalid": ["10.0.0.6"], "db.invalid": ["10.0.0.7"]}),
     )
-    assert allowed.addresses("intranet.invalid") == ["10.0.0.6"]
-    assert allowed.addresses("db.invalid") == ["10.0.0.7"]
+    assert allowed.addresses("intranet.invalid", 80) == ["10.0.0.6"]
+    assert allowed.addresses("db.invalid", 80) == ["10.0.0.7"]
+
+
+def test_a_seed_literal_address_is_trusted_only_by_that_literal_on_its_port() -> None:
+    """A seed's literal private address trusts that address and port, named literally: never a
+    name that resolves to it, never another port of it, never a name that redirects there."""
+    spec = build_spec({"seeds": ["http://10.0.0.5:8080/", "https://[fd00::5]/"]})
+    guard = AddressGuard.from_spec(spec, resolver=resolver(
+        {"alias.invalid": ["10.0.0.5"], "alias6.invalid": ["fd00::5"]}))
+    assert guard.addresses("10.0.0.5", 8080) == ["10.0.0.5"]
+    assert guard.addresses("[fd00::5]", 443) == ["fd00::5"]
+    with pytest.raises(AddressRefused, match=r"^refused: alias\.invalid resolves to 10\.0\.0\.5, "
+                       r"a private address \(only the address and port a seed URL gives literally"):
+        guard.addresses("alias.invalid", 8080)
+    with pytest.raises(AddressRefused, match="alias6.invalid resolves to fd00::5"):
+        guard.addresses("alias6.invalid", 443)
+    with pytest.raises(AddressRefused, match=r"^refused: 10\.0\.0\.5 is a private address on port "
+                       r"80, not the seed's port"):
+        guard.addresses("10.0.0.5", 80)
+    with pytest.raises(AddressRefused, match="fd00::5 is a private address on port 80"):
+        guard.addresses("[fd00::5]", 80)
 
 
 def test_guard_trusts_a_literal_download_url_host() -> None:
     spec = build_spec({"seeds": ["1"], "scraper": {
         "kind": "ids", "id_regex": "x", "download_url_fmt": "http://10.0.0.7:9/item/{id}"}})
-    assert AddressGuard.from_spec(spec, resolver=resolver({})).addresses("10.0.0.7") == ["10.0.0.7"]
+    assert AddressGuard.from_spec(spec, resolver=resolver({})).addresses("10.0.0.7", 9) == ["10.0.0.7"]
 
 
 def test_a_seed_name_answering_public_then_metadata_is_refused() -> None:
@@ -247,12 +266,12 @@ def test_a_seed_name_answering_public_then_metadata_is_refused() -> None:
     refused like any other, and it makes the metadata address trusted for nothing else."""
     resolve = answers("flip.invalid", ["93.184.216.34"], ["169.254.169.254"])
     guard = AddressGuard.from_spec(build_spec({"seeds": ["http://flip.invalid/"]}), resolver=resolve)
-    assert guard.addresses("flip.invalid") == ["93.184.216.34"]
+    assert guard.addresses("flip.invalid", 80) == ["93.184.216.34"]
     for _ in range(2):
         with pytest.raises(AddressRefused, match="flip.invalid resolves to 169.254.169.254, a link-local"):
-            guard.addresses("flip.invalid")
+            guard.addresses("flip.invalid", 80)
     with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local"):
-        guard.addresses("169.254.169.254")
+        guard.addresses("169.254.169.254", 80)
 
 
 def test_a_seed_name_answering_metadata_then_public_trusts_nothing() -> None:
@@ -263,13 +282,13 @@ def test_a_seed_name_answering_metadata_then_public_trusts_nothing() -> None:
     resolve = answers("flip.invalid", meta, meta, ["93.184.216.34"])
     guard = AddressGuard.from_spec(build_spec({"seeds": ["http://flip.invalid/"]}), resolver=resolve)
     with pytest.raises(AddressRefused, match="10.0.0.1"):
-        guard.addresses("10.0.0.1")
+        guard.addresses("10.0.0.1", 80)
     for _ in range(2):
         with pytest.raises(AddressRefused, match="flip.invalid resolves to 169.254.169.254, a link-local"):
-            guard.addresses("flip.invalid")
-    assert guard.addresses("flip.invalid") == ["93.184.216.34"]
+            guard.addresses("flip.invalid", 80)
+    assert guard.addresses("flip.invalid", 80) == ["93.184.216.34"]
     with pytest.raises(AddressRefused, match=r"^refused: 169\.254\.169\.254 is a link-local"):
-        guard.addresses("169.254.169.254")
+        guard.addresses("169.254.169.254", 80)
 
 
 def test_localhost_names_are_loopback_without_asking_the_resolver() -> None:
@@ -279,12 +298,12 @@ def test_localhost_names_are_loopback_without_asking_the_resolver() -> None:
     spec = build_spec({"seeds": ["http://localhost:8000/"]})
     guard = AddressGuard.from_spec(spec, resolver=resolve)
     for name in ("localhost", "LocalHost.", "app.localhost"):
-        assert guard.addresses(name) == ["127.0.0.1", "::1"]
-    assert guard.addresses("127.0.0.1") == ["127.0.0.1"]
+        assert guard.addresses(name, 8000) == ["127.0.0.1", "::1"]
+    assert guard.addresses("127.0.0.1", 8000) == ["127.0.0.1"]
     assert resolve.asked == []  # type: ignore[attr-defined]
     other = AddressGuard.from_spec(build_spec({"seeds": ["http://site.invalid/"]}), resolver=resolve)
     with pytest.raises(AddressRefused, match="^refused: localhost resolves to 127.0.0.1, a loopback"):
-        other.addresses("localhost")
+        other.addresses("localhost", 80)
 
 
 def test_a_localhost_seed_is_crawled() -> None:
@@ -424,9 +443,9 @@ def test_allowed_content_types_are_checked_before_the_body_is_read() -> None:
     big = b"\x89PNG" + b"\0" * 1_000_000
     routes = {"/img": lambda h: reply(h, 200, big, {"Content-Type": "image/png"}),
               "/page": lambda h: reply(h, 200, b"<p>", {"Content-Type": "text/html; charset=utf-8"})}
-    spec = build_spec({"seeds": ["http://127.0.0.1/"],
-                       "scraper": {"allowed_content_types": ["text/*", "application/xhtml+xml"]}})
     with serve(routes) as (base, _, _log):
+        spec = build_spec({"seeds": [base + "/"],
+                           "scraper": {"allowed_content_types": ["text/*", "application/xhtml+xml"]}})
         fetch = Fetcher.for_job(spec)
         assert fetch.get(base + "/page").body == b"<p>"
         with pytest.raises(FetchError, match="content type image/png .* allowed_content_types") as info:

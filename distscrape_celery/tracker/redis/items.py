@@ -8,12 +8,12 @@ from typing import Optional
 from ..base import (
     ADD_STREAM_PIPELINE,
     MAX_ADD_BATCH,
-    MAX_REASON,
     MAX_RECLAIM_BATCH,
     WAKE_WHILE_LEASED,
     batches,
     check_save_as,
     read_ahead,
+    stored_reason,
 )
 from ..model import (
     AddResult,
@@ -118,7 +118,7 @@ class ItemCalls(ShardLayout):
     ) -> FailResult:
         res = self._run_item(
             "fail", job, item,
-            [item, token, reason[:MAX_REASON], Fault(fault).value, int(retryable), max_retries,
+            [item, token, stored_reason(reason), Fault(fault).value, int(retryable), max_retries,
              max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
         )
         return FailResult(dispatch=dispatched(res[1:]), outcome=FailOutcome(res[0]))
