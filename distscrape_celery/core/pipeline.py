@@ -24,6 +24,7 @@ from ..errors import ConfigError, FetchError, TrackerUnavailable
 from ..web.fetch import Download, redirect_check
 from ..tracker.keys import domain_of
 from .runtime import Runtime
+from ..scrapers import FoundItems
 from ..tracker import Checkout, Fault, LeaseStatus, SaveBegin, SaveStart
 
 log = logging.getLogger(__name__)
@@ -70,12 +71,16 @@ def output_full(exc: BaseException) -> Optional[OSError]:
 
 def cap_links(job: str, item: str, found: Sequence[str], cap: int) -> tuple[list[str], int]:
     """``found`` without repeats and cut to its first ``cap`` items (the job's
-    max_links_per_page), with how many were cut; a cut page is logged."""
+    max_links_per_page), with how many were cut: those past the cap, and those the scraper
+    left out itself when ``found`` is a :class:`FoundItems` (it stopped early, at the cap or
+    at its bound on hrefs looked at). A cut page is logged once, naming the limit."""
     distinct = list(dict.fromkeys(found))
-    cut = len(distinct) - cap
-    if cut <= 0:
+    early, limit = (found.cut, found.limit) if isinstance(found, FoundItems) else (0, "")
+    cut = early + max(len(distinct) - cap, 0)
+    if cut == 0:
         return distinct, 0
-    log.warning("%s %s: %d links cut, past the page's max_links_per_page=%d", job, item, cut, cap)
+    log.warning("%s %s: %d links cut, past the page's %s", job, item, cut,
+                limit if early and limit else f"max_links_per_page={cap}")
     return distinct[:cap], cut
 
 

@@ -88,6 +88,15 @@ DEFAULT_DENY_EXTENSIONS: tuple[str, ...] = (
     "woff", "woff2", "ttf", "otf", "eot",
 )
 
+# The default of scraper.max_links_per_page.
+DEFAULT_MAX_LINKS_PER_PAGE = 10_000
+# A page's hrefs looked at (resolved and checked against the scope) are at most this many times
+# its max_links_per_page: room for every link to be written twice (a title and an image) with
+# as many repeats, menus and off-site links again, while a page of 150,000 off-site or repeated
+# links costs no more than twice the cap's work. Past it the rest of the page's links are
+# counted, not resolved.
+HREFS_LOOKED_AT_PER_LINK = 2
+
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -160,9 +169,11 @@ class ScraperSpec(_Strict):
         "page or in canonical form: a longer href is dropped before it is resolved or cached.",
     )
     max_links_per_page: int = Field(
-        10_000, ge=1, le=1_000_000,
+        DEFAULT_MAX_LINKS_PER_PAGE, ge=1, le=1_000_000,
         description="Most distinct items (links, or IDs) one page adds to the job; the rest are "
-        "cut, which the worker logs and the job's status counts (links_cut).",
+        "cut, which the worker logs and the job's status counts (links_cut). Link extraction "
+        f"stops there, and after {HREFS_LOOKED_AT_PER_LINK} times this many of the page's links "
+        "have been looked at: the rest are counted as cut, not resolved.",
     )
     regex_seconds: float = Field(
         DEFAULT_REGEX_SECONDS, gt=0, le=60,

@@ -4,8 +4,8 @@
 listing URLs). A job's spec picks one by ``scraper.kind``, or names a custom class by dotted path.
 """
 
-from .base import Scraper
+from .base import FoundItems, Scraper
 from .ids import IDScraper
 from .simple import SimpleScraper
 
-__all__ = ["IDScraper", "Scraper", "SimpleScraper"]
+__all__ = ["FoundItems", "IDScraper", "Scraper", "SimpleScraper"]

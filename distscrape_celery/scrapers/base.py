@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import Optional
 
 from ..web.fetch import Download
 from ..job.spec import JobSpec
 from ..job.urls import is_url
+
+
+class FoundItems(list[str]):
+    """What :meth:`Scraper.find_items` found in one page: the items, in order, and how many more
+    the page had that the scraper left out because a limit stopped it early (``cut``, with
+    ``limit`` naming the limit for the log). ``looked_at``: the candidates the scraper examined
+    (for a link scraper, the hrefs it resolved or dropped), so that a test or a log can tell
+    how much work the page cost. A plain list means nothing was left out."""
+
+    def __init__(
+        self, items: Iterable[str] = (), *, cut: int = 0, limit: str = "", looked_at: int = 0
+    ) -> None:
+        super().__init__(items)
+        self.cut = cut
+        self.limit = limit
+        self.looked_at = looked_at
 
 
 class Scraper(ABC):
@@ -28,4 +45,6 @@ class Scraper(ABC):
 
     @abstractmethod
     def find_items(self, item: str, download: Download) -> list[str]:
-        """New items found in ``download`` (duplicates allowed; the tracker deduplicates)."""
+        """New items found in ``download`` (duplicates allowed; the tracker deduplicates). The
+        pipeline keeps the first ``scraper.max_links_per_page`` distinct ones; a scraper that
+        stops before that to save work returns a :class:`FoundItems` saying how many it cut."""

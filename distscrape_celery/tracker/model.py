@@ -209,7 +209,8 @@ class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
     ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
     ``delayed`` items wait out a backoff before they are queued again. ``links_cut`` counts the
-    links pages had past the job's max_links_per_page, which were not added."""
+    links pages had past the job's max_links_per_page (or past twice that many hrefs looked
+    at), which were not added: counted, not resolved, so some may have been repeats."""
 
     seen: int
     frontier: int

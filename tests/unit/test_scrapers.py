@@ -15,6 +15,7 @@ from distscrape_celery.web.fetch import Download, Fetcher
 from distscrape_celery.job.spec import FetchSpec, build_spec
 from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
+from distscrape_celery.scrapers.simple import _FEED_CHARS
 
 PAGE_URL = "http://site.invalid/dir/sub/page.html?old=1"
 OFFSITE = '<a href="http://example.invalid/elsewhere">off</a>'
@@ -299,6 +300,69 @@ def test_invalid_utf8_keeps_the_valid_links() -> None:
         "http://site.invalid/ok1",
         "http://site.invalid/ok2",
     ]
+
+
+# -- the page's hrefs, parsed a slice at a time and looked at up to the limits -------------------
+
+
+def test_a_base_href_after_the_links_still_applies_to_them() -> None:
+    """The hrefs stream out before the parse reaches a late <base>: the first base is found
+    before any href is resolved, as when the whole page was parsed first."""
+    for filler in (1, 20_000):  # a page of one slice, and of several
+        html = '<a href="rel.html">x</a>' + "<p>filler</p>" * filler + '<base href="/late/dir/">'
+        assert links(html) == ["http://site.invalid/late/dir/rel.html"], filler
+
+
+def test_links_across_the_slices_fed_to_the_parser_are_whole() -> None:
+    """An href cut by a slice's end, in ASCII and in two-byte characters, comes out whole."""
+    for filler in ("f", "é"):
+        for shift in range(-12, 13, 3):
+            pad = filler * (_FEED_CHARS - len("<p>") - 8 + shift)
+            html = f'<p>{pad}</p><a href="/straddle/é-{shift}">x</a><a href="/after">a</a>'
+            assert links(html) == [
+                f"http://site.invalid/straddle/%C3%A9-{shift}", "http://site.invalid/after",
+            ], (filler, shift)
+
+
+def test_a_page_stopped_at_the_cap_reports_the_rest_as_cut_and_leaves_no_trace() -> None:
+    """With max_links 3, a page gives its first 3 distinct links and counts the 6 hrefs after
+    the third as cut, unresolved; the next page on the thread's reused parser starts clean."""
+    scraper = SimpleScraper(LinkScope(hosts=["site.invalid"]), max_links=3)
+    hrefs = ["/1", "/1", "/2", "http://off.invalid/", "/3", "/4", "/5", "/1", "/6", "/7", "/8"]
+    html = "".join(f'<a href="{h}">x</a>' for h in hrefs) + "<p>" + "x" * 2 * _FEED_CHARS
+    found = links(html, scraper)
+    assert found == ["http://site.invalid/1", "http://site.invalid/2", "http://site.invalid/3"]
+    assert (found.cut, found.looked_at) == (6, 5)
+    assert "max_links_per_page=3" in found.limit
+    after = links('<a href="/next">n</a>', scraper)
+    assert after == ["http://site.invalid/next"] and after.cut == 0
+
+
+def test_hrefs_looked_at_stop_at_twice_the_cap() -> None:
+    """With max_links 2, the 4 first hrefs are looked at (one link, three off-site), and the
+    two on the site after them are cut."""
+    scraper = SimpleScraper(LinkScope(hosts=["site.invalid"]), max_links=2)
+    html = '<a href="/1">1</a>' + OFFSITE * 3 + '<a href="/2">2</a><a href="/3">3</a>'
+    found = links(html, scraper)
+    assert found == ["http://site.invalid/1"]
+    assert (found.looked_at, found.cut) == (4, 2)
+    assert found.limit == "4 hrefs looked at (2 x max_links_per_page=2)"
+
+
+def test_a_page_under_the_limits_reports_nothing_cut() -> None:
+    found = links('<a href="/a">a</a><a href="/a">a</a>' + OFFSITE)
+    assert (found.cut, found.looked_at, found.limit) == (0, 3, "")
+
+
+def test_a_cap_below_one_is_refused_naming_the_setting() -> None:
+    with pytest.raises(ValueError, match="scraper.max_links_per_page"):
+        SimpleScraper(max_links=0)
+
+
+def test_from_spec_takes_the_cap_of_the_spec() -> None:
+    spec = build_spec({"seeds": ["http://site.invalid/"], "scraper": {"max_links_per_page": 7}})
+    scraper = SimpleScraper.from_spec(spec)
+    assert (scraper.max_links, scraper.max_hrefs) == (7, 14)
 
 
 def test_from_spec_wires_regex_hosts_and_fetch_limits() -> None:
