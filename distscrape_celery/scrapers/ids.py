@@ -10,10 +10,12 @@ from urllib.parse import quote
 from ..web.encoding import decode_html
 from ..errors import FetchError
 from ..web.fetch import Download, Fetcher
-from ..job.spec import DOT_IDS, MAX_ID_CHARS, FetchSpec, JobSpec
+from ..job.spec import (
+    DEFAULT_MAX_LINKS_PER_PAGE, DOT_IDS, HREFS_LOOKED_AT_PER_LINK, MAX_ID_CHARS, FetchSpec, JobSpec,
+)
 from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, PatternTimeout, compile_pattern
 from ..job.urls import is_url
-from .base import Scraper
+from .base import FoundItems, Scraper
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +42,14 @@ class IDScraper(Scraper):
     def __init__(
         self, id_regex: str, download_url_fmt: str, fetcher: Optional[Fetcher] = None,
         regex_seconds: float = DEFAULT_REGEX_SECONDS,
+        max_ids: int = DEFAULT_MAX_LINKS_PER_PAGE,
     ) -> None:
+        if max_ids < 1:
+            raise ValueError(f"scraper.max_links_per_page must be at least 1, not {max_ids}")
         self.id_pattern = compile_pattern(id_regex)
         self.regex_seconds = regex_seconds
+        self.max_ids = max_ids
+        self.max_matches = HREFS_LOOKED_AT_PER_LINK * max_ids
         self.download_url_fmt = download_url_fmt
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
 
@@ -52,7 +59,7 @@ class IDScraper(Scraper):
         if s.id_regex is None or s.download_url_fmt is None:  # the spec validator requires both
             raise ValueError("IDScraper needs scraper.id_regex and scraper.download_url_fmt")
         return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher.for_job(spec),
-                   regex_seconds=s.regex_seconds)
+                   regex_seconds=s.regex_seconds, max_ids=s.max_links_per_page)
 
     def url_for(self, item: str) -> str:
         """The URL ``item`` is downloaded from: itself if a URL, else made from the ID. Raises
@@ -67,22 +74,35 @@ class IDScraper(Scraper):
     def download(self, item: str) -> Download:
         return self.fetcher.get(self.url_for(item))
 
-    def find_items(self, item: str, download: Download) -> list[str]:
+    def find_items(self, item: str, download: Download) -> FoundItems:
         """IDs matched in ``download``, each once, in order of appearance; one shaped like an
-        http(s) URL as its download URL. Never raises because of what the body contains: when
-        the regex uses up the page's time budget, the IDs found until then are returned."""
+        http(s) URL as its download URL. Collecting stops at ``max_ids`` IDs or after
+        ``max_matches`` matches looked at; the matches after that are only counted (``cut``).
+        Never raises because of what the body contains: when the regex uses up the page's time
+        budget, the IDs found until then are returned."""
         text = decode_html(download.content_type, download.body)
-        found: dict[str, None] = {}
+        found: dict[str, None] = {}  # an ordered set
         group = 1 if self.id_pattern.groups else 0
+        looked_at = cut = 0
+        limit = ""
         try:
             for match in Budget(self.regex_seconds).finditer(self.id_pattern, text):
+                if limit:
+                    cut += 1
+                    continue
+                looked_at += 1
                 found_id = match.group(group)
                 if (found_id and len(found_id) <= MAX_ID_CHARS and found_id.isprintable()
                         and found_id not in DOT_IDS):
                     if is_url(found_id):
                         found_id = id_url(self.download_url_fmt, found_id)
                     found[found_id] = None
+                if len(found) >= self.max_ids:
+                    limit = f"max_links_per_page={self.max_ids}"
+                elif looked_at >= self.max_matches:
+                    limit = (f"{self.max_matches} matches looked at ({HREFS_LOOKED_AT_PER_LINK} "
+                             f"x max_links_per_page={self.max_ids})")
         except PatternTimeout as exc:
             log.warning("%s: ID extraction stopped, %s (scraper.regex_seconds); the %d IDs found "
                         "before are kept", item, exc, len(found))
-        return list(found)
+        return FoundItems(found, cut=cut, limit=limit if cut else "", looked_at=looked_at)

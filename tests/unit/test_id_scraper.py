@@ -125,3 +125,23 @@ def test_dot_ids_are_never_a_path_segment():
         with pytest.raises(ConfigError, match=r"malformed seed ID '\.+'"):
             build_spec({"seeds": [dots], "scraper": {"kind": "ids", "id_regex": "x",
                                                      "download_url_fmt": FMT}})
+
+
+def test_a_page_of_many_ids_is_collected_only_to_the_cap_and_the_rest_counted():
+    """A page of 150,000 IDs keeps the cap's worth: the rest are counted, not collected."""
+    scraper = IDScraper(r"id=(\d+)", FMT, max_ids=100)
+    body = " ".join(f"id={i}" for i in range(150_000)).encode()
+    found = scraper.find_items("seed", Download(url="http://127.0.0.1:9/", status=200,
+                                                content_type="text/plain", body=body))
+    assert list(found) == [str(i) for i in range(100)]
+    assert (found.cut, found.looked_at) == (149_900, 100)
+    assert "max_links_per_page=100" in found.limit
+
+
+def test_a_page_of_one_id_repeated_stops_looking_after_twice_the_cap():
+    scraper = IDScraper(r"id=(\d+)", FMT, max_ids=100)
+    body = ("id=7 " * 10_000).encode()
+    found = scraper.find_items("seed", Download(url="http://127.0.0.1:9/", status=200,
+                                                content_type="text/plain", body=body))
+    assert list(found) == ["7"] and found.looked_at == 200 and found.cut == 9_800
+    assert "200 matches looked at" in found.limit
