@@ -58,6 +58,7 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
                 data["seeds"] = [first] if first is not None else None
         spec = spec_from_data(data, names)
         check_spec_components(spec, settings, names)
+        _note_output_roots(spec, settings)
         tracker, manager = runtime or redis_runtime(settings)
         live = [w for w in tracker.workers() if w.alive]
         if live and all(w.host == socket.gethostname() for w in live):
@@ -84,6 +85,20 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     if ids_file is not None and reader.bad:
         click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)
         sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _note_output_roots(spec, settings) -> None:
+    """Without roots of its own, this process cannot check the output for the workers (it writes
+    nothing); say once that theirs decide, since a worker without them refuses every path."""
+    from ..core.components import writes_paths
+    from ..settings import ENV_PREFIX
+
+    if settings.output_roots is None and writes_paths(spec, settings):
+        click.echo(
+            f"distscrape: note: workers write {spec.saver.output} only if their "
+            f"{ENV_PREFIX}OUTPUT_ROOTS allows it",
+            err=True,
+        )
 
 
 def _stored_spec(tracker, job: str) -> Optional[dict[str, Any]]:
