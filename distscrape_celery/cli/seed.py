@@ -58,7 +58,6 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
                 data["seeds"] = [first] if first is not None else None
         spec = spec_from_data(data, names)
         check_spec_components(spec, settings, names)
-        _note_output_roots(spec, settings)
         tracker, manager = runtime or redis_runtime(settings)
         live = [w for w in tracker.workers() if w.alive]
         if live and all(w.host == socket.gethostname() for w in live):
@@ -80,6 +79,7 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
             "downloaded, but their links are not followed (the job stays on its seeds' hosts)",
             err=True,
         )
+    _note_output_roots(spec, settings)
     if not any(w.alive for w in tracker.workers()):
         click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
     if ids_file is not None and reader.bad:
@@ -88,8 +88,9 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
 
 
 def _note_output_roots(spec, settings) -> None:
-    """Without roots of its own, this process cannot check the output for the workers (it writes
-    nothing); say once that theirs decide, since a worker without them refuses every path."""
+    """Without roots of its own, this process did not check the output for the workers (it
+    writes nothing); once seeded, say that theirs decide, since a worker without them refuses
+    every path."""
     from ..core.components import writes_paths
     from ..settings import ENV_PREFIX
 

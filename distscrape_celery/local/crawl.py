@@ -102,8 +102,11 @@ def with_own_output_root(settings: Settings, spec: JobSpec) -> Settings:
     apply as they are: an output outside them is refused (:func:`check_components`)."""
     from ..core.components import writes_paths
 
-    if settings.output_roots is not None or not writes_paths(spec, settings):
-        return settings
+    try:
+        if settings.output_roots is not None or not writes_paths(spec, settings):
+            return settings
+    except ConfigError:
+        return settings  # a saver the settings refuse: the spec's check names it as it should
     root = str(Path(spec.saver.output).expanduser().resolve())
     return Settings.model_validate({**settings.model_dump(), "output_roots": (root,)})
 
