@@ -190,13 +190,16 @@ class Settings(BaseModel):
     output_roots: Optional[tuple[str, ...]] = Field(
         None,
         description="Absolute directories (comma-separated) under which a files, tar or warc "
-        "saver's output must lie, symlinks followed; unset, any path this process can write.",
+        "saver's output must lie, symlinks followed. Unset, a worker refuses every such output "
+        "(a job spec comes from whoever can write to the tracker's Redis); distscrape seed then "
+        "checks nothing, and distscrape crawl allows its own output. Under a root, an output "
+        "where Python imports from is refused still.",
     )
 
     metrics_auth: Optional[str] = Field(
         None,
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
-        "unset, it answers anyone who can reach it.",
+        "unset, it serves on a loopback address only.",
     )
 
     @field_validator("save_batch_seconds")
@@ -240,8 +243,8 @@ class Settings(BaseModel):
         if value is None:
             return value
         if not value:
-            # An empty list would refuse every output: more likely a mistake than meant.
-            raise ValueError("names no directory; leave it unset to allow any output")
+            # Set but empty is more likely a mistake than a wish to refuse what unset refuses.
+            raise ValueError("names no directory; give at least one (e.g. /data)")
         for root in value:
             if not os.path.isabs(root):
                 raise ValueError(f"{root!r} is not an absolute path")

@@ -58,7 +58,7 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
            fresh, quiet) -> None:
     from ..local.crawl import (
         archive_shards, check_local_output, default_job_name, join_archive, run_in_memory_crawl,
-        run_local_crawl, state_dir_path, state_directory,
+        run_local_crawl, state_dir_path, state_directory, with_own_output_root,
     )
 
     data, names = spec_data(seeds, spec_flags)
@@ -74,7 +74,7 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     # names are theirs to load. Its workers get that allow-list; with --redis-url they also take
     # other jobs of that Redis, which may name these modules and no others.
     process_settings = settings_for(redis_url, lease_seconds, CRAWL_DEFAULTS)
-    settings = _with_own_plugins(process_settings, spec)
+    settings = with_own_output_root(_with_own_plugins(process_settings, spec), spec)
     check_spec_components(spec, settings, names)
     job = job or default_job_name(spec)
     check_job_name(job)

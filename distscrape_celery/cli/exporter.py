@@ -2,7 +2,7 @@
 
 :class:`CrawlCollector` turns the tracker's counts into metric families; :class:`MetricsServer`
 serves them over HTTP (``distscrape metrics``, in :mod:`.metrics`), behind basic auth when
-credentials are set.
+credentials are set, and only on a loopback address when they are not.
 """
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections import deque
@@ -24,7 +26,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ..errors import DistscrapeError, JobNotFound
+from ..errors import ConfigError, DistscrapeError, JobNotFound
+from ..settings import ENV_PREFIX
 from ..tracker import JobState, Tracker
 
 log = logging.getLogger(__name__)
@@ -140,15 +143,31 @@ def render(registry: CollectorRegistry) -> bytes:
 
 class MetricsServer:
     """Serves ``/metrics`` from ``registry`` on ``bind``:``port`` (bound at construction). With
-    ``auth`` ("USER:PASSWORD"), every request must carry those basic-auth credentials."""
+    ``auth`` ("USER:PASSWORD"), every request must carry those basic-auth credentials; without,
+    ``bind`` must be a loopback address (:class:`ConfigError` otherwise), so that the figures,
+    job names and worker hosts are shown to no one else. A connection that sends nothing for
+    ``handler_timeout`` seconds is closed, so idle connections cannot hold its threads."""
+
+    # Long enough for a Prometheus scrape on a slow link, short enough that a few hundred idle
+    # connections are gone before they count.
+    handler_timeout: float = 10.0
 
     def __init__(
         self, registry: CollectorRegistry, *, bind: str = "127.0.0.1", port: int = 9808,
         auth: Optional[str] = None,
     ) -> None:
         expected = auth.encode() if auth else None
+        if expected is None and not is_loopback(bind):
+            raise ConfigError(
+                f"--bind {bind}: serving the metrics beyond this host needs basic auth; set "
+                f"{ENV_PREFIX}METRICS_AUTH=USER:PASSWORD, or bind a loopback address (127.0.0.1)"
+            )
+        idle_limit = self.handler_timeout
 
         class Handler(BaseHTTPRequestHandler):
+            # Applied to the connection's socket before the request is read (StreamRequestHandler).
+            timeout = idle_limit
+
             def do_GET(self) -> None:
                 if expected is not None and not _authorized(self.headers.get("Authorization"), expected):
                     self.send_response(401)
@@ -184,6 +203,22 @@ class MetricsServer:
             self._httpd.serve_forever()
         finally:
             self._httpd.server_close()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` names (an IP literal, or a name as this host resolves it)
+    is a loopback address; False for a name that does not resolve."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(
+        ipaddress.ip_address(info[4][0].split("%", 1)[0]).is_loopback for info in infos
+    )
 
 
 def _authorized(header: Optional[str], expected: bytes) -> bool:

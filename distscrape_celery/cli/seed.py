@@ -79,11 +79,27 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
             "downloaded, but their links are not followed (the job stays on its seeds' hosts)",
             err=True,
         )
+    _note_output_roots(spec, settings)
     if not any(w.alive for w in tracker.workers()):
         click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
     if ids_file is not None and reader.bad:
         click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)
         sys.exit(EXIT_DEAD_ITEMS)
+
+
+def _note_output_roots(spec, settings) -> None:
+    """Without roots of its own, this process did not check the output for the workers (it
+    writes nothing); once seeded, say that theirs decide, since a worker without them refuses
+    every path."""
+    from ..core.components import writes_paths
+    from ..settings import ENV_PREFIX
+
+    if settings.output_roots is None and writes_paths(spec, settings):
+        click.echo(
+            f"distscrape: note: workers write {spec.saver.output} only if their "
+            f"{ENV_PREFIX}OUTPUT_ROOTS allows it",
+            err=True,
+        )
 
 
 def _stored_spec(tracker, job: str) -> Optional[dict[str, Any]]:

@@ -3,13 +3,16 @@
 Each kind maps to a dotted path, so adding an implementation is one line here. A spec may also
 name a class of its own as ``module:Class``; since a spec comes from whoever can write to the
 tracker's Redis, a process imports such a module only if its own settings allow it
-(``plugin_modules``), and a file-writing saver writes only under the settings' ``output_roots``.
+(``plugin_modules``), and a file-writing saver writes only under the settings' ``output_roots``
+(unset, a worker writes no path at all), and never where Python would import or run what it wrote.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import site
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Optional
 
@@ -79,23 +82,88 @@ def load_class(path: str, base: type, settings: Settings) -> type:
     return cls
 
 
-def check_output(output: str, settings: Settings) -> None:
-    """Raise :class:`OutputNotAllowed` unless the path ``output``, resolved (symlinks followed,
-    relative to this process's directory), lies under one of ``settings.output_roots`` (unset:
-    anywhere)."""
+def check_output(output: str, settings: Settings, *, roots_required: bool = True) -> None:
+    """Raise :class:`OutputNotAllowed` unless the path ``output`` may be written by this process.
+
+    It must lie under one of ``settings.output_roots`` once resolved (symlinks followed,
+    relative to this process's directory). Unset roots refuse every path when
+    ``roots_required`` (a worker: a spec comes from whoever can write to Redis) and allow every
+    path otherwise (a seeding process, which writes nothing itself). An allowed path must also
+    keep clear of the directories Python imports from (:func:`check_not_importable`)."""
     roots = settings.output_roots
     if roots is None:
+        if roots_required:
+            raise OutputNotAllowed(
+                f"{output!r}: this process's {ENV_PREFIX}OUTPUT_ROOTS is unset, and a worker "
+                "writes a files, tar or warc output only under the directories it names "
+                f"(set {ENV_PREFIX}OUTPUT_ROOTS on the workers, e.g. /data)"
+            )
         return
     real = os.path.realpath(output)
-    for root in roots:
-        real_root = os.path.realpath(root)
-        if os.path.commonpath([real_root, real]) == real_root:
-            return
-    resolved = f" (resolved: {real!r})" if real != output else ""
-    raise OutputNotAllowed(
-        f"{output!r}{resolved} is not under this process's {ENV_PREFIX}OUTPUT_ROOTS "
-        f"({', '.join(roots)})"
-    )
+    admitting = [r for r in map(os.path.realpath, roots) if _is_within(real, r)]
+    if not admitting:
+        resolved = f" (resolved: {real!r})" if real != output else ""
+        raise OutputNotAllowed(
+            f"{output!r}{resolved} is not under this process's {ENV_PREFIX}OUTPUT_ROOTS "
+            f"({', '.join(roots)})"
+        )
+    check_not_importable(output, real, admitting)
+
+
+def import_directories() -> tuple[list[str], list[str]]:
+    """(site directories, other import directories) of this interpreter, resolved.
+
+    Site directories are ``site.getsitepackages()`` and ``site.getusersitepackages()``, whether
+    they exist or not (a user site made by a saver would be read at the next start, unless
+    PYTHONNOUSERSITE is set): the interpreter runs their ``.pth`` files and imports installed
+    packages from them. The others are every ``sys.path`` entry that is not a file (a zip), the
+    empty entry being the working directory."""
+    user_site = site.getusersitepackages()
+    sites = [*site.getsitepackages(), *([user_site] if isinstance(user_site, str) else [])]
+    others = [entry or os.getcwd() for entry in sys.path if not os.path.isfile(entry or ".")]
+    resolved_sites = list(dict.fromkeys(os.path.realpath(p) for p in sites))
+    return resolved_sites, [p for p in dict.fromkeys(map(os.path.realpath, others))
+                            if p not in resolved_sites]
+
+
+def check_not_importable(output: str, real: str, roots: Iterable[str]) -> None:
+    """Raise :class:`OutputNotAllowed` if what a saver writes under ``real`` (``output``
+    resolved, allowed by the resolved ``roots``) could be imported or run by Python here.
+
+    Refused: an output that is an import directory or an ancestor of one (its files could be
+    ``.pth`` files or modules there); one under a site directory; and one under another import
+    directory whose first part below it is a name Python could import (a package), unless one
+    of ``roots`` lies strictly below that directory (then the operator, not the spec, chose that
+    name: a crawl's output inside a source checkout, say)."""
+    sites, others = import_directories()
+    for directory in (*sites, *others):
+        if _is_within(directory, real):
+            raise OutputNotAllowed(
+                f"{output!r} is or contains the Python import directory {directory!r}: files "
+                f"written there could be run by Python, so no {ENV_PREFIX}OUTPUT_ROOTS allows it"
+            )
+    for directory in sites:
+        if _is_within(real, directory):
+            raise OutputNotAllowed(
+                f"{output!r} lies under the Python site directory {directory!r}: files written "
+                f"there could be run by Python, so no {ENV_PREFIX}OUTPUT_ROOTS allows it"
+            )
+    for directory in others:
+        if not _is_within(real, directory):
+            continue
+        name = os.path.relpath(real, directory).split(os.sep, 1)[0]
+        chosen = any(_is_within(root, directory) and root != directory for root in roots)
+        if name.isidentifier() and not chosen:
+            raise OutputNotAllowed(
+                f"{output!r} lies under the Python import directory {directory!r}, where files "
+                f"written under {name!r} could be imported as the package {name!r}, so "
+                f"{ENV_PREFIX}OUTPUT_ROOTS allows it only as a root of its own"
+            )
+
+
+def _is_within(path: str, directory: str) -> bool:
+    """Whether the resolved ``path`` is ``directory`` or lies under it (both absolute)."""
+    return os.path.commonpath([directory, path]) == directory
 
 
 def _component(field: str, kind: str, builtin: Mapping[str, str], base: type,
@@ -108,12 +176,24 @@ def _component(field: str, kind: str, builtin: Mapping[str, str], base: type,
         raise type(exc)(f"{names.get(field, field)}: {exc}") from None
 
 
-def _saver_class(spec: JobSpec, settings: Settings, names: Mapping[str, str]) -> type:
-    """The saver class of ``spec``, its output checked against ``settings.output_roots``."""
+def _saver_class(spec: JobSpec, settings: Settings, names: Mapping[str, str], *,
+                 worker: bool) -> type:
+    """The saver class of ``spec``, its output checked against ``settings.output_roots``: as a
+    ``worker`` writing it (roots required, an absolute path only), or as the process seeding it
+    (see :func:`check_output`)."""
     cls = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, names)
     if issubclass(cls, PATH_SAVERS):
         try:
-            check_output(spec.saver.output, settings)
+            if worker and settings.output_roots is not None and not os.path.isabs(
+                    spec.saver.output):
+                # Resolved against each worker's own directory (or, for "~", not expanded at
+                # all), it would name a different place on every host: never what was meant.
+                raise OutputNotAllowed(
+                    f"{spec.saver.output!r} is not an absolute path, which a worker resolves "
+                    f"neither against its own directory nor its home, so {ENV_PREFIX}OUTPUT_ROOTS "
+                    "cannot allow it (distscrape seed makes every output absolute)"
+                )
+            check_output(spec.saver.output, settings, roots_required=worker)
         except OutputNotAllowed as exc:
             raise OutputNotAllowed(f"{names.get('saver.output', 'saver.output')}: {exc}") from None
     return cls
@@ -124,10 +204,18 @@ def check_components(
 ) -> None:
     """Check that the scraper and saver ``spec`` names can be loaded by this process (the
     seeding one) under its ``settings``, so a bad or refused dotted path, or an output outside
-    the allowed roots, is a clear error at seed time, not one dead item after another. The error
-    names the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
+    the allowed roots, is a clear error at seed time, not one dead item after another. With no
+    ``output_roots`` here, any output passes (the workers' own roots decide). The error names
+    the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
-    _saver_class(spec, settings, names or {})
+    _saver_class(spec, settings, names or {}, worker=False)
+
+
+def writes_paths(spec: JobSpec, settings: Settings) -> bool:
+    """Whether the saver ``spec`` names writes a path on each worker's host (files, tar, warc,
+    or a subclass), which the workers' ``output_roots`` must then allow."""
+    cls = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, {})
+    return issubclass(cls, PATH_SAVERS)
 
 
 def spec_plugin_modules(spec: JobSpec) -> tuple[str, ...]:
@@ -148,5 +236,5 @@ def build_scraper(spec: JobSpec, settings: Settings) -> Scraper:
 
 def build_saver(spec: JobSpec, job: str, worker_id: str, settings: Settings) -> ItemSaver:
     """The job's saver, not yet opened, if ``settings`` allow its class and its output
-    (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`)."""
-    return _saver_class(spec, settings, {}).from_spec(spec.saver, job=job, worker_id=worker_id)
+    (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`: for a path, roots must be set)."""
+    return _saver_class(spec, settings, {}, worker=True).from_spec(spec.saver, job=job, worker_id=worker_id)

@@ -105,6 +105,22 @@ def check_local_output(spec: JobSpec) -> None:
         ) from None
 
 
+def with_own_output_root(settings: Settings, spec: JobSpec) -> Settings:
+    """``settings`` whose output roots are the output ``spec`` names, if they have none and the
+    saver writes a path: the crawl's workers (and the in-memory crawl) then write there and
+    nowhere else, with no setting, since the user who runs the crawl chose it. Roots that are set
+    apply as they are: an output outside them is refused (:func:`check_components`)."""
+    from ..core.components import writes_paths
+
+    try:
+        if settings.output_roots is not None or not writes_paths(spec, settings):
+            return settings
+    except ConfigError:
+        return settings  # a saver the settings refuse: the spec's check names it as it should
+    root = str(Path(spec.saver.output).expanduser().resolve())
+    return Settings.model_validate({**settings.model_dump(), "output_roots": (root,)})
+
+
 @contextlib.contextmanager
 def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
     """Hold ``path`` as the crawl's state directory for the block: locked against a second
@@ -262,7 +278,7 @@ def run_local_crawl(
 ) -> CrawlResult:
     """Crawl ``spec`` with real worker processes on this machine, two per core, each a threads
     pool (``concurrency`` threads in all, see :func:`crawl_worker_processes`), and wait until it
-    is finished.
+    is finished. Without output roots in ``settings``, its own output is the workers' root.
 
     With ``state_dir`` (embedded Redis only; see :func:`state_directory`) the crawl's state is
     kept there, and a job found in it is resumed: what the previous run had in flight is put back
@@ -274,6 +290,7 @@ def run_local_crawl(
 
     if state_dir is not None and not embedded_redis:
         raise ValueError("state_dir is for the embedded Redis")
+    settings = with_own_output_root(settings, spec)
     with redis_for_crawl(settings, embedded_redis, state_dir) as settings:
         tracker = RedisTracker.from_settings(settings)
         configure_app(settings)
@@ -378,7 +395,8 @@ def run_in_memory_crawl(
     timeout: Optional[float] = None,
 ) -> CrawlResult:
     """Crawl ``spec`` in this process: InMemoryTracker, Celery's in-memory transport and an
-    in-process worker. No Redis, no broker; for small crawls."""
+    in-process worker. No Redis, no broker; for small crawls. Without output roots in
+    ``settings``, its own output is the root."""
     from celery.contrib.testing.worker import start_worker
 
     from ..worker.agent import WorkerAgent
@@ -386,6 +404,7 @@ def run_in_memory_crawl(
     from ..core.runtime import Runtime, install_runtime
     from ..worker.tasks import publisher
 
+    settings = with_own_output_root(settings, spec)
     configure_app(settings, in_memory=True)
     runtime = Runtime.in_memory_runtime(settings)
     install_runtime(runtime)

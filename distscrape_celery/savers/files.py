@@ -99,7 +99,8 @@ class FileItemSaver(ItemSaver):
         Any other item (an ID, say) is named with host "_" and path ``item`` as one segment.
 
         Each segment is percent-escaped down to [A-Za-z0-9._~!$&'()+,;=@-] and "%XX", so it holds
-        no "/", NUL or control character; "." and ".." become "%2E" and "%2E%2E", empty path
+        no "/", NUL or control character; "." and ".." become "%2E" and "%2E%2E", a leading "."
+        "%2E" (".ssh" -> "%2Essh": no name is hidden), empty path
         segments ("a//b") "%2F", and a segment over 200 bytes its first 150 characters, "%7E" and
         16 hex digits of its SHA-1. With the default scheme two items share a name only if they
         differ just in URL scheme, a default port written or not, user info, fragment, an empty query, the case of the
@@ -316,9 +317,14 @@ def _escape(text: str) -> str:
 
 
 def _finish_segment(segment: str) -> str:
-    """Make one escaped segment safe to join: never "." or "..", at most 200 bytes."""
+    """Make one escaped segment safe to join: never "." or "..", never starting with ".", at
+    most 200 bytes."""
     if segment in (".", ".."):
         return _DOT * len(segment)
+    if segment.startswith("."):
+        # Dot names are what programs of the output's owner read on their own (.bashrc,
+        # .ssh/authorized_keys, .local/lib/.../site-packages): no item may choose one.
+        segment = _DOT + segment[1:]
     if len(segment) > _MAX_SEGMENT_BYTES:
         return segment[:_CUT_KEEP] + _CUT_MARK + _sha1(segment)[:16]
     return segment

@@ -21,6 +21,7 @@ from celery import signals as celery_signals
 from ..core import runtime
 from ..lifecycle import child_pids
 from ..core.runtime import Runtime, current_runtime
+from ..settings import ENV_PREFIX
 from ..tracker import RedisTracker
 from ..tracker import checks as redis_checks
 from .agent import WorkerAgent, reserved_items
@@ -69,6 +70,11 @@ def _on_worker_logging_ready(sender=None, **_):
     # it went whatever the log level (the URL's password is redacted).
     log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
     redis_checks.warn_about(tracker.client, tracker.url)
+    if rt.settings.output_roots is None:
+        log.warning(
+            "%sOUTPUT_ROOTS is unset: this worker refuses every files, tar and warc output (their "
+            "items end dead) until it names the directories the worker may write", ENV_PREFIX
+        )
 
 
 def _exit_on_stop_signals() -> None:

@@ -142,7 +142,8 @@ def test_crawl_across_namespaces_survives_a_cut_off_worker_host(tmp_path):
     _remove_stale_namespaces()
     net = Network()
     redis_url = f"redis://{ADDRESS['redis']}:6379/0"
-    settings = Settings.from_env({}, redis_url=redis_url, lease_seconds=LEASE)
+    settings = Settings.from_env({}, redis_url=redis_url, lease_seconds=LEASE,
+                                 output_roots=str(tmp_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
     env.update(settings.to_env())
     site = generate_site(n_pages=PAGES, seed=SEED)

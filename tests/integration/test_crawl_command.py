@@ -771,6 +771,7 @@ def test_the_crawl_forks_its_workers_where_it_can_and_starts_them_one_by_one_els
     out = tmp_path / "out"
     with SiteServer(small_site) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {"kind": "files", "output": str(out)}})
+        # No output roots: the crawl's own output is its workers' root.
         result = run_local_crawl("forks", spec, Settings(), embedded_redis=True, concurrency=2,
                                  timeout=120)
         assert saved_files(out) == expected_files(server, small_site, out)

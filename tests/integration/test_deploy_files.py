@@ -366,3 +366,160 @@ def test_documented_multi_command_starts_two_workers_per_core_each_in_its_own_se
         assert "connected to Redis at" in text, (log_file.name, text[-2000:])
         if aof["appendonly"] == "no":
             assert "appendonly is 'no'" in text and "set appendonly yes" in text, log_file.name
+
+
+def _dockerfile_env() -> dict[str, str]:
+    """Every variable the image's ENV lines set."""
+    text = (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", " ")
+    pairs = [word for line in re.findall(r"^ENV (.+)$", text, re.M) for word in shlex.split(line)]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def test_image_compose_and_unit_confine_outputs_and_turn_off_the_user_site():
+    """A job spec in Redis chooses the output: every shipped way to run a worker names the
+    output roots, runs no Python user site, and (the unit) may write nowhere else."""
+    image = _dockerfile_env()
+    assert image["DISTSCRAPE_OUTPUT_ROOTS"] == "/data" and image["PYTHONNOUSERSITE"] == "1"
+    services = compose()["services"]
+    for name in ("worker", "seed", "flower", "metrics"):
+        env = services[name]["environment"]
+        assert env["DISTSCRAPE_OUTPUT_ROOTS"] == "/data", name
+        assert str(env["PYTHONNOUSERSITE"]) == "1", name
+    for name in ("worker", "seed"):
+        assert "crawl-data:/data" in services[name]["volumes"], name
+    for path, root in [(ROOT / "config" / "production.env", "/data"),
+                       (ROOT / "workers" / "worker.env.example", "/var/lib/distscrape")]:
+        assert env_file(path)["DISTSCRAPE_OUTPUT_ROOTS"] == root, path
+        assert Settings.from_env({"DISTSCRAPE_OUTPUT_ROOTS": root}).output_roots == (root,)
+    unit = UNIT.read_text()
+    for line in ("Environment=PYTHONNOUSERSITE=1", "ProtectSystem=strict", "ProtectHome=yes",
+                 "PrivateTmp=yes", "ReadWritePaths=/var/lib/distscrape"):
+        assert re.search(rf"^{re.escape(line)}$", unit, re.M), line
+    readme = (ROOT / "README.md").read_text()
+    step2 = readme[readme.index("2. On every worker host"):readme.index("3. From any machine")]
+    assert "export DISTSCRAPE_OUTPUT_ROOTS=" in step2
+
+
+def systemd_environment_file(path: Path) -> dict[str, str]:
+    """The variables of ``path`` as systemd's EnvironmentFile= loads them: KEY=VALUE lines;
+    blank lines and lines starting with # or ; skipped; blanks around the key and before the
+    value dropped; a value in double or single quotes taken without them."""
+    out = {}
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def _as_nobody() -> list[str]:
+    setpriv = shutil.which("setpriv")
+    if setpriv:
+        return [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+    runuser = shutil.which("runuser")
+    assert runuser, "neither setpriv nor runuser is installed: cannot run as nobody"
+    return [runuser, "-u", "nobody", "--"]
+
+
+def _runs_as(user: list[str], python: str, env: dict[str, str]) -> bool:
+    """Whether ``user`` can run ``python`` from a shell, as start-worker.sh does, and import
+    this checkout's package and Celery with it."""
+    res = subprocess.run([*user, "bash", "-c", 'exec "$0" -c "import distscrape_celery, celery"',
+                          python], env={**os.environ, **env}, cwd=ROOT, capture_output=True,
+                         timeout=60)
+    return res.returncode == 0
+
+
+def _python_for(user: list[str], shared: Path) -> tuple[str, dict[str, str]]:
+    """(interpreter, extra environment) with which ``user`` runs this checkout: the venv's
+    python if ``user`` can reach it; else a copy of the same interpreter under ``shared``, with
+    the venv's packages on PYTHONPATH (an interpreter installed under root's 0700 home, as
+    pyenv does, is out of other users' reach: the shipped unit's /opt venv is not)."""
+    if _runs_as(user, sys.executable, {}):
+        return sys.executable, {}
+    import site
+
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    prefix, copy = Path(sys.base_prefix), shared / "python"
+    shutil.copytree(prefix / "lib" / version, copy / "lib" / version, symlinks=True,
+                    ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__",
+                                                  "idlelib", "tkinter", "turtledemo", "ensurepip"))
+    for lib in (prefix / "lib").glob("libpython*.so*"):
+        shutil.copy2(lib, copy / "lib")
+    (copy / "bin").mkdir()
+    shutil.copy2(Path(sys.executable).resolve(), copy / "bin" / version)
+    env = {"PYTHONHOME": str(copy), "LD_LIBRARY_PATH": str(copy / "lib"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *site.getsitepackages()])}
+    python = str(copy / "bin" / version)
+    assert _runs_as(user, python, env), (
+        "user nobody can run neither this test's Python nor a copy of it with this checkout: "
+        "the venv and the repository must be readable by other users")
+    return python, env
+
+
+def test_start_script_runs_as_the_units_user_with_a_root_only_env_file(redis_url, tmp_path):
+    """As the unit runs it: systemd has loaded the root-owned 0600 env file into the environment
+    (EnvironmentFile=), and start-worker.sh runs as an unprivileged user who cannot read it. The
+    worker starts, answers a ping under the unit's name, and stops on SIGTERM."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to make a root-only file and run the script as nobody (CI runs "
+                    "as root)")
+    import tempfile
+
+    nobody = _as_nobody()
+    # pytest's own temporary directories are root's alone; nobody must reach this one.
+    shared = Path(tempfile.mkdtemp(prefix="distscrape-unit-"))
+    shared.chmod(0o755)
+    proc = None
+    try:
+        python, python_env = _python_for(nobody, shared)
+        etc = shared / "etc"
+        etc.mkdir(mode=0o755)
+        env_path = etc / "worker.env"
+        env_path.write_text(
+            "# as installed: install -m 0600 workers/worker.env.example /etc/distscrape/worker.env\n"
+            f'DISTSCRAPE_REDIS_URL="{redis_url}"\n'
+            "; a comment of the other kind\n"
+            "DISTSCRAPE_OUTPUT_ROOTS=/var/lib/distscrape\n"
+            "WORKER_CONCURRENCY='2'\n"
+            "  WORKER_LOGLEVEL = INFO\n"
+        )
+        os.chown(env_path, 0, 0)
+        env_path.chmod(0o600)
+        unreadable = subprocess.run([*nobody, "test", "-r", str(env_path)], timeout=30)
+        assert unreadable.returncode != 0  # as on a real host: only root reads it
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTSCRAPE_", "WORKER_"))}
+        env.update(systemd_environment_file(env_path))
+        assert env["DISTSCRAPE_REDIS_URL"] == redis_url and env["WORKER_CONCURRENCY"] == "2"
+        env.update(python_env)
+        env.update({"WORKER_NAME": "unit-7", "PYTHON": python, "HOME": "/nonexistent"})
+        log = tmp_path / "worker.log"
+        proc = subprocess.Popen([*nobody, str(ROOT / "workers" / "start-worker.sh"), str(env_path)],
+                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=log.open("wb"), start_new_session=True)
+        configure_app(Settings.from_env({}, redis_url=redis_url))
+
+        def answers() -> bool:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            replies = app.control.ping(timeout=2.0) or []
+            return any(name.startswith("distscrape-unit-7@") for r in replies for name in r)
+
+        wait_for("the worker started by the unit's script answering a ping", answers, timeout=90)
+        uid = next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text()
+                   .splitlines() if line.startswith("Uid:"))
+        assert int(uid) == 65534  # nobody, as the unit's User=
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+    finally:
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+        shutil.rmtree(shared, ignore_errors=True)

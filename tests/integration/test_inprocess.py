@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.crawl import expected_files, saved_files
+from tests.support.crawl import TEST_OUTPUT_ROOT, expected_files, saved_files
 
 from distscrape_celery.worker.agent import WorkerAgent
 from distscrape_celery.worker.app import app, configure_app
@@ -28,7 +28,7 @@ def celery_worker_parameters():
 
 @pytest.fixture
 def runtime():
-    settings = Settings.from_env({})
+    settings = Settings.from_env({}, output_roots=TEST_OUTPUT_ROOT)
     configure_app(settings, in_memory=True)
     rt = Runtime.in_memory_runtime(settings)
     install_runtime(rt)

@@ -156,3 +156,60 @@ def test_unreachable_tracker_is_distscrape_up_zero():
     tracker = RedisTracker(redis.Redis(port=free_port(), decode_responses=True, socket_connect_timeout=2))
     m = _samples(render(crawl_registry(tracker)).decode())
     assert m == {("distscrape_up", ()): 0}
+
+
+def test_metrics_without_auth_refuses_to_serve_beyond_this_host(redis_url):
+    """Without DISTSCRAPE_METRICS_AUTH the exporter answers no one but this host: a bind beyond
+    loopback is refused at once, naming the setting; loopback (the default) is served."""
+    for bind in ("0.0.0.0", "::"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distscrape_celery.cli", "metrics", "--bind", bind, "--port",
+             "0"], env=cli_env(redis_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"--bind {bind} without auth is served: {err}")
+        assert proc.returncode == 2, err
+        [line] = err.strip().splitlines()
+        assert f"--bind {bind}: " in line and "DISTSCRAPE_METRICS_AUTH" in line, line
+    from distscrape_celery.cli.exporter import MetricsServer
+    from distscrape_celery.errors import ConfigError
+
+    registry = crawl_registry(RedisTracker.from_url(redis_url))
+    with pytest.raises(ConfigError):
+        MetricsServer(registry, bind="0.0.0.0", port=0)
+    for bind in ("127.0.0.1", "localhost", "127.8.9.10"):
+        server = MetricsServer(registry, bind=bind, port=0)
+        server._httpd.server_close()
+    server = MetricsServer(registry, bind="0.0.0.0", port=0, auth=AUTH)  # with auth: anywhere
+    server._httpd.server_close()
+
+
+def test_idle_connections_cannot_hold_the_exporters_threads(redis_url):
+    """Connections that send nothing are closed after the handler's timeout, and a normal
+    scrape is answered meanwhile."""
+    import socket
+    import threading
+
+    from distscrape_celery.cli.exporter import MetricsServer
+
+    class QuickServer(MetricsServer):
+        handler_timeout = 1.0
+
+    server = QuickServer(crawl_registry(RedisTracker.from_url(redis_url)), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    idle = [socket.create_connection(server.address, timeout=10) for _ in range(50)]
+    try:
+        status, body = http_get(server.url, timeout=10)
+        assert status == 200 and b"distscrape_up 1.0" in body
+        started = time.monotonic()
+        for conn in idle:
+            assert conn.recv(1) == b""  # closed by the server, not by our 10 s timeout
+        assert time.monotonic() - started < 8
+    finally:
+        for conn in idle:
+            conn.close()
+        server._httpd.shutdown()

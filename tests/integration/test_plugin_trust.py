@@ -121,7 +121,7 @@ def test_settings_read_both_lists_from_the_environment():
     assert s.plugin_modules == ("mypkg.scrapers", "mypkg.savers")
     assert s.output_roots == ("/data/crawls", "/srv/out")
     assert Settings.from_env(s.to_env()) == s  # a worker started with to_env() gets the same
-    assert Settings.from_env({}).output_roots is None  # unset: any output, as said in the README
+    assert Settings.from_env({}).output_roots is None  # unset: a worker writes no path
     for env, fragment in [
         ({"DISTSCRAPE_PLUGIN_MODULES": "mypkg,my-pkg"}, "DISTSCRAPE_PLUGIN_MODULES: 'my-pkg'"),
         ({"DISTSCRAPE_PLUGIN_MODULES": "mypkg:Class"}, "DISTSCRAPE_PLUGIN_MODULES: 'mypkg:Class'"),
@@ -161,7 +161,11 @@ def test_outputs_are_confined_under_the_roots(tmp_path):
         build_saver(tar, "j", "w1", settings)
     with pytest.raises(OutputNotAllowed):
         check_components(tar, settings)
-    assert isinstance(build_saver(tar, "j", "w1", Settings()), TarItemSaver)  # unset: anywhere
+    with pytest.raises(OutputNotAllowed, match="DISTSCRAPE_OUTPUT_ROOTS is unset"):
+        build_saver(tar, "j", "w1", Settings())  # unset: a worker writes no path
+    check_components(tar, Settings())  # ... while a seeder without roots leaves it to the workers
+    assert isinstance(build_saver(tar, "j", "w1", Settings(output_roots=[str(outside)])),
+                      TarItemSaver)
     assert list(outside.iterdir()) == []  # nothing was created there
     # A root that is itself a symlink allows what lies under where it leads.
     link_root = tmp_path / "link-root"

@@ -4,6 +4,7 @@ site and waiting for it, stopping workers, and comparing what was saved with the
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,8 +21,15 @@ def plugins_path(*first: str) -> str:
     return os.pathsep.join(filter(None, [*first, str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 
 
+# Where the tests write their outputs (pytest's tmp_path, mkdtemp): the output root of the
+# workers and runtimes that crawl_settings configures, as an operator's DISTSCRAPE_OUTPUT_ROOTS
+# would be. Tests of the roots themselves give their own.
+TEST_OUTPUT_ROOT = os.path.realpath(tempfile.gettempdir())
+
+
 def crawl_settings(redis_url: str, **overrides) -> Settings:
     # An empty environ: tests must not depend on the shell's DISTSCRAPE_* variables.
+    overrides.setdefault("output_roots", TEST_OUTPUT_ROOT)
     return Settings.from_env({}, redis_url=redis_url, **overrides)
 
 

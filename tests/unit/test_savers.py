@@ -533,3 +533,28 @@ def test_save_many_flushes_every_file_system_it_wrote_to(tmp_path: Path, monkeyp
     assert all(isinstance(r, str) for r in got)
     dirs = [c["directory"] for c in calls]
     assert len(dirs) == 4 and dirs[:2] == dirs[2:] and other in dirs[:2], dirs
+
+
+def test_the_files_saver_never_writes_a_dot_name(tmp_path):
+    """A URL path chooses names under the output: none may be a hidden file or directory that
+    programs of the output's owner read on their own."""
+    saver = FileItemSaver(tmp_path, "{path}", fsync=False)
+    base = "http://127.0.0.1:9"
+    items = {
+        f"{base}/.ssh/authorized_keys": "%2Essh/authorized_keys/index.html",
+        f"{base}/.bashrc": "%2Ebashrc",
+        f"{base}/.local/lib/python3.11/site-packages/x.pth":
+            "%2Elocal/lib/python3.11/site-packages/x.pth",
+        f"{base}/a/.git/config": "a/%2Egit/config/index.html",
+        f"{base}/%2Essh/k.txt": "%252Essh/k.txt",  # an escape in the URL stays apart from ours
+        f"{base}/.": "%2E",
+    }
+    from distscrape_celery.web.fetch import Download
+
+    for item, name in items.items():
+        assert str(saver.name_for(item)) == name, item
+        saver.save(item, Download(url=item, status=200, content_type="text/plain", body=b"x"))
+    written = [p for p in tmp_path.rglob("*")]
+    assert written and not [p for p in written if p.name.startswith(".")], written
+    hosts = FileItemSaver(tmp_path / "h", fsync=False)
+    assert not str(hosts.name_for("http://.evil.invalid/x.html")).startswith(".")

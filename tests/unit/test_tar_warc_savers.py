@@ -124,11 +124,12 @@ def test_spec_kinds_build_the_archive_savers(tmp_path):
     tar_spec = build_spec({"seeds": ["http://h/"], "saver": {
         "kind": "tar", "output": str(tmp_path / "a.tar.gz"), "shard_max_items": 5, "fsync": False,
     }})
-    saver = build_saver(tar_spec, "job", "w9", Settings())
+    roots = Settings(output_roots=[str(tmp_path)])
+    saver = build_saver(tar_spec, "job", "w9", roots)
     assert isinstance(saver, TarItemSaver) and saver.compression == "gz"
     assert saver._writer.max_items == 5 and not saver._writer.fsync
     warc_spec = build_spec({"seeds": ["http://h/"], "saver": {"kind": "warc", "output": str(tmp_path / "a.warc.gz")}})
-    assert isinstance(build_saver(warc_spec, "job", "w9", Settings()), WarcItemSaver)
+    assert isinstance(build_saver(warc_spec, "job", "w9", roots), WarcItemSaver)
 
 
 def test_an_existing_shard_is_never_appended_to(tmp_path):
