@@ -106,6 +106,7 @@ def _status_view(tracker, job: str):
 def jobs(as_json, redis_url) -> None:
     """List every job: state, counts, pages/s, start time."""
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Column, Table
     from rich.text import Text
 
@@ -115,14 +116,18 @@ def jobs(as_json, redis_url) -> None:
         for row in rows:
             click.echo(json.dumps(row))
         return
-    # The counts and the start time are never cut; a long job name wraps instead.
-    table = Table("job", "state", *(Column(c, no_wrap=True) for c in JOB_COLUMNS),
-                  Column("pages/s", no_wrap=True), Column("started", no_wrap=True, min_width=19))
+    table = Table(*(Column(name, no_wrap=True)
+                    for name in ("job", "state", *JOB_COLUMNS, "pages/s", "started")))
     for r in rows:
         # Names come from Redis as they are found there; plain Text, so no markup applies.
         table.add_row(Text(escape(r["job"])), r["state"], *(str(r[c]) for c in JOB_COLUMNS),
                       f"{r['rate']:.1f}", when(r["started"]))
-    Console().print(table)
+    # Nothing is cut to fit the terminal (rich would crop the start time, or a job's name, to
+    # "…"): a row wider than the terminal is as wide as it needs, and the terminal wraps it.
+    console = Console()
+    unbounded = console.options.update_width(1 << 16)
+    console.width = max(console.width, Measurement.get(console, unbounded, table).maximum)
+    console.print(table)
 
 
 def _exists(tracker: Tracker, job: str) -> bool:
