@@ -15,6 +15,7 @@ import pytest
 from tests.support.cli import assert_one_line_error, run
 from tests.support.crawl import stop_all
 from tests.support.http import RouteServer
+from tests.support.ops import wait_for
 
 from distscrape_celery.core.components import build_saver, check_components
 from distscrape_celery.core.manager import CrawlManager
@@ -165,11 +166,14 @@ def test_a_worker_logs_at_start_that_it_refuses_path_outputs_without_roots(redis
     settings = Settings.from_env({}, redis_url=redis_url)
     worker = WorkerProcess(settings, name="no-roots", concurrency=1, pool="threads",
                            log_dir=str(tmp_path), loglevel="WARNING").start()
+    warning = "DISTSCRAPE_OUTPUT_ROOTS is unset"
     try:
         wait_for_workers(RedisTracker.from_url(redis_url), 1, procs=[worker])
-        log = worker.log_path.read_text()
+        # Logged once Celery's logging is set up, a moment after the worker registers.
+        wait_for("the warning in the log", lambda: warning in worker.log_path.read_text())
     finally:
         stop_all([worker], timeout=10)
+    log = worker.log_path.read_text()
     assert log.count("DISTSCRAPE_OUTPUT_ROOTS is unset: this worker refuses every files, tar "
                      "and warc output") == 1, log
 
