@@ -15,7 +15,7 @@ from ..lifecycle import Terminated, stop_signals
 from ..redaction import escape, redact
 from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, ENV_PREFIX, Settings
 from ..tracker.keys import check_job_name
-from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, settings_for
+from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_tracker, settings_for
 from .progress import CrawlProgress
 from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
 
@@ -78,6 +78,9 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
     check_spec_components(spec, settings, names)
     job = job or default_job_name(spec)
     check_job_name(job)
+    if redis_url:
+        # Reach the Redis named before anything is made on disk for the crawl.
+        redis_tracker(settings).ping()
     check_local_output(spec)
     embedded = not in_memory and not redis_url
     if embedded and "redis_url" in process_settings.model_fields_set:  # from the environment

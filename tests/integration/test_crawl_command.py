@@ -852,3 +852,14 @@ def test_ctrl_c_while_the_command_starts_is_one_line(delay, tmp_path):
     assert "Traceback" not in crawl.stderr, crawl.stderr
     assert status == 130, (status, crawl.stderr)
     assert crawl.stderr.strip().splitlines()[-1] == "distscrape: interrupted", crawl.stderr
+
+
+def test_an_unreachable_redis_is_refused_before_the_output_is_made(tmp_path):
+    from tests.support.cli import assert_one_line_error, run
+    from tests.support.ops import closed_port
+
+    out = tmp_path / "out"
+    res = run("crawl", "http://127.0.0.1:9/", "--output", str(out), "--redis-url",
+              f"redis://127.0.0.1:{closed_port()}/0")
+    assert_one_line_error(res, "is unreachable")
+    assert not out.exists()
