@@ -16,7 +16,7 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker import keys
 from distscrape_celery.tracker.keys import JobKeys, domain_of
 from distscrape_celery.web.robots import MAX_CRAWL_DELAY, MemoryRobotsStore, RedisRobotsStore, RobotsCache
-from tests.faults.test_hostile_sites import crawl_inline
+from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings
 from tests.support.guard import public_test_hooks
 from tests.support.http import reply, serve

@@ -4,15 +4,13 @@ robots.txt, canonical duplicates and the SSRF guard hold."""
 
 from __future__ import annotations
 
-import contextlib
 
 import gzip
 import json
 import logging
-import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -24,7 +22,6 @@ from distscrape_celery.web.fetch import Fetcher
 from distscrape_celery.job.spec import JobSpec, build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
-from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.errors import FetchError
 from distscrape_celery.web.robots import RobotsCache
 from distscrape_celery.core.runtime import Runtime
@@ -36,59 +33,11 @@ from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.tracker import keys
 from tests.support.http import reply, serve
 from tests.support.guard import public_test_hooks, resolver
+from tests.support.ops import closed_port
+from tests.support.pipeline import crawl_inline
 
 HTML = {"Content-Type": "text/html"}  # no charset: the body decides
 TRAP_LINKS = 2000
-
-
-class InlinePublisher:
-    """Runs the tasks the pipeline publishes in this thread, in order, instead of via a broker."""
-
-    def __init__(self) -> None:
-        self.tasks: deque = deque()
-
-    def scrape(self, job, items):
-        self.tasks.extend(("scrape", job, item) for item in items)
-
-    def save(self, job, item, token, meta, delay=0):
-        self.tasks.append(("save", job, item, token, meta))
-
-    def save_batch(self, job, saves):
-        self.tasks.extend(("save", job, item, token, meta) for item, token, meta in saves)
-
-    def batch(self):
-        return contextlib.nullcontext()
-
-
-def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500, timeout: float = 30):
-    """Run the job's tasks in this thread until it is finished. When no task is left but items
-    wait out a backoff, do what a worker's heartbeat does: ``maintain`` hands them out when due."""
-    publish = InlinePublisher()
-    pipe = ItemPipeline(rt, publish)
-    rt.tracker.register_worker("inline", 1, 4)
-    CrawlManager(rt.tracker, publish.scrape).seed(job, spec)
-    deadline = time.monotonic() + timeout
-    for _ in range(max_tasks):
-        if not publish.tasks and pipe.flush() and publish.tasks:
-            continue  # the gathered saves
-        if not publish.tasks:
-            if rt.tracker.stats(job).finished or time.monotonic() > deadline:
-                break
-            publish.scrape(job, rt.tracker.maintain(job, max_lost=spec.max_lost).dispatch)
-            if not publish.tasks:
-                time.sleep(0.05)
-            continue
-        kind, *args = publish.tasks.popleft()
-        (pipe.scrape if kind == "scrape" else pipe.save)(*args)
-    stats = rt.tracker.stats(job)
-    assert stats.finished, stats
-    return stats
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def hostile_routes(refused: int) -> tuple[dict, Counter]:

@@ -22,7 +22,7 @@ from distscrape_celery.web.robots import (
     robots_origin,
 )
 from distscrape_celery.web.scope import LinkScope
-from tests.faults.test_hostile_sites import crawl_inline
+from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings
 from tests.support.guard import public_test_hooks
 from tests.support.http import reply, serve

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from tests.support.cli import assert_one_line_error, run
+from tests.support.ops import closed_port
 
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
 def test_invalid_regex_is_named(redis_url, tmp_path):

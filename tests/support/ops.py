@@ -13,9 +13,14 @@ import urllib.request
 
 
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the OS chose it, and it is closed
+    again): to start a server on, or as one where a connection is refused."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+closed_port = free_port
 
 
 def http_get(url: str, auth: str | None = None, timeout: float = 20) -> tuple[int, bytes]:

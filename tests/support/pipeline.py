@@ -1,14 +1,18 @@
-"""The item pipeline without Celery: a publisher that records what it would send, the routes of
-the pipeline tests' site, and a pipeline on a real Redis tracker with one registered worker."""
+"""The item pipeline without Celery: a publisher that records what it would send, one that runs
+what it is sent in this thread (a whole crawl, inline), the routes of the pipeline tests' site,
+and a pipeline on a real Redis tracker with one registered worker."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import time
+from collections import deque
 
+from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.core.pipeline import ItemPipeline
 from distscrape_celery.core.runtime import Runtime
-from distscrape_celery.job.spec import build_spec
+from distscrape_celery.job.spec import JobSpec, build_spec
 from distscrape_celery.tracker.keys import JobKeys
 from tests.support.crawl import crawl_settings
 
@@ -77,3 +81,47 @@ def full_disk_save(item, download):
         raise OSError(errno.ENOSPC, "No space left on device")
     except OSError as exc:
         raise SaveError(f"cannot write {item!r}: No space left on device") from exc
+
+
+class InlinePublisher:
+    """Runs the tasks the pipeline publishes in this thread, in order, instead of via a broker."""
+
+    def __init__(self) -> None:
+        self.tasks: deque = deque()
+
+    def scrape(self, job, items):
+        self.tasks.extend(("scrape", job, item) for item in items)
+
+    def save(self, job, item, token, meta, delay=0):
+        self.tasks.append(("save", job, item, token, meta))
+
+    def save_batch(self, job, saves):
+        self.tasks.extend(("save", job, item, token, meta) for item, token, meta in saves)
+
+    def batch(self):
+        return contextlib.nullcontext()
+
+
+def crawl_inline(rt: Runtime, job: str, spec: JobSpec, max_tasks: int = 500, timeout: float = 30):
+    """Run the job's tasks in this thread until it is finished. When no task is left but items
+    wait out a backoff, do what a worker's heartbeat does: ``maintain`` hands them out when due."""
+    publish = InlinePublisher()
+    pipe = ItemPipeline(rt, publish)
+    rt.tracker.register_worker("inline", 1, 4)
+    CrawlManager(rt.tracker, publish.scrape).seed(job, spec)
+    deadline = time.monotonic() + timeout
+    for _ in range(max_tasks):
+        if not publish.tasks and pipe.flush() and publish.tasks:
+            continue  # the gathered saves
+        if not publish.tasks:
+            if rt.tracker.stats(job).finished or time.monotonic() > deadline:
+                break
+            publish.scrape(job, rt.tracker.maintain(job, max_lost=spec.max_lost).dispatch)
+            if not publish.tasks:
+                time.sleep(0.05)
+            continue
+        kind, *args = publish.tasks.popleft()
+        (pipe.scrape if kind == "scrape" else pipe.save)(*args)
+    stats = rt.tracker.stats(job)
+    assert stats.finished, stats
+    return stats

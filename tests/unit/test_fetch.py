@@ -16,6 +16,7 @@ from distscrape_celery.errors import FetchError
 from distscrape_celery.web.fetch import Download, Fetcher
 from distscrape_celery.job.spec import FetchSpec
 from tests.support.http import Route, nested_gzip_bomb, reply, serve
+from tests.support.ops import closed_port as _closed_port
 
 
 def fetcher(**limits: object) -> Fetcher:
@@ -357,11 +358,6 @@ def test_a_host_without_an_empty_label_passes(url: str) -> None:
 
     _check_host(url)
 
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_plain_url_goes_to_its_pool_directly_and_sends_what_the_manager_would(monkeypatch) -> None:
