@@ -15,11 +15,12 @@ from distscrape_celery.errors import FetchError
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker import keys
 from distscrape_celery.tracker.keys import JobKeys, domain_of
-from distscrape_celery.web.robots import MAX_CRAWL_DELAY, MemoryRobotsStore, RedisRobotsStore, RobotsCache
+from distscrape_celery.web.robots import MAX_CRAWL_DELAY, RedisRobotsStore, RobotsCache
 from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings
 from tests.support.guard import public_test_hooks
 from tests.support.http import reply, serve
+from tests.support.robots import store  # noqa: F401  (a fixture)
 
 HTML = {"Content-Type": "text/html"}
 TEXT = {"Content-Type": "text/plain"}
@@ -88,14 +89,6 @@ def test_a_huge_or_malformed_crawl_delay_is_capped_or_ignored(redis_url, tmp_pat
     assert (float(kept) if kept is not None else None) == delay
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request):
-    if request.param == "memory":
-        yield MemoryRobotsStore()
-        return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield RedisRobotsStore(client)
-    client.close()
 
 
 def claim_held(store, name: str) -> bool:

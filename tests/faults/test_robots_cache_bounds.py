@@ -26,6 +26,7 @@ from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings
 from tests.support.guard import public_test_hooks
 from tests.support.http import reply, serve
+from tests.support.robots import store  # noqa: F401  (a fixture)
 
 HTML = {"Content-Type": "text/html"}
 GZIP_TEXT = {"Content-Type": "text/plain", "Content-Encoding": "gzip"}
@@ -58,15 +59,6 @@ def hostile_robots() -> bytes:
     return body
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request):
-    """A robots store of each kind, empty, with the default bound."""
-    if request.param == "memory":
-        yield MemoryRobotsStore()
-        return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield RedisRobotsStore(client)
-    client.close()
 
 
 def test_redirects_through_user_info_share_one_robots_record(redis_url, tmp_path):

@@ -24,6 +24,7 @@ from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker, keys
 from tests.support.http import reply, serve
 from tests.support.guard import public_test_hooks
+from tests.support.robots import store  # noqa: F401  (a fixture)
 
 HEAD = 500 * 1024  # what Google reads of a robots.txt
 TEXT = {"Content-Type": "text/plain"}
@@ -48,15 +49,6 @@ def big_robots(size: int = 600_000) -> bytes:
     return body
 
 
-@pytest.fixture(params=["redis", "memory"])
-def store(request):
-    """A robots store of each kind, empty."""
-    if request.param == "memory":
-        yield MemoryRobotsStore()
-        return
-    client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
-    yield RedisRobotsStore(client)
-    client.close()
 
 
 def cache_for(base: str, store, hooks: dict | None = None, seeds: list[str] | None = None,
