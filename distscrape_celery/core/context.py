@@ -11,10 +11,12 @@ import threading
 from collections.abc import Callable
 from typing import Optional, TypeVar
 
+from .components import build_saver, build_scraper
 from ..job.spec import JobSpec
 from ..savers import ItemSaver
 from ..scrapers import Scraper
-from ..web.robots import RobotsCache
+from ..settings import Settings
+from ..web.robots import RobotsCache, RobotsStore
 from ..web.scope import HostScope
 
 Component = TypeVar("Component")
@@ -22,39 +24,62 @@ Component = TypeVar("Component")
 
 class JobContext:
     """One creation of job ``job``, as this process knows it: its stored ``spec`` (a stored spec
-    never changes), the hosts its redirects may lead to (``scope``), its robots.txt policy
-    (``robots``; None when the job ignores robots.txt), and its scraper and saver, each built on
-    first use by ``build_scraper`` and ``open_saver``.
+    never changes) and the components built from it, each on first use, under this process's
+    ``settings``: the hosts its redirects may lead to, its robots.txt policy (whose files go to
+    ``robots_store``), its scraper, and its saver (named after ``worker_id()``, the worker's ID
+    when the saver opens).
 
     A scraper or saver that fails to build is not kept: the next item asks again (a refused
-    plug-in is refused again without importing anything). Threads may share a context."""
+    plug-in is refused again without importing anything). ``scraper`` and ``robots``, if given,
+    are used as built already. Threads may share a context."""
 
     def __init__(
-        self, job: str, spec: JobSpec, *, robots: Optional[RobotsCache],
-        build_scraper: Callable[[], Scraper], open_saver: Callable[[], ItemSaver],
-        scraper: Optional[Scraper] = None,
+        self, job: str, spec: JobSpec, settings: Settings, robots_store: RobotsStore,
+        worker_id: Callable[[], str], *, scraper: Optional[Scraper] = None,
+        robots: Optional[RobotsCache] = None,
     ) -> None:
         self.job = job
         self.spec = spec
-        self.scope = HostScope.from_spec(spec)
-        self.robots = robots
-        self._build_scraper = build_scraper
-        self._open_saver = open_saver
+        self.settings = settings
+        self.robots_store = robots_store
+        self.worker_id = worker_id
         self._lock = threading.Lock()
-        self._scraper = scraper  # a scraper built already, if given: not built again
+        self._scope: Optional[HostScope] = None
+        self._robots = robots
+        self._scraper = scraper
         self._saver: Optional[ItemSaver] = None
+
+    def scope(self) -> HostScope:
+        """The hosts the job's redirects may lead to (its link scope's hosts)."""
+        scope = self._scope
+        return scope if scope is not None else self._once(
+            "_scope", lambda: HostScope.from_spec(self.spec))
+
+    def robots(self) -> Optional[RobotsCache]:
+        """The job's robots.txt policy; None when the job ignores robots.txt."""
+        if not self.spec.fetch.obey_robots:
+            return None
+        robots = self._robots
+        return robots if robots is not None else self._once(
+            "_robots", lambda: RobotsCache.from_spec(self.spec, self.robots_store))
 
     def scraper(self) -> Scraper:
         """The job's scraper; raises ConfigError when this worker's settings refuse the class its
         spec names."""
         scraper = self._scraper
-        return scraper if scraper is not None else self._once("_scraper", self._build_scraper)
+        return scraper if scraper is not None else self._once(
+            "_scraper", lambda: build_scraper(self.spec, self.settings))
 
     def saver(self) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its
         class or its output."""
         saver = self._saver
         return saver if saver is not None else self._once("_saver", self._open_saver)
+
+    def _open_saver(self) -> ItemSaver:
+        saver = build_saver(self.spec, self.job, self.worker_id(), self.settings)
+        saver.open()
+        return saver
 
     def _once(self, attribute: str, build: Callable[[], Component]) -> Component:
         """The component kept in ``attribute``, built by ``build`` if none is: under the lock,

@@ -1,8 +1,9 @@
 """What one worker process holds: settings, tracker, staging, its worker ID, and a context per job.
 
 Celery tasks stay thin: they ask the runtime for collaborators and hand the work to
-:mod:`.pipeline`, which asks it for a job's :class:`.context.JobContext` once per task. The runtime is built lazily from the app's settings, or installed explicitly (the
-in-memory crawl installs one with an InMemoryTracker).
+:mod:`.pipeline`, which asks it for a job's :class:`.context.JobContext` once per task. The
+runtime is built lazily from the app's settings, or installed explicitly (the in-memory crawl
+installs one with an InMemoryTracker).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import socket
 import threading
 from typing import Optional
 
-from .components import build_saver, build_scraper
 from .context import JobContext
 from ..job.spec import JobSpec
 from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 
 class Runtime:
+    """What one worker process shares between its tasks: ``settings``, the ``tracker``, the body
+    ``staging``, the ``robots_store``, its worker ID, and a :class:`JobContext` per job, built
+    once per creation of the job (:meth:`job_context`)."""
+
     def __init__(
         self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False,
         robots_store: Optional[RobotsStore] = None,
@@ -103,29 +107,24 @@ class Runtime:
                     context = self._contexts[job] = self._new_context(job, spec)
         return context
 
-    def _new_context(self, job: str, spec: JobSpec, scraper: Optional[Scraper] = None) -> JobContext:
-        """A context of ``job`` built from ``spec`` (with ``scraper``, if given, as its scraper)."""
-
-        def open_saver() -> ItemSaver:
-            # The worker's ID as it is when the first save opens the saver (it names shards).
-            saver = build_saver(spec, job, self.worker_id, self.settings)
-            saver.open()
-            return saver
-
-        robots = RobotsCache.from_spec(spec, self.robots_store) if spec.fetch.obey_robots else None
-        return JobContext(
-            job, spec, robots=robots, build_scraper=lambda: build_scraper(spec, self.settings),
-            open_saver=open_saver, scraper=scraper,
-        )
+    def _new_context(
+        self, job: str, spec: JobSpec, scraper: Optional[Scraper] = None,
+        robots: Optional[RobotsCache] = None,
+    ) -> JobContext:
+        """A context of ``job`` built from ``spec`` (with ``scraper`` and ``robots`` if built
+        already)."""
+        # The saver is named after the worker's ID when it opens: the ID changes once the
+        # worker registers.
+        return JobContext(job, spec, self.settings, self.robots_store, lambda: self.worker_id,
+                          scraper=scraper, robots=robots)
 
     def preset_context(
-        self, job: str, spec: JobSpec, *, scraper: Scraper, robots: Optional[RobotsCache]
+        self, job: str, spec: JobSpec, *, scraper: Scraper, robots: RobotsCache
     ) -> JobContext:
         """Use ``scraper`` and ``robots`` for ``job`` of ``spec`` instead of building them (a
         test's way to give a job components built with hooks, a resolver say), until another
         creation of the job is seen."""
-        context = self._new_context(job, spec, scraper)
-        context.robots = robots
+        context = self._new_context(job, spec, scraper, robots)
         with self._lock:
             self._contexts[job] = context
         return context
@@ -144,7 +143,8 @@ class Runtime:
                 return
             context = self._contexts.pop(job, None)
         if context is not None:
-            self._close_context(context, "job %s was created again: its saver is built anew from its spec")
+            self._close_context(
+                context, "job %s was created again: its saver is built anew from its spec")
 
     def spec(self, job: str) -> JobSpec:
         """The job's spec (a stored spec never changes; see :meth:`job_context`)."""
@@ -156,7 +156,7 @@ class Runtime:
 
     def robots(self, job: str) -> Optional[RobotsCache]:
         """The job's robots.txt policy; None when the job ignores robots.txt."""
-        return self.job_context(job).robots
+        return self.job_context(job).robots()
 
     def saver(self, job: str) -> ItemSaver:
         """The job's saver, opened (:meth:`JobContext.saver`)."""

@@ -30,7 +30,7 @@ class FetchRules:
     def check_robots(self, context: JobContext, url: Optional[str]) -> None:
         """Raise :class:`FetchError` if the job's robots.txt policy forbids fetching ``url``;
         else pass the host's Crawl-delay on to the tracker."""
-        robots = context.robots
+        robots = context.robots()
         if robots is None or url is None:
             return
         robots.check(url)
@@ -46,7 +46,7 @@ class FetchRules:
         """What a redirect target must pass, in order: the job's host scope (a target outside
         it ends the item, and nothing is fetched there, not even its robots.txt), then the
         job's robots.txt (unless it ignores it). None: nothing to check."""
-        scope, robots = context.scope, context.robots
+        scope, robots = context.scope(), context.robots()
         if scope.takes_any and robots is None:
             return None
 
