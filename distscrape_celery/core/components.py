@@ -71,15 +71,15 @@ def load_class(path: str, base: type, settings: Settings) -> type:
     check_plugin(path, settings)
     module_name, _, attr = path.partition(":")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
+        loaded = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load {path!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, base)):
+    if not (isinstance(loaded, type) and issubclass(loaded, base)):
         raise ConfigError(
             f"{path!r} is not a subclass of {base.__name__} (which must implement "
             f"{', '.join(sorted(getattr(base, '__abstractmethods__', ())))})"
         )
-    return cls
+    return loaded
 
 
 def check_output(output: str, settings: Settings, *, roots_required: bool = True) -> None:
@@ -181,8 +181,8 @@ def _saver_class(spec: JobSpec, settings: Settings, names: Mapping[str, str], *,
     """The saver class of ``spec``, its output checked against ``settings.output_roots``: as a
     ``worker`` writing it (roots required, an absolute path only), or as the process seeding it
     (see :func:`check_output`)."""
-    cls = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, names)
-    if issubclass(cls, PATH_SAVERS):
+    saver_class = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, names)
+    if issubclass(saver_class, PATH_SAVERS):
         try:
             if worker and settings.output_roots is not None and not os.path.isabs(
                     spec.saver.output):
@@ -196,7 +196,7 @@ def _saver_class(spec: JobSpec, settings: Settings, names: Mapping[str, str], *,
             check_output(spec.saver.output, settings, roots_required=worker)
         except OutputNotAllowed as exc:
             raise OutputNotAllowed(f"{names.get('saver.output', 'saver.output')}: {exc}") from None
-    return cls
+    return saver_class
 
 
 def check_components(
@@ -214,8 +214,8 @@ def check_components(
 def writes_paths(spec: JobSpec, settings: Settings) -> bool:
     """Whether the saver ``spec`` names writes a path on each worker's host (files, tar, warc,
     or a subclass), which the workers' ``output_roots`` must then allow."""
-    cls = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, {})
-    return issubclass(cls, PATH_SAVERS)
+    saver_class = _component("saver.kind", spec.saver.kind, SAVERS, ItemSaver, settings, {})
+    return issubclass(saver_class, PATH_SAVERS)
 
 
 def spec_plugin_modules(spec: JobSpec) -> tuple[str, ...]:

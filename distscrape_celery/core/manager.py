@@ -55,10 +55,12 @@ class CrawlManager:
         stored = spec if created else JobSpec.from_json(self.tracker.load_spec(job))
         counter = _HostCounter(stored)
         taken = added = dispatched = 0
-        for n, res in self.tracker.add_stream(job, counter.count(itertools.chain(spec.seeds, more))):
-            if res.dispatch:
-                self.publish(job, res.dispatch)
-            taken, added, dispatched = taken + n, added + res.added, dispatched + len(res.dispatch)
+        items = counter.count(itertools.chain(spec.seeds, more))
+        for batch_size, batch in self.tracker.add_stream(job, items):
+            if batch.dispatch:
+                self.publish(job, batch.dispatch)
+            taken, added = taken + batch_size, added + batch.added
+            dispatched += len(batch.dispatch)
             if on_progress is not None:
                 on_progress(taken, added)
         return SeedResult(created=created, added=added, already_seen=taken - added,

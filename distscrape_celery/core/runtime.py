@@ -1,8 +1,9 @@
-"""What one worker process holds: settings, tracker, staging, its worker ID, and per-job components.
+"""What one worker process holds: settings, tracker, staging, its worker ID, and a context per job.
 
 Celery tasks stay thin: they ask the runtime for collaborators and hand the work to
-:mod:`.pipeline`. The runtime is built lazily from the app's settings, or installed explicitly (the
-in-memory crawl installs one with an InMemoryTracker).
+:mod:`.pipeline`, which asks it for a job's :class:`.context.JobContext` once per task. The
+runtime is built lazily from the app's settings, or installed explicitly (the in-memory crawl
+installs one with an InMemoryTracker).
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import socket
 import threading
 from typing import Optional
 
-from .components import build_saver, build_scraper
+from .context import JobContext
 from ..job.spec import JobSpec
 from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
-from ..web.scope import HostScope
 from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings
@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 
 class Runtime:
+    """What one worker process shares between its tasks: ``settings``, the ``tracker``, the body
+    ``staging``, the ``robots_store``, its worker ID, and a :class:`JobContext` per job, built
+    once per creation of the job (:meth:`job_context`)."""
+
     def __init__(
         self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False,
         robots_store: Optional[RobotsStore] = None,
@@ -42,12 +46,8 @@ class Runtime:
         # Until the worker agent registers, leases name the process.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
-        self._specs: dict[str, JobSpec] = {}
-        self._scrapers: dict[str, Scraper] = {}
-        self._savers: dict[str, ItemSaver] = {}
-        self._robots: dict[str, RobotsCache] = {}
-        self._host_scopes: dict[str, HostScope] = {}
-        self._created: dict[str, str] = {}  # job -> the creation its components were built for
+        self._contexts: dict[str, JobContext] = {}
+        self._created: dict[str, str] = {}  # job -> the creation its context was built for
 
     @classmethod
     def for_redis(cls, settings: Settings) -> "Runtime":
@@ -92,12 +92,48 @@ class Runtime:
         no holder from the start."""
         return _in_pool_process or not self.finds_lost_saves
 
+    def job_context(self, job: str, created: str = "") -> JobContext:
+        """The job's context (spec, scope, robots.txt policy, scraper, saver), built once per
+        process and creation of the job from its stored spec. ``created``: the creation the
+        tracker just answered for, if any (see :meth:`follow_job`); with none, the context of
+        the creation seen last, or of the stored spec if none was seen yet."""
+        self.follow_job(job, created)
+        context = self._contexts.get(job)
+        if context is None:
+            spec = JobSpec.from_json(self.tracker.load_spec(job))
+            with self._lock:
+                context = self._contexts.get(job)
+                if context is None:
+                    context = self._contexts[job] = self._new_context(job, spec)
+        return context
+
+    def _new_context(
+        self, job: str, spec: JobSpec, scraper: Optional[Scraper] = None,
+        robots: Optional[RobotsCache] = None,
+    ) -> JobContext:
+        """A context of ``job`` built from ``spec`` (with ``scraper`` and ``robots`` if built
+        already)."""
+        # The saver is named after the worker's ID when it opens: the ID changes once the
+        # worker registers.
+        return JobContext(job, spec, self.settings, self.robots_store, lambda: self.worker_id,
+                          scraper=scraper, robots=robots)
+
+    def preset_context(
+        self, job: str, spec: JobSpec, *, scraper: Scraper, robots: RobotsCache
+    ) -> JobContext:
+        """Use ``scraper`` and ``robots`` for ``job`` of ``spec`` instead of building them (a
+        test's way to give a job components built with hooks, a resolver say), until another
+        creation of the job is seen."""
+        context = self._new_context(job, spec, scraper, robots)
+        with self._lock:
+            self._contexts[job] = context
+        return context
+
     def follow_job(self, job: str, created: str) -> None:
         """The tracker answered for the creation ``created`` of ``job``. A job deleted and
         seeded again under its name is another creation, with a spec of its own: when the
-        creation differs from the one seen before, what this process built for the job (spec,
-        scraper, robots.txt policy, saver) is dropped, to be built again from the stored spec;
-        a dropped saver is closed."""
+        creation differs from the one seen before, the job's context is dropped, to be built
+        again from the stored spec; its saver, if opened, is closed."""
         if not created or self._created.get(job) == created:
             return
         with self._lock:
@@ -105,76 +141,44 @@ class Runtime:
             self._created[job] = created
             if known is None or known == created:
                 return
-            self._specs.pop(job, None)
-            self._scrapers.pop(job, None)
-            self._robots.pop(job, None)
-            self._host_scopes.pop(job, None)
-            saver = self._savers.pop(job, None)
-        if saver is not None:
-            log.info("job %s was created again: its saver is built anew from its spec", job)
-            try:
-                saver.close()
-            except Exception:  # the earlier job's output; the new one is not touched
-                log.exception("closing the saver of the earlier job %s failed", job)
+            context = self._contexts.pop(job, None)
+        if context is not None:
+            self._close_context(
+                context, "job %s was created again: its saver is built anew from its spec")
 
     def spec(self, job: str) -> JobSpec:
-        """The job's spec, read from the tracker once per process and creation of the job (a
-        stored spec never changes; see :meth:`follow_job`)."""
-        spec = self._specs.get(job)
-        if spec is None:
-            spec = JobSpec.from_json(self.tracker.load_spec(job))
-            self._specs[job] = spec
-        return spec
+        """The job's spec (a stored spec never changes; see :meth:`job_context`)."""
+        return self.job_context(job).spec
 
     def scraper(self, job: str) -> Scraper:
-        """The job's scraper; raises ConfigError when this worker's settings refuse the class its
-        spec names (not kept: each item asking again is refused without importing anything)."""
-        return self._per_job(
-            self._scrapers, job, lambda spec: build_scraper(spec, self.settings)
-        )
+        """The job's scraper (:meth:`JobContext.scraper`)."""
+        return self.job_context(job).scraper()
 
     def robots(self, job: str) -> Optional[RobotsCache]:
         """The job's robots.txt policy; None when the job ignores robots.txt."""
-        if not self.spec(job).fetch.obey_robots:
-            return None
-        return self._per_job(
-            self._robots, job, lambda spec: RobotsCache.from_spec(spec, self.robots_store)
-        )
-
-    def host_scope(self, job: str) -> HostScope:
-        """The hosts the job's redirects may lead to (its link scope's hosts)."""
-        return self._per_job(self._host_scopes, job, HostScope.from_spec)
+        return self.job_context(job).robots()
 
     def saver(self, job: str) -> ItemSaver:
-        """The job's saver, opened; raises ConfigError when this worker's settings refuse its
-        class or its output."""
-
-        def open_saver(spec: JobSpec) -> ItemSaver:
-            saver = build_saver(spec, job, self.worker_id, self.settings)
-            saver.open()
-            return saver
-
-        return self._per_job(self._savers, job, open_saver)
-
-    def _per_job(self, cache: dict, job: str, build):
-        """``cache[job]``, built once per process from the job's spec (threads may race here)."""
-        component = cache.get(job)
-        if component is None:
-            with self._lock:
-                component = cache.get(job)
-                if component is None:
-                    component = cache[job] = build(self.spec(job))
-        return component
+        """The job's saver, opened (:meth:`JobContext.saver`)."""
+        return self.job_context(job).saver()
 
     def close(self) -> None:
         """Close every saver opened in this process (flushes what they buffer)."""
         with self._lock:
-            savers, self._savers = self._savers, {}
-        for job, saver in savers.items():
-            try:
-                saver.close()
-            except Exception:  # one saver failing to close must not stop the others
-                log.exception("closing the saver of job %s failed", job)
+            contexts = list(self._contexts.values())
+        for context in contexts:
+            self._close_context(context)
+
+    @staticmethod
+    def _close_context(context: JobContext, note: str = "") -> None:
+        """Close ``context``'s saver, logging ``note`` first if it had one open; one that fails
+        to close is logged, not raised (the job's output; the next context is not touched)."""
+        if note and context.has_saver:
+            log.info(note, context.job)
+        try:
+            context.close()
+        except Exception:
+            log.exception("closing the saver of job %s failed", context.job)
 
 
 _runtime: Optional[Runtime] = None

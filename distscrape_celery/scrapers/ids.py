@@ -55,11 +55,13 @@ class IDScraper(Scraper):
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "IDScraper":
-        s = spec.scraper
-        if s.id_regex is None or s.download_url_fmt is None:  # the spec validator requires both
+        scraper_spec = spec.scraper
+        # The spec validator requires both.
+        if scraper_spec.id_regex is None or scraper_spec.download_url_fmt is None:
             raise ValueError("IDScraper needs scraper.id_regex and scraper.download_url_fmt")
-        return cls(s.id_regex, s.download_url_fmt, fetcher=Fetcher.for_job(spec),
-                   regex_seconds=s.regex_seconds, max_ids=s.max_links_per_page)
+        return cls(scraper_spec.id_regex, scraper_spec.download_url_fmt,
+                   fetcher=Fetcher.for_job(spec), regex_seconds=scraper_spec.regex_seconds,
+                   max_ids=scraper_spec.max_links_per_page)
 
     def url_for(self, item: str) -> str:
         """The URL ``item`` is downloaded from: itself if a URL, else made from the ID. Raises

@@ -186,8 +186,8 @@ def join_plain(prefixes: tuple[str, tuple[str, ...]], lead: str, rest: str) -> s
     origin, dirs = prefixes
     if lead == "/":
         return f"{origin}/{rest}"
-    up = lead.count("../")
-    kept = dirs[:max(len(dirs) - up, 0)]
+    levels_up = lead.count("../")
+    kept = dirs[:max(len(dirs) - levels_up, 0)]
     return origin + "/" + "".join(d + "/" for d in kept) + rest
 
 

@@ -19,7 +19,8 @@ from kombu.utils.json import JSONEncoder
 from kombu.utils.json import dumps as json_dumps
 from kombu.utils.uuid import uuid
 
-from ..core.pipeline import ItemPipeline, left_for_recovery
+from ..core.pipeline import ItemPipeline
+from ..core.pipeline.failures import left_for_recovery
 from ..core.runtime import current_runtime
 from ..errors import TrackerUnavailable
 from ..tracker.model import Urgent
@@ -368,7 +369,7 @@ def pipeline() -> ItemPipeline:
     Crawl-delay, passed to the tracker) costs one round trip per process, not one per page."""
     global _pipeline
     runtime = current_runtime(current_settings)
-    if _pipeline is None or _pipeline.rt is not runtime:
+    if _pipeline is None or _pipeline.runtime is not runtime:
         _pipeline = ItemPipeline(runtime, publisher)
     return _pipeline
 

@@ -286,8 +286,9 @@ def test_public_seed_cannot_reach_loopback_or_metadata(redis_url, tmp_path):
         rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
         hooks = public_test_hooks({"public.invalid": "127.0.0.1"})
         # The job's components, built as the runtime would but with the injected resolver.
-        rt._scrapers["ssrf"] = SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks))
-        rt._robots["ssrf"] = RobotsCache.from_spec(spec, rt.robots_store, **hooks)
+        rt.preset_context("ssrf", spec,
+                          scraper=SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks)),
+                          robots=RobotsCache.from_spec(spec, rt.robots_store, **hooks))
         crawl_inline(rt, "ssrf", spec)
     dead = rt.tracker.dead_items("ssrf")
     assert "refused: 127.0.0.1 is a loopback address" in dead[f"{base}/secret"]
@@ -321,8 +322,9 @@ def test_a_literal_seed_address_is_trusted_only_by_that_literal_and_port(redis_u
                                "saver": {"output": str(tmp_path / "o")}, "max_retries": 0})
             rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
             hooks = {"resolver": resolver({"evil.invalid": ["127.0.0.1"]})}
-            rt._scrapers["lit"] = SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks))
-            rt._robots["lit"] = RobotsCache.from_spec(spec, rt.robots_store, **hooks)
+            rt.preset_context("lit", spec,
+                              scraper=SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks)),
+                              robots=RobotsCache.from_spec(spec, rt.robots_store, **hooks))
             stats = crawl_inline(rt, "lit", spec)
     assert sorted(e["path"] for e in log) == ["/", "/go", "/page", "/robots.txt"]
     assert [e["path"] for e in other_log] == []

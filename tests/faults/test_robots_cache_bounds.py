@@ -131,9 +131,9 @@ def test_a_redirect_off_the_jobs_hosts_fetches_nothing_there(redis_url, tmp_path
                                "saver": {"output": str(tmp_path / "o")}})
             rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
             hooks = public_test_hooks({"site.invalid": "127.0.0.1", "other.invalid": "127.0.0.1"})
-            rt._scrapers["scope"] = SimpleScraper(LinkScope.from_spec(spec),
-                                                  Fetcher.for_job(spec, **hooks))
-            rt._robots["scope"] = RobotsCache.from_spec(spec, rt.robots_store, **hooks)
+            rt.preset_context("scope", spec,
+                              scraper=SimpleScraper(LinkScope.from_spec(spec), Fetcher.for_job(spec, **hooks)),
+                              robots=RobotsCache.from_spec(spec, rt.robots_store, **hooks))
             crawl_inline(rt, "scope", spec)
     assert other_log == []
     dead = rt.tracker.dead_items("scope")

@@ -117,7 +117,7 @@ def test_what_is_remembered_stays_within_its_bytes(redis_url, site, tmp_path, mo
     calls = recording(rt, monkeypatch)
     for n in range(3):
         assert scrape(rt, pipe, server, f"/p{n}") == "scraped"
-        assert 0 < pipe._known_links.bytes <= budget
+        assert 0 < pipe.known_links.bytes <= budget
     assert all(len(c) > 1 for c in calls), calls  # each page sent some navigation links again
     assert rt.tracker.stats("p").seen == 3 + 6 + 3
 
@@ -133,9 +133,9 @@ def test_the_bytes_reckoned_are_the_bytes_held(redis_url, site, tmp_path):
         for n, link in enumerate(links):
             # Strings made afresh, as a decoded message and a reply make them.
             job, created = "".join(["job-", "p"]), "".join(["1764284400.", str(123456)])
-            pipe._remember_links(job, created, [link])
+            pipe.known_links.remember(job, created, [link])
 
     held = retained_after(remember)
-    assert len(pipe._known_links) == len(links)
-    print(f"\nheld {held} bytes, reckoned {pipe._known_links.bytes}")
-    assert held <= pipe._known_links.bytes, (held, pipe._known_links.bytes)
+    assert len(pipe.known_links) == len(links)
+    print(f"\nheld {held} bytes, reckoned {pipe.known_links.bytes}")
+    assert held <= pipe.known_links.bytes, (held, pipe.known_links.bytes)

@@ -439,7 +439,7 @@ def test_save_many_a_failed_flush_fails_every_entry_and_leaves_no_temporary_file
     """The first or the second syncfs fails (a full disk shows as ENOSPC at writeback): no item
     of the group counts as saved, the disk-full error is the cause the pipeline looks for, and
     the old file stays whole where nothing was renamed yet."""
-    from distscrape_celery.core.pipeline import output_full
+    from distscrape_celery.core.pipeline.failures import output_full
     from distscrape_celery.savers import files
 
     out = tmp_path / "out"

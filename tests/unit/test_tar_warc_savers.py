@@ -17,7 +17,7 @@ from distscrape_celery.core.components import build_saver
 from distscrape_celery.errors import ConfigError, SaveError
 from distscrape_celery.web.fetch import Download
 from distscrape_celery.job.spec import build_spec
-from distscrape_celery.core.pipeline import output_full
+from distscrape_celery.core.pipeline.failures import output_full
 from distscrape_celery.savers import FileItemSaver, TarItemSaver, WarcItemSaver, tar_index
 from distscrape_celery.savers import shards as shards_module
 from distscrape_celery.savers.tar import TarShard, read_tar_shard, tar_shards

@@ -1,0 +1,241 @@
+"""Scraping one page: lease it, download it, find its links, report it to the tracker, and pass
+it on to its save (a save message now, its save batch, or a save in this process).
+
+Each step that ends the page early (the scraper cannot be built, the download or the link
+finding fails) hands the item back to the tracker and says how it ended; what the checkout
+handed out for scraping is sent in any case.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from ..backoff import Backoff
+from ..context import JobContext
+from ..runtime import Runtime
+from ...errors import ConfigError, FetchError
+from ...scrapers import Scraper
+from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
+from ...web.fetch import Download, redirect_check
+from .failures import Failures
+from .fetch_rules import FetchRules
+from .links import KnownLinks, cap_links
+from .publishing import Publisher, dispatch, dispatch_or_keep
+from .saving import Saving
+from .scraped_saves import ScrapedSave, ScrapedSaves, hand_over, page_holder
+
+log = logging.getLogger(__name__)
+
+
+class _Ended(Exception):
+    """A step ended the page's scrape early (and handed the item back); ``outcome`` says how."""
+
+    def __init__(self, outcome: str) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+
+
+@dataclass
+class LeasedPage:
+    """A page this process holds the lease of, as the steps of its scrape pass it on.
+
+    ``unsent``: what the checkout handed out for scraping and is not sent yet; it goes with the
+    page's save (emptied when it is handed over), or to the broker when the page ends.
+    ``may_wait``: whether what the page itself hands out may wait for its save batch too
+    (:meth:`ScrapedSaves.may_wait`)."""
+
+    context: JobContext
+    item: str
+    checkout: Checkout
+    unsent: list[str]
+    may_wait: bool
+
+    @property
+    def job(self) -> str:
+        return self.context.job
+
+    @property
+    def token(self) -> int:
+        return self.checkout.token
+
+
+class Scraping:
+    """Scrapes leased pages of any job: the steps of :meth:`scrape`."""
+
+    def __init__(
+        self, runtime: Runtime, publisher: Publisher, failures: Failures, known_links: KnownLinks,
+        saving: Saving, scraped_saves: Optional[ScrapedSaves],
+    ) -> None:
+        self.runtime = runtime
+        self.publisher = publisher
+        self.failures = failures
+        self.known_links = known_links
+        self.saving = saving
+        self.scraped_saves = scraped_saves  # None: each page gets a save message of its own
+        self.fetch_rules = FetchRules(runtime.tracker)
+
+    def scrape(self, job: str, item: str) -> str:
+        """Lease and download ``item``, queue what it links to, hand it to a save task (or save
+        it here, with the ``save_inline`` setting). Returns what happened (for logs and tests)."""
+        runtime = self.runtime
+        context = runtime.job_context(job)
+        checkout = runtime.tracker.checkout(
+            job, item, runtime.worker_id, max_lost=context.spec.max_lost)
+        context = runtime.job_context(job, checkout.created)
+        if checkout.status is not LeaseStatus.OK:
+            dispatch(self.publisher, job, checkout.dispatch)
+            # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
+            # the domain's slot opens): nothing to do here, and this worker's slot is free now.
+            return checkout.status.value
+        page = self._leased_page(context, item, checkout)
+        try:
+            return self._scrape_leased(page)
+        except _Ended as ended:
+            return ended.outcome
+        finally:
+            if page.unsent:
+                dispatch(self.publisher, job, page.unsent)
+
+    def _leased_page(self, context: JobContext, item: str, checkout: Checkout) -> LeasedPage:
+        """``item``, just leased. With save batches, what the checkout handed out for scraping
+        may go to the broker with the page's save (one broker round trip a page fewer; see
+        :meth:`ScrapedSaves.may_wait`); at once if the page ends otherwise."""
+        unsent = list(checkout.dispatch)
+        may_wait = self.scraped_saves is not None and self.scraped_saves.may_wait(context)
+        if not may_wait:
+            unsent = dispatch_or_keep(self.publisher, context.job, item, unsent)
+        return LeasedPage(context, item, checkout, unsent, may_wait)
+
+    def _scrape_leased(self, page: LeasedPage) -> str:
+        """:meth:`scrape` once the page is leased. Raises :class:`_Ended` for a page that a
+        step ended early."""
+        scraper = self._scraper(page)
+        download = self._download(page, scraper)
+        found, cut = self._links_found(page, scraper, download)
+        created = page.checkout.created
+        found = self.known_links.unknown(page.job, created, found)
+        reply = self._report_scraped(page, download, found, cut)
+        # Stale or not, the tracker took the finds.
+        self.known_links.remember(page.job, created, found)
+        if not reply.held:
+            # Our lease ran out meanwhile and the item went on without us: leave it alone.
+            dispatch(self.publisher, page.job, reply.dispatch)
+            return "stale"
+        if self.scraped_saves is not None:
+            return self._join_batch(page, download, reply)
+        return self._send_save(page, download, reply)
+
+    def _fail(self, page: LeasedPage, reason: str, **how) -> _Ended:
+        """Hand the page's item back for ``reason`` (``how``: as :meth:`Failures.fail` takes
+        it): the end of its scrape, to raise."""
+        return _Ended(self.failures.fail(page.context, page.item, page.token, reason, **how))
+
+    def _scraper(self, page: LeasedPage) -> Scraper:
+        """The job's scraper."""
+        try:
+            return page.context.scraper()
+        except ConfigError as exc:
+            # This worker refuses (or cannot load) what the job's spec names, and would for
+            # every attempt: dead at once, with the reason.
+            raise self._fail(page, str(exc), fault=Fault.ITEM, retryable=False) from None
+        except Exception as exc:  # a plug-in failing to build costs an attempt, not the worker
+            log.exception("%s %s: building the job's scraper raised", page.job, page.item)
+            raise self._fail(page, f"scraper error: {exc!r}", fault=Fault.ITEM) from None
+
+    def _download(self, page: LeasedPage, scraper: Scraper) -> Download:
+        """The page, downloaded if the job's robots.txt allows it, its redirects checked."""
+        rules, context = self.fetch_rules, page.context
+        try:
+            rules.check_robots(context, scraper.url_for(page.item))
+            with redirect_check(rules.redirect_check(context)):
+                return scraper.download(page.item)
+        except FetchError as exc:
+            # A transient failure waits out its backoff in the tracker, not in a worker or broker.
+            delay = Backoff.from_spec(context.spec.politeness).delay(
+                page.checkout.failed_attempts, getattr(exc, "retry_after", None)
+            ) if exc.retryable else 0.0
+            raise self._fail(page, str(exc), fault=Fault.ITEM, retryable=exc.retryable,
+                             delay=delay) from None
+        except Exception as exc:  # a scraper bug must cost one item, never the worker
+            log.exception("%s %s: scraper download raised", page.job, page.item)
+            raise self._fail(page, f"download error: {exc!r}", fault=Fault.ITEM) from None
+
+    def _links_found(
+        self, page: LeasedPage, scraper: Scraper, download: Download
+    ) -> tuple[list[str], int]:
+        """The items found in the page, capped (:func:`cap_links`), with how many were cut."""
+        scraper_spec = page.context.spec.scraper
+        if scraper_spec.max_depth is not None and page.checkout.depth >= scraper_spec.max_depth:
+            return [], 0  # its links would be deeper than the job goes
+        try:
+            found = scraper.find_items(page.item, download)
+        except Exception as exc:
+            log.exception("%s %s: scraper find_items raised", page.job, page.item)
+            raise self._fail(page, f"scraper error: {exc!r}", fault=Fault.ITEM) from None
+        return cap_links(page.job, page.item, found, scraper_spec.max_links_per_page)
+
+    def _report_scraped(
+        self, page: LeasedPage, download: Download, found: list[str], cut: int
+    ) -> ScrapedResult:
+        """Tell the tracker the page was scraped, with what it links to."""
+        runtime = self.runtime
+        depth = page.checkout.depth + 1
+        if runtime.settings.save_inline:
+            # Saved in this process (now, or with its batch): the item turns saving under our
+            # lease in the same step, and its body, which only a save task on another run would
+            # need, is not staged.
+            return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
+                                           save_as=runtime.worker_id, cut=cut)
+        # Its body is staged in the same step as the item turns save-pending, so a pending
+        # save always has a body to take, and a stale lease stages nothing; its save task is
+        # queued now, or later with those of other pages.
+        return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
+                                       body=download.body, keep_as=page_holder(runtime), cut=cut)
+
+    def _join_batch(self, page: LeasedPage, download: Download, reply: ScrapedResult) -> str:
+        """Let the scraped page wait for its save batch, with the scrape messages that may
+        wait with it."""
+        found, may_wait = list(reply.dispatch), page.may_wait
+        if may_wait and found:
+            # The tracker handed out items as this page ended: it had room under its
+            # dispatch bound with its frontier run dry (a crawl's first levels of links, or
+            # its last), or a capped domain has a place again. Either way the broker holds
+            # too little to keep the threads busy, and each level of links would wait out
+            # the batch's wait.
+            found, may_wait = page.unsent + found, False
+            page.unsent.clear()
+        if not may_wait:
+            found = dispatch_or_keep(self.publisher, page.job, page.item, found)
+        inline = self.runtime.settings.save_inline
+        self.scraped_saves.add(ScrapedSave(page.job, page.item, page.token, download.meta(),
+                                           page.unsent + found, download if inline else None))
+        page.unsent.clear()
+        return "scraped"
+
+    def _send_save(self, page: LeasedPage, download: Download, reply: ScrapedResult) -> str:
+        """Publish the page's new scrape messages and its save message (one broker round trip),
+        or, with ``save_inline``, the scrape messages and then save it here."""
+        runtime, job, token = self.runtime, page.job, page.token
+        inline = runtime.settings.save_inline
+        try:
+            with self.publisher.batch():
+                dispatch(self.publisher, job, reply.dispatch)
+                if not inline:
+                    self.publisher.save(job, page.item, token, download.meta())
+        except Exception as exc:
+            # Hand the item back now rather than after its save timeout. Scrape messages of the
+            # batch that were not sent leave their items dispatched: reclaimed within a lease.
+            if not inline:
+                runtime.staging.discard(job, token)
+            what = "the items found in it" if inline else "the save"
+            return self.failures.fail(page.context, page.item, token,
+                                      f"could not queue {what}: {exc}", fault=Fault.FREE)
+        if inline:
+            # If this process dies now, no save message is left to be delivered again: the item
+            # is reclaimed (downloaded again) once its saving lease and one more have passed.
+            return self.saving.store(page.context, page.item, token, download)
+        if page_holder(runtime) is not None:
+            hand_over(runtime, job, [(page.item, token)])
+        return "scraped"
