@@ -1,7 +1,7 @@
 """The crawl benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
 
     .venv/bin/python -m bench.suite [--pages 5000] [--peer-pages 2000] [--latency 0.05]
-                                    [--only nginx-default,latency-default,...]
+                                    [--only nginx-default,latency-default,...,chaos]
                                     [--profile DIR] [--rounds N] [--sample]
 
 One run, in this order, so every figure is taken under the same machine load:
@@ -21,6 +21,9 @@ One run, in this order, so every figure is taken under the same machine load:
    against the latency site; with ``--only scale-hosts`` (``bench.sim_hosts``), the same
    with each worker a simulated host, in a CPU cgroup capped at ``--host-cpu`` of a core.
 
+With ``chaos`` in ``--only``, first of all the chaos run (``bench.chaos``, its options in
+``--chaos-args``): the same crawl undisturbed and under SIGKILLs, a Redis restart and a cut-off;
+it fails the suite if a page is lost.
 
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
@@ -38,12 +41,14 @@ import argparse
 import datetime
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
 
+from bench import chaos
 from bench.cgroups import CgroupError, HostCgroups
 from bench.crawl_command import crawl_default
 from bench.helpers import machine, unwind_on_sigterm
@@ -57,7 +62,7 @@ from bench.worker_crawl import README_WORKER_ARGS, crawl_hosts, crawl_workers
 ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-default",
        "latency-workers", "scale", "variants"]
 # Not in ALL either: scale-hosts (bench.sim_hosts), which needs root and a cgroup cpu
-# controller.
+# controller; chaos (bench.chaos), which takes minutes of its own.
 # Not in ALL: nginx-polite and latency-polite, `distscrape crawl` with its default politeness
 # (8 requests in flight to one site: at most 160 pages/s from the 50 ms site).
 # With --baseline DIR (a directory holding another version's distscrape_celery, e.g. from
@@ -147,7 +152,8 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--only", default=",".join(ALL),
                          help=f"some of {','.join(ALL)}; also nginx-polite, latency-polite, "
                          "scale-hosts (1, 2, 4 workers each in a CPU cgroup of --host-cpu of a "
-                         "core: needs root), nginx-baseline, latency-baseline")
+                         "core: needs root), nginx-baseline, latency-baseline, chaos (bench.chaos, "
+                         "first of all)")
     options.add_argument("--sample", action="store_true",
                          help="README workers' crawls: poll the tracker every 30 ms and report the "
                          "items in flight and the broker's queues (slows the driver a little)")
@@ -170,6 +176,8 @@ def parser() -> argparse.ArgumentParser:
                          "celery` workers import the tree in the current directory instead")
     options.add_argument("--crawl-args", default="",
                          help="extra options for `distscrape crawl` (to compare settings)")
+    options.add_argument("--chaos-args", default="",
+                         help="with chaos in --only: options of bench.chaos (e.g. '--pages 1000')")
     return options
 
 
@@ -177,6 +185,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser().parse_args(argv)
     unwind_on_sigterm()
     only = args.only.split(",")
+    chaos_args = chaos.parser().parse_args(shlex.split(args.chaos_args))
     if "scale-hosts" in only:
         # Before the sites are made: without root or a cpu controller, say so at once.
         try:
@@ -187,6 +196,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = f"{stamp}; {machine()}"
     print(header, flush=True)
+    safe = True
+    if "chaos" in only:
+        # First: it forks its site's server before this process has threads or connections.
+        only.remove("chaos")
+        results = chaos.chaos_run(chaos_args)
+        chaos.print_reports(results)
+        safe = all(r["lost"] == 0 and r["finished"] for r in results)
+    if not only:
+        return 0 if safe else 1
     rounds = crawl_rounds(args, only)
     print(f"\n{header}; site {args.pages} pages, {args.page_bytes} bytes each; "
           f"latency site {args.latency * 1000:.0f} ms per response\n")
@@ -198,7 +216,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if summary:
             print("\n" + summary)
     every = [r for round_results, _ in rounds for r in round_results]
-    return 0 if all(r.ok for r in every) else 1
+    return 0 if safe and all(r.ok for r in every) else 1
 
 
 def crawl_rounds(args, only: list[str]) -> list[tuple[list[Result], dict]]:
