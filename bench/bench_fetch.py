@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """The fetcher's CPU per download, as a worker process's threads share it.
 
-    python bench/bench_fetch.py [--threads 32] [--fetches 200] [--hosts 40] [--rounds 2]
+    .venv/bin/python -m bench.bench_fetch [--threads 32] [--fetches 200] [--hosts 40] [--rounds 2]
                                 [--code DIR]
 
 Serves a 6,000-byte page (keep-alive, no delay) on ``--hosts`` loopback addresses (127.0.0.10
@@ -23,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latency_site import one_port  # noqa: E402
+from bench.helpers import CHECKOUT_PRELUDE
+from bench.latency_site import one_port
 
-ROOT = Path(__file__).resolve().parent.parent
 FIRST = ipaddress.IPv4Address("127.0.0.10")
 
 SERVER = r'''
@@ -50,13 +48,9 @@ async def main():
 asyncio.run(main())
 '''
 
-CLIENT = r'''
-import resource, sys, threading, time
+CLIENT = CHECKOUT_PRELUDE + r'''
+import resource, threading, time
 code, port, threads, fetches, hosts = sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:6])
-if code:
-    # The package in `code`, not the one installed (an editable install's finder comes first).
-    sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-    sys.path.insert(0, code)
 from distscrape_celery.job.spec import FetchSpec, JobSpec
 from distscrape_celery.web import fetch
 seeds = [f"http://127.0.0.{10 + h}:{port}/" for h in range(hosts)]

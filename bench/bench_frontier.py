@@ -1,6 +1,6 @@
 """Memory per queued URL: the tracker's frontier versus the same URLs as Celery messages.
 
-    python bench/bench_frontier.py [--urls 200000] [--messages 2000]
+    .venv/bin/python -m bench.bench_frontier [--urls 200000] [--messages 2000]
 
 Starts a throwaway Redis, queues ``--urls`` URLs through RedisTracker.add (no live worker, so
 nothing is dispatched and the whole frontier waits in the tracker), and reports Redis's
@@ -13,15 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import redis
 
-import redis  # noqa: E402
-
-from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
-from distscrape_celery.settings import Settings  # noqa: E402
-from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis
+from distscrape_celery.settings import Settings
+from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker
 
 
 def used_memory(client: redis.Redis) -> int:

@@ -1,7 +1,7 @@
 """What joining a crawl's archive shards into the named file costs (`distscrape crawl` does it at
 its end).
 
-    python bench/bench_join.py [--pages 3000] [--workers 4]
+    .venv/bin/python -m bench.bench_join [--pages 3000] [--workers 4]
 
 Saves ``--pages`` pages of a generated site into ``--workers`` shards of each archive kind (as
 that many worker processes would), then joins them; prints the CPU seconds of both (CPU, not
@@ -11,20 +11,16 @@ wall time, so that a busy machine does not distort it) and the sizes.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from distscrape_celery.testing.sitegen import generate_site
 
-from tests.support.sitegen import generate_site  # noqa: E402
-
-from distscrape_celery.web.fetch import Download  # noqa: E402
-from distscrape_celery.savers import TarItemSaver, WarcItemSaver  # noqa: E402
-from distscrape_celery.savers.tar import join_tar  # noqa: E402
-from distscrape_celery.savers.warc import join_warc  # noqa: E402
+from distscrape_celery.web.fetch import Download
+from distscrape_celery.savers import TarItemSaver, WarcItemSaver
+from distscrape_celery.savers.tar import join_tar
+from distscrape_celery.savers.warc import join_warc
 
 
 def main() -> None:

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """The CPU and memory of finding the links of one page with 150,000 of them.
 
-    python bench/bench_links.py [--links 150000] [--kinds in-scope,off-site,repeats,odd-form]
+    .venv/bin/python -m bench.bench_links [--links 150000] [--kinds in-scope,off-site,repeats,odd-form]
                                 [--rounds 2] [--code DIR]
 
 Builds, in a fresh process per measurement, an HTML page of ``--links`` links and runs the
@@ -28,6 +27,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.helpers import CHECKOUT_PRELUDE
+
 KINDS = {
     "in-scope": "<a href=/{n:05x}>",
     "off-site": "<a href=//{n:05x}>",
@@ -36,13 +37,9 @@ KINDS = {
 }
 DEFAULT_KINDS = ("in-scope", "off-site", "repeats")
 
-CHILD = r'''
-import json, resource, sys, time, tracemalloc
+CHILD = CHECKOUT_PRELUDE + r'''
+import json, resource, time, tracemalloc
 code, link, count, traced = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
-if code:
-    # The package in `code`, not the one installed (an editable install's finder comes first).
-    sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-    sys.path.insert(0, code)
 from distscrape_celery.job.spec import JobSpec
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.web.fetch import Download

@@ -1,6 +1,6 @@
 """Publishing alone: messages per second of ``publisher.scrape`` (a page's links, one batch).
 
-    python bench/bench_publish.py [--items 8] [--batches 3000] [--rounds 5] [--code DIR ...]
+    .venv/bin/python -m bench.bench_publish [--items 8] [--batches 3000] [--rounds 5] [--code DIR ...]
 
 Starts a throwaway Redis; for each ``--code`` checkout (this one by default; repeat the option
 to compare, e.g. a clean checkout of main and this tree) a process of its own imports that
@@ -20,9 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-_CHILD = r"""
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
+from bench.helpers import CHECKOUT_PRELUDE, ROOT
+
+_CHILD = CHECKOUT_PRELUDE + r"""
+import json, time
 from distscrape_celery.settings import Settings
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.tasks import publisher
@@ -49,8 +50,7 @@ def main() -> int:
     parser.add_argument("--code", action="append",
                         help="a checkout whose distscrape_celery to measure (repeatable)")
     args = parser.parse_args()
-    codes = args.code or [str(Path(__file__).resolve().parent.parent)]
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    codes = args.code or [str(ROOT)]
     import redis
 
     from distscrape_celery.local.embedded import EmbeddedRedis

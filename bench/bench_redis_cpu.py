@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Redis commands and CPU a page, command by command, tracker and broker apart.
 
-    .venv/bin/python bench/bench_redis_cpu.py [--pages 3000] [--modes crawl,workers]
+    .venv/bin/python -m bench.bench_redis_cpu [--pages 3000] [--modes crawl,workers]
                                               [--rounds 1] [--trace] [--baseline DIR]
                                               [--idle 10] [--top 30]
 
-Serves a generated site by nginx on 127.0.0.1 (as ``suite.py`` does) and crawls it whole with
+Serves a generated site by nginx on 127.0.0.1 (as ``bench.suite`` does) and crawls it whole with
 ``distscrape crawl`` (``crawl``: its embedded Redis) and with the README's workers (``workers``:
 ``celery multi start`` of two ``-P threads -c 32`` workers and ``distscrape seed``, on a
 throwaway Redis; ``split``: the same with ``DISTSCRAPE_BROKER_URL`` naming a second Redis, whose
@@ -44,14 +43,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-
-import suite  # noqa: E402
-from suite import (BIN, NginxSite, RedisProbe, Result, ThrowawayRedis, clean_env,  # noqa: E402
-                   crawl_default, crawl_workers, site_pages)
-
-ROOT = BENCH.parent
+from bench.crawl_command import crawl_default
+from bench.helpers import BIN, ROOT, clean_env, unwind_on_sigterm
+from bench.probes import RedisProbe, Result, ThrowawayRedis
+from bench.sites import NginxSite, site_pages
+from bench.worker_crawl import crawl_workers
 QUEUES = (b"distscrape.scrape", b"distscrape.save")
 PROBE_COMMANDS = {b"info", b"slowlog", b"config"}
 
@@ -282,7 +278,7 @@ def main() -> int:
     if args.trace:
         roots = [ROOT] + ([Path(args.baseline)] if args.baseline else [])
         RedisProbe.trace_default = classifier(script_names(*roots))
-    suite.unwind_on_sigterm()
+    unwind_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="bench-redis-cpu-"))
     print(f"load average before: {load()}", flush=True)
     site = NginxSite(site_pages(args.pages, args.page_bytes), work)

@@ -1,7 +1,7 @@
 """What Redis spends on one round trip, one command inside a script, and each step of the tracker's
 function library, in microseconds of Redis CPU.
 
-    .venv/bin/python bench/bench_redis_ops.py [--calls 2000] [--loop 200]
+    .venv/bin/python -m bench.bench_redis_ops [--calls 2000] [--loop 200]
 
 Starts a throwaway Redis 7 (the embedded one's binary), creates a job with default settings and
 queues 2,000 URLs on 40 hosts. Then:
@@ -24,17 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 import multiprocessing
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import redis
 
-import redis  # noqa: E402
-
-from distscrape_celery.job.spec import build_spec  # noqa: E402
-from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
-from distscrape_celery.tracker import RedisTracker  # noqa: E402
-from distscrape_celery.tracker.redis import scripts  # noqa: E402
+from distscrape_celery.job.spec import build_spec
+from distscrape_celery.local.embedded import EmbeddedRedis
+from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.tracker.redis import scripts
 
 # Each step as a statement run with `u`, one of 50 URLs, bound (the library's locals in scope).
 STEPS = {

@@ -1,6 +1,6 @@
 """How fast `distscrape seed JOB --ids-file FILE` imports IDs, and how much memory the client needs.
 
-    python bench/bench_seed_ids.py [--ids 1000000] [--duplicates 0.1] [--once]
+    .venv/bin/python -m bench.bench_seed_ids [--ids 1000000] [--duplicates 0.1] [--once]
 
 Writes a file of ``--ids`` generated IDs (a share of them repeated, and some blank lines), starts
 a throwaway Redis, and runs the real command on it as a subprocess (no worker alive, so nothing
@@ -23,11 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import redis
 
-import redis  # noqa: E402
-
-from distscrape_celery.local.embedded import EmbeddedRedis  # noqa: E402
+from distscrape_celery.local.embedded import EmbeddedRedis
 
 
 def write_ids(path: Path, n: int, duplicates: float) -> int:

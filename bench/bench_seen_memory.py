@@ -1,7 +1,7 @@
 """Redis memory per queued and per done URL (or ID): a queued item costs at most its own bytes
 + 32, a done one at most 16 bytes.
 
-    python bench/bench_seen_memory.py [--urls 10000000] [--domains 10000] [--ids] [--no-complete]
+    .venv/bin/python -m bench.bench_seen_memory [--urls 10000000] [--domains 10000] [--ids] [--no-complete]
 
 Starts a throwaway Redis and creates a job with the default job settings. Adds ``--urls``
 generated URLs (~66 characters, spread over ``--domains`` domains; with ``--ids``, 10-digit IDs
@@ -25,15 +25,12 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import redis
 
-import redis  # noqa: E402
-
-from distscrape_celery.tracker import keys  # noqa: E402
-from distscrape_celery.job.spec import JobSpec  # noqa: E402
-from distscrape_celery.tracker import CrawlLimits, DomainLimits, RedisTracker  # noqa: E402
+from distscrape_celery.tracker import keys
+from distscrape_celery.job.spec import JobSpec
+from distscrape_celery.tracker import CrawlLimits, DomainLimits, RedisTracker
 
 JOB = "seen"
 # One worker's concurrency: the broker bound is twice that, so each pipelined round completes

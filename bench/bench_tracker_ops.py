@@ -1,6 +1,6 @@
 """Tracker throughput: operations per second and Redis CPU per operation, one client.
 
-    python bench/bench_tracker_ops.py [--urls 50000] [--pages 10000] [--code PATH] [--scripts]
+    .venv/bin/python -m bench.bench_tracker_ops [--urls 50000] [--pages 10000] [--code PATH] [--scripts]
         [--callgrind] [--save-batch N] [--inline]
 
 Starts a throwaway Redis and creates a job with default settings. Then:
@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.helpers import ROOT, use_checkout
+
 
 def callgrind_control(option: str, pid: int) -> None:
     subprocess.run(["callgrind_control", option, str(pid)], check=True, capture_output=True)
@@ -53,7 +55,7 @@ def main() -> int:
                         help="also print the Redis commands the cycle runs (INFO commandstats, "
                              "calls from inside the scripts included), per page")
     parser.add_argument("--body", type=int, default=6000, help="bytes of each staged body")
-    parser.add_argument("--code", default=str(Path(__file__).resolve().parent.parent),
+    parser.add_argument("--code", default=str(ROOT),
                         help="the checkout whose distscrape_celery to measure")
     parser.add_argument("--save-batch", type=int, default=1,
                         help="pages a save batch begins and completes in one call each, as "
@@ -70,7 +72,7 @@ def main() -> int:
                              "it runs a page in the cycle: a count that a busy machine does not "
                              "change, unlike CPU time (slow: try --urls 2000 --pages 500)")
     args = parser.parse_args()
-    sys.path.insert(0, args.code)
+    use_checkout(args.code)
     import redis
 
     import inspect

@@ -3,7 +3,7 @@
 forked from one process that imported everything once (`worker_main --forks`, what
 `distscrape crawl` starts).
 
-    python bench/bench_worker_start.py [--rounds 5] [--pool "threads -c 16"] [--workers 4]
+    .venv/bin/python -m bench.bench_worker_start [--rounds 5] [--pool "threads -c 16"] [--workers 4]
 
 Starts a throwaway Redis; each round starts each kind, waits until its workers have registered
 with the tracker and then one to two seconds more (start-up work that follows "ready"), reads the user +
@@ -21,10 +21,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_crawl import children_of, own_cpu  # noqa: E402
+from bench.helpers import children_of, own_cpu
 
 
 def main() -> int:

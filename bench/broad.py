@@ -1,14 +1,13 @@
-#!/usr/bin/env python
 """The broad-crawl benchmark: many slow hosts at once, at most 8 requests in flight to each.
 
-    .venv/bin/python bench/broad.py [--hosts 40] [--pages 150] [--min-delay 0.1] [--max-delay 1]
+    .venv/bin/python -m bench.broad [--hosts 40] [--pages 150] [--min-delay 0.1] [--max-delay 1]
                                     [--only crawl,crawl-256,workers,scrapy,scrapy-redis]
                                     [--timeout 180]
 
 One run, so that every figure is taken under the same machine load:
 
-1. generates ``--hosts`` sites of ``--pages`` pages each with ``tests/support/sitegen.py`` (robots.txt
-   allowing everything, no Crawl-delay; off-site links only to names under ``.invalid``), adds to
+1. generates ``--hosts`` sites of ``--pages`` pages each with ``distscrape_celery.testing.sitegen``
+   (robots.txt allowing everything, no Crawl-delay; off-site links only to names under ``.invalid``), adds to
    every page ``--cross-links`` links to pages of other hosts, and serves each on its own
    loopback address (127.0.0.10, 127.0.0.11, ...: distinct hosts on Linux), one port for all, by
    one ``bench/latency_site.py`` process. Host number i answers after
@@ -56,14 +55,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from suite import (  # noqa: E402
-    BENCH_SETTINGS, PEERS, ROBOTS, ROOT, Result, Site, crawl_default, crawl_scrapy,
-    crawl_scrapy_redis, crawl_workers, ensure_peers, machine, unwind_on_sigterm, wait_port,
-)
-from tests.support.sitegen import generate_site  # noqa: E402  (suite put the root on the path)
-from latency_site import one_port  # noqa: E402
+from bench.crawl_command import crawl_default
+from bench.helpers import BENCH, BENCH_SETTINGS, PEERS, machine, unwind_on_sigterm, wait_port
+from bench.latency_site import one_port
+from bench.peers import crawl_scrapy, crawl_scrapy_redis, ensure_peers
+from bench.probes import Result
+from bench.sites import ROBOTS, Site
+from bench.worker_crawl import crawl_workers
+from distscrape_celery.testing.sitegen import generate_site
 
 POLITENESS = 8  # requests in flight to one host: distscrape's default, set for every crawler
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.10")
@@ -131,7 +130,7 @@ class BroadSite(Site):
             {"address": h.address, "delay": h.delay,
              "pages": {p: b.decode("latin-1") for p, b in h.pages.items()}} for h in self.hosts]))
         self.proc = subprocess.Popen(
-            [str(PEERS / "bin" / "python"), str(ROOT / "bench" / "latency_site.py"),
+            [str(PEERS / "bin" / "python"), str(BENCH / "latency_site.py"),
              "--port", str(port), "--sites", str(sites_file), "--log", str(self.log)],
             start_new_session=True)
         try:
@@ -287,7 +286,7 @@ def main() -> int:
                         help="for the workers: poll the tracker every 30 ms and add the mean "
                              "items dispatched, leased and waiting for a save message")
     parser.add_argument("--profile", metavar="DIR",
-                        help="record each `distscrape crawl` with py-spy into DIR (stacks.py "
+                        help="record each `distscrape crawl` with py-spy into DIR (bench.stacks "
                              "sums a recording); CPU figures then include py-spy")
     args = parser.parse_args()
     if not 1 <= args.hosts <= 200 or args.pages < 2 or not 0 < args.min_delay <= args.max_delay:
@@ -295,7 +294,7 @@ def main() -> int:
     args.scrapy_concurrency = args.scrapy_concurrency or args.hosts * POLITENESS
     if args.dispatch_factor:
         BENCH_SETTINGS["DISTSCRAPE_DISPATCH_FACTOR"] = str(args.dispatch_factor)
-    # What suite.py's crawl helpers read: the peers crawl the whole site.
+    # What the suite's crawl helpers read: the peers crawl the whole site.
     args.peer_pages = 0
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
@@ -312,7 +311,7 @@ def main() -> int:
         atexit.register(print, f"logs in {work}", file=sys.stderr)
     else:
         # At exit, not in a finally block: an interrupted workers' crawl stops its workers at exit
-        # (suite.crawl_workers), by their pid files in this directory.
+        # (bench.worker_crawl), by their pid files in this directory.
         atexit.register(shutil.rmtree, work, ignore_errors=True)
     results: list[tuple[Result, int]] = []
     site = BroadSite(args, work)

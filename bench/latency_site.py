@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """The benchmark's stand-in for distant sites: serves fixed pages on loopback addresses, each
 answer sent a fixed delay after its request arrived (HTTP/1.1, keep-alive), as a network of that
 latency would. Run by ``bench/suite.py`` and ``bench/broad.py`` with the peers' Python
 (``bench/.venv-peers``, which has uvloop).
 
-    python bench/latency_site.py --port N --delay 0.05 --pages pages.json --log access.log
-    python bench/latency_site.py --port N --sites sites.json --log access.log
+    .venv/bin/python -m bench.latency_site --port N --delay 0.05 --pages pages.json --log access.log
+    .venv/bin/python -m bench.latency_site --port N --sites sites.json --log access.log
 
 ``pages.json`` maps each path (``/robots.txt`` included) to its body, decoded as Latin-1, served
 on 127.0.0.1 after ``--delay`` seconds. ``sites.json`` is a list of hosts, each

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Where the CPU of a py-spy recording goes: ``python bench/stacks.py FILE [--top 40]``.
+"""Where the CPU of a py-spy recording goes: ``.venv/bin/python -m bench.stacks FILE [--top 40]``.
 
 FILE holds collapsed stacks (``py-spy record --format raw``). Prints the share of samples spent
 in each function (self) and under each function (total), by qualified name. ``--children REGEX``

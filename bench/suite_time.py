@@ -1,6 +1,6 @@
 """Wall time of the whole test suite, the README's command, with the load the machine had.
 
-    .venv/bin/python bench/suite_time.py [--top 15] [-- extra pytest arguments, e.g. -n 0]
+    .venv/bin/python -m bench.suite_time [--top 15] [-- extra pytest arguments, e.g. -n 0]
 
 Runs ``python -m pytest --durations=N`` from the repository root, then prints the wall time, the
 CPU time of pytest and the processes it reaped, pytest's closing line, the N slowest test phases,
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.helpers import ROOT
 
 
 def main() -> int:

@@ -61,7 +61,7 @@ from distscrape_celery.settings import Settings  # noqa: E402
 from tests.support.crawl import kill_all  # noqa: E402
 from tests.support.http import RouteServer  # noqa: E402
 from tests.support.pipeline import ROUTES  # noqa: E402
-from tests.support.sitegen import SiteServer, generate_site  # noqa: E402
+from distscrape_celery.testing.sitegen import SiteServer, generate_site  # noqa: E402
 
 
 @pytest.fixture(scope="session")

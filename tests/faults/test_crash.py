@@ -6,7 +6,7 @@ import signal
 import time
 
 from tests.support.crawl import crawl_settings, expected_files, saved_files
-from tests.support.sitegen import SiteServer
+from distscrape_celery.testing.sitegen import SiteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

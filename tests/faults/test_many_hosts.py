@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.crawl import plugins_path, saved_files
-from tests.support.sitegen import generate_site
+from distscrape_celery.testing.sitegen import generate_site
 
 from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.savers import FileItemSaver

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from tests.support.crawl import crawl_settings, expected_files, saved_files
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.local.embedded import find_redis_server

@@ -25,7 +25,7 @@ import pytest
 import redis
 from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
 from tests.plugins.savers import event_counts, instruct, paused_pid, save_events
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.tracker_state import item_state, live_items
 
 from distscrape_celery.worker.app import configure_app

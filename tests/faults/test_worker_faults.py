@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.crawl import crawl_settings, expected_files, kill_all, plugins_path, saved_files
-from tests.support.sitegen import SiteServer, _Handler, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, _Handler, generate_site
 from tests.support.tracker_state import live_items_call, parse_live_items
 
 from distscrape_celery.worker.app import configure_app
@@ -313,7 +313,7 @@ class _SlowPaths(SiteServer):
 
 def _first_child(site) -> str:
     """A page that "/" links to (so it is scraped early)."""
-    from tests.support.sitegen import resolve
+    from distscrape_celery.testing.sitegen import resolve
 
     return next(p for h in site.links["/"] if (p := resolve("/", h)) not in (None, "/"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.crawl import crawl_settings
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.tracker_state import live_items
 from warcio.archiveiterator import ArchiveIterator
 

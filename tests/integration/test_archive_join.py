@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.cli import run
 from tests.support.crawl_command import Crawl, wait_until
 from warcio.archiveiterator import ArchiveIterator

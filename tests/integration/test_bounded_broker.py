@@ -6,7 +6,7 @@ import json
 import time
 
 from tests.support.crawl import crawl_settings
-from tests.support.sitegen import Site, SiteServer
+from distscrape_celery.testing.sitegen import Site, SiteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SCRAPE_QUEUE

@@ -12,7 +12,7 @@ import pytest
 from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
 from redis.cluster import RedisCluster
 from tests.support.redis_cluster import RedisClusterProcess
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.cli import run
 from tests.support.crawl import wait_until
 from tests.support.tracker_state import item_state

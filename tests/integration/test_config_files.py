@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.crawl import crawl_settings, expected_files, saved_files
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.http import IdSite
 
 from distscrape_celery.worker.app import configure_app

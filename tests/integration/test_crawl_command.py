@@ -24,7 +24,7 @@ import redis
 from tests.support.crawl import crawl_settings, expected_files, saved_files
 from tests.support.crawl_command import Crawl, as_from_a_terminal, wait_until
 from tests.support.http import RouteServer
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.sockets import listening
 
 from distscrape_celery.worker.app import configure_app
@@ -687,9 +687,10 @@ def test_the_crawls_redis_listens_on_no_tcp_port(small_site, tmp_path):
 
 def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly_and_the_same_command_resumes(
         tmp_path):
-    """The README's first command runs the crawl under bench/local_site.py. A Ctrl-C on the
-    terminal goes to both; the wrapper must leave the crawl to stop what it started (killing it
-    would leave its worker to the kernel and its temporary directories behind). The crawl says
+    """The README's first command runs the crawl under distscrape_celery.testing.local_site. A
+    Ctrl-C on the terminal goes to both; the wrapper must leave the crawl to stop what it started
+    (killing it would leave its worker to the kernel and its temporary directories behind). The
+    crawl says
     to run the same command again, and that command, serving the site on the same port, resumes
     the crawl and finishes it."""
     from tests.support.ops import free_port
@@ -699,10 +700,9 @@ def test_ctrl_c_on_the_readme_command_stops_the_crawl_cleanly_and_the_same_comma
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
     env["TMPDIR"] = str(tmp)
     out = tmp_path / "crawl-output"
-    root = Path(__file__).resolve().parents[2]
     # The README gives no --port (the script's fixed default); tests running at once each need
     # one of their own.
-    command = [sys.executable, str(root / "bench" / "local_site.py"), "--pages", "80",
+    command = [sys.executable, "-m", "distscrape_celery.testing.local_site", "--pages", "80",
                "--port", str(free_port()), "--delay", "0.2", "--", sys.executable, "-m",
                "distscrape_celery.cli", "crawl", "{url}", "--output", str(out), "--quiet",
                "--concurrency", "2"]

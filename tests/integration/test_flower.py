@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.support.crawl import crawl_settings
 from tests.support.ops import free_port, http_get, wait_for
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

@@ -153,7 +153,7 @@ def test_a_job_seeded_again_after_delete_follows_its_new_spec(redis_url, workers
     A job deleted and seeded again under its name is another job: the same workers must save
     it where its new spec says, not into the first one's output."""
     from tests.support.crawl import saved_files
-    from tests.support.sitegen import SiteServer, generate_site
+    from distscrape_celery.testing.sitegen import SiteServer, generate_site
     from distscrape_celery.core.manager import CrawlManager
     from distscrape_celery.job.spec import build_spec
     from distscrape_celery.worker.app import configure_app

@@ -13,7 +13,7 @@ import redis
 from tests.support.crawl import crawl_settings
 from tests.support.ops import cli_env, free_port, http_get, metrics_once
 from prometheus_client.parser import text_string_to_metric_families
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec

@@ -242,7 +242,7 @@ def test_seed_cli_refuses_a_module_its_settings_do_not_allow(hostile, redis_url,
 def test_local_crawl_loads_the_modules_of_its_own_job_file(tmp_path):
     """`distscrape crawl` runs the user's own spec on workers of its own: what its job file names
     is allowed there, without DISTSCRAPE_PLUGIN_MODULES."""
-    from tests.support.sitegen import SiteServer, generate_site
+    from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
     marker = tmp_path / "imported.marker"
     plugin_dir = tmp_path / "mine"
@@ -273,7 +273,7 @@ def _seed_as_anyone(tracker, job: str, spec) -> None:
 
 
 def test_worker_ends_refused_items_dead_and_stays_alive(redis_url, tmp_path):
-    from tests.support.sitegen import SiteServer, generate_site
+    from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
     marker = tmp_path / "imported.marker"
     plugin_dir = tmp_path / "mod"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.ops import wait_for
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "guide.md")

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from tests.support.crawl import crawl_settings
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.core.components import build_saver

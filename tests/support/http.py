@@ -6,24 +6,16 @@ from __future__ import annotations
 import gzip
 import json
 import random
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from distscrape_celery.testing.sitegen import QuietServer
 
 Route = Callable[[BaseHTTPRequestHandler], None]
-
-
-class QuietServer(ThreadingHTTPServer):
-    """A threading HTTP server that does not print a traceback when a crawler it serves hangs
-    up mid-answer (killed workers, cancelled downloads): that is expected in these tests."""
-
-    def handle_error(self, request, client_address) -> None:
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            super().handle_error(request, client_address)
 
 
 def reply(

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.support.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 
 def main() -> None:

@@ -20,6 +20,9 @@ LAYERS = [
     {"worker", "worker_main"},
     {"local"},
     {"cli"},
+    # Tools for trying and testing the crawler (generated sites on loopback): on top, so that
+    # nothing of the crawler imports them; they import nothing of it either.
+    {"testing"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 

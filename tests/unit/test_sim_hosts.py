@@ -1,6 +1,6 @@
-"""bench/sim_hosts.py's cgroup helper, against a fake kernel over a temp directory: the quota
-arithmetic, where the cgroups go, what is written, the clean-up however the block ends, and the
-errors that say what is needed. Nothing here touches the machine's cgroups."""
+"""bench/cgroups.py, the simulated hosts' cgroups, against a fake kernel over a temp directory:
+the quota arithmetic, where the cgroups go, what is written, the clean-up however the block ends,
+and the errors that say what is needed. Nothing here touches the machine's cgroups."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim_hosts import (PERIOD_US, CgroupError, CgroupFiles, HostCgroups, find_cpu_root,
-                             quota_us)
+from bench.cgroups import (PERIOD_US, CgroupError, CgroupFiles, HostCgroups, find_cpu_root,
+                           quota_us)
 
 V1_FILES = {"cgroup.procs": "", "tasks": "", "cpu.cfs_period_us": "100000\n",
             "cpu.cfs_quota_us": "-1\n", "cpu.stat": "nr_periods 0\nnr_throttled 0\n"}

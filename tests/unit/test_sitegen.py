@@ -1,4 +1,4 @@
-"""Tests for the synthetic site generator and its local server (tests/support/sitegen.py)."""
+"""Tests for the synthetic site generator and its local server (distscrape_celery/testing/sitegen.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections import Counter, deque
 
 import pytest
 
-from tests.support.sitegen import Site, SiteServer, generate_site, resolve
+from distscrape_celery.testing.sitegen import Site, SiteServer, generate_site, resolve
 
 _HREF_RE = re.compile(rb'<a href="([^"]*)"')
 

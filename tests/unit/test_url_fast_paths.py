@@ -15,7 +15,7 @@ from urllib.parse import urldefrag, urljoin
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from tests.support.sitegen import generate_site
+from distscrape_celery.testing.sitegen import generate_site
 
 from distscrape_celery.web.fetch import Download
 from distscrape_celery.web.scope import LinkScope

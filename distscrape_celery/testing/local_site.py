@@ -1,7 +1,7 @@
 """Serve a generated site on 127.0.0.1, and optionally run a command against it.
 
-    python bench/local_site.py --pages 300                    # serve until Ctrl+C
-    python bench/local_site.py --pages 300 -- distscrape crawl {url} --output crawl-output
+    python -m distscrape_celery.testing.local_site --pages 300       # serve until Ctrl+C
+    python -m distscrape_celery.testing.local_site --pages 300 -- distscrape crawl {url} --output crawl-output
 
 With a command, ``{url}`` in it is replaced by the site's root URL; the site is served while the
 command runs and this script exits with the command's exit status. Used by the README's first
@@ -15,11 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.support.sitegen import SiteServer, generate_site  # noqa: E402
+from distscrape_celery.testing.sitegen import SiteServer, generate_site
 
 
 # The site's port when none is given: a fixed one, so that the README's command, run again after
@@ -44,7 +41,7 @@ def main() -> int:
     try:
         server = SiteServer(site, delay=args.delay, port=args.port)
     except OSError as exc:
-        print(f"local_site.py: cannot serve on 127.0.0.1:{args.port} ({exc.strerror}): give "
+        print(f"local_site: cannot serve on 127.0.0.1:{args.port} ({exc.strerror}): give "
               "another --port, or --port 0 for any free one", file=sys.stderr)
         return 2
     with server:

@@ -1,7 +1,8 @@
 """Deterministic synthetic web sites and a tiny local HTTP server for them.
 
-Standard library only.  Imported by tests and benchmarks as
-``from tests.support.sitegen import ...`` (with the repository root on ``sys.path``).
+Standard library only.  Imported by the tests and the benchmarks as
+``from distscrape_celery.testing.sitegen import ...``; served from the command line by
+:mod:`distscrape_celery.testing.local_site`.
 
 * :func:`generate_site` builds a :class:`Site`: a dict ``path -> HTML bytes`` plus the
   set of paths reachable from ``"/"`` and the set of orphan pages nothing links to.
@@ -21,15 +22,14 @@ import posixpath
 import random
 import socket
 import threading
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urljoin, urlsplit
 
-from tests.support.http import QuietServer
-
-__all__ = ["Site", "generate_site", "resolve", "SiteServer"]
+__all__ = ["Site", "generate_site", "resolve", "SiteServer", "QuietServer"]
 
 _RESOLVE_BASE = "http://site.invalid"
 _FILLER = (
@@ -104,16 +104,17 @@ def _href(rng: random.Random, from_path: str, to_path: str) -> str:
 
 
 def _allocate_paths(n_pages: int, rng: random.Random) -> list[str]:
-    """n_pages distinct on-site paths, "/" first, the rest in shuffled order."""
+    """n_pages distinct on-site paths, "/" first, the rest in shuffled order: section indexes
+    (``/sec/K/``), pages in sections, query-string pages (``/q?id=N``) and plain pages."""
     rest = n_pages - 1
-    n_sec = min(rest, max(1, rest // 20)) if rest >= 3 else 0
-    n_q = min(rest - n_sec, max(1, rest // 30)) if rest >= 2 else 0
-    n_secpage = (rest - n_sec - n_q) // 4 if n_sec else 0
-    n_p = rest - n_sec - n_q - n_secpage
-    paths = [f"/sec/{k}/" for k in range(n_sec)]
-    paths += [f"/sec/{j % n_sec}/{j}.html" for j in range(n_secpage)]
-    paths += [f"/q?id={i}" for i in range(n_q)]
-    paths += [f"/p/{i}.html" for i in range(n_p)]
+    sections = min(rest, max(1, rest // 20)) if rest >= 3 else 0
+    queries = min(rest - sections, max(1, rest // 30)) if rest >= 2 else 0
+    in_sections = (rest - sections - queries) // 4 if sections else 0
+    plain = rest - sections - queries - in_sections
+    paths = [f"/sec/{k}/" for k in range(sections)]
+    paths += [f"/sec/{j % sections}/{j}.html" for j in range(in_sections)]
+    paths += [f"/q?id={i}" for i in range(queries)]
+    paths += [f"/p/{i}.html" for i in range(plain)]
     rng.shuffle(paths)
     return ["/"] + paths
 
@@ -148,7 +149,7 @@ def generate_site(
     page_padding: int = 0,
     link_fanout: int = 6,
 ) -> Site:
-    """Generate a deterministic site.
+    """Generate a deterministic site: the same arguments give the same pages, byte for byte.
 
     ``n_pages`` pages (including "/") are reachable from "/"; ``unreachable`` further
     orphan pages exist but are linked from nowhere, so ``len(site.pages) ==
@@ -165,68 +166,90 @@ def generate_site(
     order = _allocate_paths(n_pages, rng)
 
     # Orphans: extra /p/ pages numbered past the reachable ones, and /orphan/ pages.
-    n_p = sum(1 for p in order if p.startswith("/p/"))
-    orphans = [f"/p/{n_p + i}.html" if i % 2 == 0 else f"/orphan/{i}.html" for i in range(unreachable)]
-
-    # Spanning tree from "/": each page's parent is an earlier page (often a recent one),
-    # so everything in ``order`` is reachable.
-    targets: dict[str, list[str]] = {p: [] for p in order}
-    for t in range(1, len(order)):
-        lo = max(0, t - 12) if rng.random() < 0.7 else 0
-        targets[order[rng.randrange(lo, t)]].append(order[t])
-
-    links: dict[str, list[str]] = {}
-    for path in order + orphans:
-        wanted = list(targets.get(path, []))
-        # Extra edges to random reachable pages (back edges make cycles).
-        while len(wanted) < link_fanout and len(order) > 1:
-            other = order[rng.randrange(len(order))]
-            if other != path:
-                wanted.append(other)
-        if path != "/":
-            wanted.append("/")  # every page links home: cycles guaranteed
-        rng.shuffle(wanted)
-        hrefs = [_href(rng, path, target) for target in wanted]
-        if rng.random() < 0.3:
-            hrefs.insert(rng.randrange(len(hrefs) + 1), "#section")
-        if rng.random() < 0.4:
-            host = rng.randrange(50)
-            hrefs.append(f"http://host-{host}.example.invalid/page/{rng.randrange(1000)}.html")
-        if rng.random() < 0.1:
-            hrefs.append(f"https://offsite-{rng.randrange(50)}.example.invalid/")
-        if rng.random() < 0.1:
-            hrefs.append(f"mailto:user{rng.randrange(100)}@example.invalid")
-        links[path] = hrefs
-
-    # Sanity: every on-site href resolves to an existing page.
-    all_pages = set(order) | set(orphans)
-    for path, hrefs in links.items():
-        for h in hrefs:
-            r = resolve(path, h)
-            if r is not None and r not in all_pages:  # pragma: no cover - generator bug
-                raise AssertionError(f"{path}: {h!r} resolves to missing page {r!r}")
-
-    # BFS over our own link graph.
-    reachable = {"/"}
-    queue = deque(["/"])
-    while queue:
-        cur = queue.popleft()
-        for h in links[cur]:
-            r = resolve(cur, h)
-            if r is not None and r not in reachable:
-                reachable.add(r)
-                queue.append(r)
-
-    linked_to = {r for p, hs in links.items() for h in hs if (r := resolve(p, h)) is not None and r != p}
-    orphan_set = {p for p in all_pages if p != "/" and p not in linked_to}
-    if reachable != set(order) or orphan_set != set(orphans):  # pragma: no cover
-        raise AssertionError("generator invariant violated")
-
-    pages = {p: _render(p, links[p], page_padding) for p in order + orphans}
+    numbered = sum(1 for path in order if path.startswith("/p/"))
+    orphans = [f"/p/{numbered + i}.html" if i % 2 == 0 else f"/orphan/{i}.html"
+               for i in range(unreachable)]
+    children = _spanning_tree(order, rng)
+    links = {path: _page_links(path, children.get(path, []), order, link_fanout, rng)
+             for path in order + orphans}
+    reachable, orphan_set = _check_graph(links, order, orphans)
+    pages = {path: _render(path, links[path], page_padding) for path in order + orphans}
     return Site(pages=pages, reachable=reachable, unreachable=orphan_set, links=links)
 
 
+def _spanning_tree(order: list[str], rng: random.Random) -> dict[str, list[str]]:
+    """Each page's children in a tree from "/": a page's parent is an earlier page (often a
+    recent one), so everything in ``order`` is reachable."""
+    children: dict[str, list[str]] = {path: [] for path in order}
+    for index in range(1, len(order)):
+        lowest = max(0, index - 12) if rng.random() < 0.7 else 0
+        children[order[rng.randrange(lowest, index)]].append(order[index])
+    return children
+
+
+def _page_links(path: str, children: list[str], order: list[str], link_fanout: int,
+                rng: random.Random) -> list[str]:
+    """The hrefs of the page at ``path``, as written in its HTML: its children, random back
+    edges up to ``link_fanout`` (cycles), "/", and now and then a self-link, off-site links to
+    ``.invalid`` names and a mailto: link."""
+    wanted = list(children)
+    while len(wanted) < link_fanout and len(order) > 1:
+        other = order[rng.randrange(len(order))]
+        if other != path:
+            wanted.append(other)
+    if path != "/":
+        wanted.append("/")  # every page links home: cycles guaranteed
+    rng.shuffle(wanted)
+    hrefs = [_href(rng, path, target) for target in wanted]
+    if rng.random() < 0.3:
+        hrefs.insert(rng.randrange(len(hrefs) + 1), "#section")
+    if rng.random() < 0.4:
+        host = rng.randrange(50)
+        hrefs.append(f"http://host-{host}.example.invalid/page/{rng.randrange(1000)}.html")
+    if rng.random() < 0.1:
+        hrefs.append(f"https://offsite-{rng.randrange(50)}.example.invalid/")
+    if rng.random() < 0.1:
+        hrefs.append(f"mailto:user{rng.randrange(100)}@example.invalid")
+    return hrefs
+
+
+def _check_graph(links: dict[str, list[str]], order: list[str],
+                 orphans: list[str]) -> tuple[set[str], set[str]]:
+    """The pages reachable from "/" and those nothing links to, by a walk over the generator's
+    own link graph; raise AssertionError if either differs from what the generator meant."""
+    all_pages = set(order) | set(orphans)
+    for path, hrefs in links.items():
+        for href in hrefs:
+            target = resolve(path, href)
+            if target is not None and target not in all_pages:  # pragma: no cover - a bug
+                raise AssertionError(f"{path}: {href!r} resolves to missing page {target!r}")
+    reachable = {"/"}
+    queue = deque(["/"])
+    while queue:
+        current = queue.popleft()
+        for href in links[current]:
+            target = resolve(current, href)
+            if target is not None and target not in reachable:
+                reachable.add(target)
+                queue.append(target)
+    linked_to = {target for path, hrefs in links.items() for href in hrefs
+                 if (target := resolve(path, href)) is not None and target != path}
+    orphan_set = {path for path in all_pages if path != "/" and path not in linked_to}
+    if reachable != set(order) or orphan_set != set(orphans):  # pragma: no cover
+        raise AssertionError("generator invariant violated")
+    return reachable, orphan_set
+
+
 # --------------------------------------------------------------------------- server
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that does not print a traceback when a crawler it serves hangs
+    up mid-answer (killed workers, cancelled downloads): that is expected of a crawl."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
