@@ -43,6 +43,7 @@ from typing import Any, Optional, TypeVar
 
 from ..errors import JobConflict
 from ..redaction import escape
+from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
 from .model import (
     AddResult,
     Checkout,
@@ -175,8 +176,8 @@ class Tracker(ABC):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        self, *, lease_seconds: float = LEASE_SECONDS, dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR, save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
     ) -> None:
         if not dispatch_factor > 0 or save_backlog_factor < 1:

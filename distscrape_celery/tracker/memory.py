@@ -16,6 +16,7 @@ from typing import Any, Optional
 import fakeredis
 import redis
 
+from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
 from .redis import RedisTracker
 from .staging import RedisBodyStaging
 
@@ -94,8 +95,8 @@ class InMemoryTracker(RedisTracker):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        self, *, lease_seconds: float = LEASE_SECONDS, dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR, save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None, bound_refresh_seconds: Optional[float] = None,
         clock: Optional[Clock] = None,
     ) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .defaults import DOMAIN_CONCURRENCY
 from .keys import NO_DOMAIN
 
 
@@ -169,7 +170,7 @@ class DomainLimits:
     """One domain's limits: least seconds between two fetch starts, most items in flight."""
 
     interval: float = 0.0
-    concurrency: int = 8
+    concurrency: int = DOMAIN_CONCURRENCY
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import redis
 from redis.client import NEVER_DECODE
@@ -26,10 +26,8 @@ from .combine import Combiner
 from ...errors import JobNotFound, JobStateError, TrackerUnavailable
 from ...redaction import redact
 from ..base import Tracker
+from ..defaults import DISPATCH_FACTOR, LEASE_SECONDS, REDIS_SOCKET_TIMEOUT, SAVE_BACKLOG_FACTOR
 from ..staging import body_ttl_ms
-
-if TYPE_CHECKING:
-    from ...settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T", bound="RedisCore")
@@ -107,9 +105,9 @@ class RedisCore(Tracker):
         self,
         client: redis.Redis,
         *,
-        lease_seconds: float = 60.0,
-        dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2,
+        lease_seconds: float = LEASE_SECONDS,
+        dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR,
         save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
@@ -151,7 +149,7 @@ class RedisCore(Tracker):
         self._combiner = Combiner(self._send_combined)
 
     @classmethod
-    def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = 30.0,
+    def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = REDIS_SOCKET_TIMEOUT,
                  **kwargs: Any) -> T:
         """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
         answers, so a bad URL fails now, clearly."""
@@ -168,7 +166,11 @@ class RedisCore(Tracker):
         return tracker
 
     @classmethod
-    def from_settings(cls: type[T], settings: "Settings") -> T:
+    def from_settings(cls: type[T], settings: Any) -> T:
+        """The tracker that ``settings`` (a :class:`~distscrape_celery.settings.Settings`) names:
+        its Redis, lease, broker bounds and save timeout. Typed loosely: the settings module
+        takes its defaults from the tracker's (:mod:`..defaults`), so the tracker does not
+        import it back."""
         return cls.from_url(
             settings.redis_url, cluster=settings.redis_cluster,
             socket_timeout=settings.redis_socket_timeout, lease_seconds=settings.lease_seconds,
