@@ -18,7 +18,7 @@ import redis
 
 from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
 from .redis import RedisTracker
-from .staging import RedisBodyStaging
+from .redis.staging import RedisBodyStaging
 
 Clock = Callable[[], float]
 

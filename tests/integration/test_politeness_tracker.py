@@ -18,7 +18,7 @@ from distscrape_celery.tracker import (
     RedisTracker,
     Urgent,
 )
-from distscrape_celery.tracker.base import WAKE_WHILE_LEASED
+from distscrape_celery.tracker.redis.items import WAKE_WHILE_LEASED
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 UNCAPPED = DomainLimits(concurrency=10_000)

@@ -11,7 +11,7 @@ import redis
 
 from distscrape_celery.errors import JobConflict, JobNotFound
 from distscrape_celery.tracker import keys
-from distscrape_celery.tracker.staging import RedisBodyStaging
+from distscrape_celery.tracker.redis.staging import RedisBodyStaging
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
     CrawlLimits,
@@ -921,7 +921,7 @@ def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
     most two values ahead of the consumer, and an error of the input comes out where it was."""
     import time
 
-    from distscrape_celery.tracker.base import read_ahead
+    from distscrape_celery.tracker.redis.items import read_ahead
 
     pulled = []
 

@@ -54,7 +54,8 @@ from distscrape_celery.tracker import (
     SaveStart,
     Tracker,
 )
-from distscrape_celery.tracker.base import MAX_DISPATCH_BATCH, MAX_REASON
+from distscrape_celery.tracker.redis.items import MAX_REASON
+from distscrape_celery.tracker.redis.shards import MAX_DISPATCH_BATCH
 from tests.support.tracker_state import live_items_call, parse_live_items
 
 JOB = "props"

@@ -27,7 +27,7 @@ from ...errors import JobNotFound, JobStateError, TrackerUnavailable
 from ...redaction import redact
 from ..base import Tracker
 from ..defaults import DISPATCH_FACTOR, LEASE_SECONDS, REDIS_SOCKET_TIMEOUT, SAVE_BACKLOG_FACTOR
-from ..staging import body_ttl_ms
+from .staging import body_ttl_ms
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T", bound="RedisCore")

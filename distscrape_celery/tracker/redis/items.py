@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
-from ..base import (
-    ADD_STREAM_PIPELINE,
-    MAX_ADD_BATCH,
-    MAX_RECLAIM_BATCH,
-    WAKE_WHILE_LEASED,
-    batches,
-    check_save_as,
-    read_ahead,
-    stored_reason,
-)
+from ...redaction import escape
+from ..base import MAX_ADD_BATCH, batches
 from ..model import (
     AddResult,
     Checkout,
@@ -28,6 +22,73 @@ from ..model import (
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import ShardLayout, chunks
+
+# Batches of an add stream sent in one round trip (pipelined), one Lua call each.
+ADD_STREAM_PIPELINE = 20
+# Most items reclaimed from one in-flight set by one maintenance call.
+MAX_RECLAIM_BATCH = 1000
+# While items are dispatched or leased, maintain wakes its caller at least this often (seconds):
+# a failure may start a backoff shorter than the heartbeat interval.
+WAKE_WHILE_LEASED = 1.0
+# Reasons kept for dead items are cut to this many characters.
+MAX_REASON = 500
+
+
+def stored_reason(reason: str) -> str:
+    """``reason`` as the tracker keeps it: a reason quotes what a site sent (URLs, redirect
+    targets, headers), so its control characters are escaped (:func:`escape`) before anyone can
+    print it; then cut to MAX_REASON characters."""
+    return escape(reason)[:MAX_REASON]
+
+
+def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Optional[str] = None) -> None:
+    """:meth:`Tracker.scraped` stages a body for a save task, or hands the item to its caller's
+    own save: never both. Only an item waiting for a save task can be kept."""
+    if body is not None and save_as is not None:
+        raise ValueError("scraped: a body to stage and save_as exclude each other")
+    if save_as is not None and keep_as is not None:
+        raise ValueError("scraped: save_as and keep_as exclude each other")
+
+
+Value = TypeVar("Value")
+
+
+def read_ahead(values: Iterable[Value]) -> Iterator[Value]:
+    """``values``, each taken from the iterable by a background thread while the consumer works
+    on the one before: a seed file's next batch is read and checked while Redis adds the current
+    one. At most one value waits; an exception of the iterable is raised here, in its place."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for value in values:
+                if not put(("value", value)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(("error", exc))
+
+    threading.Thread(target=produce, name="distscrape-read-ahead", daemon=True).start()
+    try:
+        while True:
+            kind, value = handoff.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()  # a consumer that stops early (an error) stops the reading too
 
 
 class ItemCalls(ShardLayout):

@@ -2,22 +2,50 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 import redis
 
 from .. import keys
-from ...errors import JobNotFound, JobStateError, TrackerUnavailable
-from ..base import MAX_ADD_BATCH, job_conflict, spec_differences
+from ...errors import JobConflict, JobNotFound, JobStateError, TrackerUnavailable
+from ..base import MAX_ADD_BATCH
 from ..model import (
     ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
 )
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import DELETE_BATCH, SHARDS_FIELD, ShardLayout, shard_policy
+
+
+def spec_differences(stored: str, new: str) -> list[str]:
+    """Dotted fields (``saver.output``) in which two spec JSONs differ, ``seeds`` aside: a job
+    takes new seeds, never new options. Empty when ``new`` may join the job ``stored`` defines."""
+
+    def walk(old_value: Any, new_value: Any, path: str) -> list[str]:
+        if isinstance(old_value, dict) and isinstance(new_value, dict):
+            return [
+                diff for key in sorted(set(old_value) | set(new_value))
+                if not (path == "" and key == "seeds")
+                for diff in walk(old_value.get(key), new_value.get(key),
+                                 f"{path}.{key}" if path else key)
+            ]
+        return [] if old_value == new_value else [path or "(spec)"]
+
+    return walk(json.loads(stored), json.loads(new), "")
+
+
+def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
+    """The error that refuses a job's new spec, naming the ``differences`` (spec_differences)."""
+    *others, last = differences
+    what = f"{', '.join(others)} and {last} differ" if others else f"{last} differs"
+    return JobConflict(
+        f"job {job!r} already exists with a different spec ({what}); only seeds can be added "
+        "to a job: pick another job name"
+    )
 
 
 class JobCalls(ShardLayout):

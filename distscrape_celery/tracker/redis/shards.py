@@ -35,7 +35,7 @@ from typing import Any
 
 from .. import keys
 from ...errors import JobNotFound
-from ..base import MAX_ADD_BATCH, MAX_DISPATCH_BATCH
+from ..base import MAX_ADD_BATCH
 from ..model import CrawlLimits, JobState
 from .connection import RedisCore, converts_redis_errors
 
@@ -44,6 +44,9 @@ from .connection import RedisCore, converts_redis_errors
 DELETE_BATCH = 200
 # Policy field holding a sharded job's shard count (absent: 1).
 SHARDS_FIELD = "shards"
+# Most items one call hands out for dispatch (each shard's, see _top_up_args): the max_batch of
+# take_for_dispatch in the Lua library.
+MAX_DISPATCH_BATCH = 200
 
 
 def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:
