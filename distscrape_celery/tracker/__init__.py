@@ -14,6 +14,7 @@ from .model import (
     FailResult,
     Fault,
     ControlResult,
+    ItemState,
     JobAction,
     JobInfo,
     JobState,
@@ -44,8 +45,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",
-    "ControlResult", "FailOutcome", "FailResult", "Fault", "JobAction", "JobInfo", "JobState",
-    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart",
-    "ScrapedResult", "Tracker", "Urgent", "WorkerInfo",
+    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "ControlResult", "CrawlLimits",
+    "DomainLimits", "FailOutcome", "FailResult", "Fault", "InMemoryTracker", "ItemState",
+    "JobAction", "JobInfo", "JobState", "JobStats", "LeaseStatus", "MaintainResult",
+    "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart", "ScrapedResult", "Tracker",
+    "Urgent", "WorkerInfo",
 ]

@@ -1,14 +1,8 @@
 """The tracker interface: the central authority on workers, jobs and the state of every item.
 
-Item life cycle (every seen item is in exactly one state, so none can be lost)::
-
-    add -> queued -(dispatch)-> dispatched -(checkout)-> leased -(scraped)-> save pending
-            ^ ^ ^                     |                                          |
-            | | +-- throttled --------+                                    (begin_save)
-            | |                                                                  v
-            | +---- fail with retries left, or reclaim (deadline passed) ---- saving -(complete)-> done
-            +--- delayed <- fail with retries left and a delay (backoff)
-                    fail past max_retries, or lost past max_lost ------------------------------> dead
+Every item a job has seen is in exactly one state (:class:`~.model.ItemState`), so none can be
+lost; docs/architecture.md ("Nothing is lost") draws the calls below that move an item between
+them.
 
 Politeness is the tracker's, shared by every worker: each item belongs to a domain (its http(s)
 URL's ``host[:port]``, or for an ID the job's download host, see

@@ -8,10 +8,9 @@ key                               type    holds
 ================================  ======  ===================================================
 ``P i:<n>``                       hash    live-item bucket ``n``: 63-bit fingerprints of the
                                           items added and not done -> state and depth packed
-                                          in one integer (depth * 8 + the code of ``q``ueued,
-                                          ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
-                                          ``s``ave pending, ``S``aving, ``X`` dead: 0 .. 6),
-                                          listpack encoded; :meth:`JobKeys.item_bucket`,
+                                          in one integer (depth * 8 + the code of its state,
+                                          :class:`~.model.ItemState`), listpack encoded;
+                                          :meth:`JobKeys.item_bucket`,
                                           addressed by linear hashing in tracker/lua/_lib.lua.
                                           An item's name is kept only where its state puts it
                                           (its domain's queue, ``delayed``, ``dispatched``,

@@ -15,6 +15,35 @@ from .defaults import DOMAIN_CONCURRENCY
 from .keys import NO_DOMAIN
 
 
+class ItemState(str, enum.Enum):
+    """Where an item is in its life. Every item a job has seen is in exactly one of these states,
+    so none can be lost; docs/architecture.md ("Nothing is lost") draws the calls that move an
+    item from one to another.
+
+    The value is the letter the item scripts keep: a live item's bucket packs it with the item's
+    depth as ``depth * 8 + code`` (:attr:`code`). The Lua library (tracker/redis/lua/) cannot
+    import this enum: its ``CODE`` and ``LETTER`` tables repeat the letters and codes, and
+    tests/unit/test_item_states.py checks them against it. A done item leaves the buckets for the
+    seen set, so its letter is only what a script reports for it ('D0')."""
+
+    QUEUED = "q"  # in its domain's queue, waiting to be dispatched
+    DELAYED = "w"  # waits out a backoff (the delayed set), then is queued again
+    DISPATCHED = "d"  # handed out: a scrape message for it exists
+    LEASED = "l"  # a worker scrapes it, under a lease
+    SAVE_PENDING = "s"  # scraped: its save message waits, in the broker or with a worker
+    SAVING = "S"  # a worker saves it, under a lease
+    DEAD = "X"  # given up on, with its reason
+    DONE = "D"  # saved: only its fingerprint is kept, in the seen set
+
+    @property
+    def code(self) -> int:
+        """The number packed with the depth in a live-item bucket (0 .. 6). DONE has none: a
+        done item is in no bucket."""
+        if self is ItemState.DONE:
+            raise ValueError("a done item is in no live-item bucket: it has no code")
+        return list(ItemState).index(self)
+
+
 class LeaseStatus(str, enum.Enum):
     """Result of :meth:`Tracker.checkout`."""
 

@@ -2,12 +2,12 @@
 -- the call's KEYS and ARGV (scripts.py). The item scripts all take the same KEYS:
 --   KEYS[1]  items       the prefix of the live-item buckets: `KEYS[1] .. n` is a hash of the live
 --                        items' fingerprints -> state and depth (see "live items" below;
---                        JobKeys.item_bucket in keys.py). The states:
---                              q queued (in its domain's queue) w waiting out a backoff (delayed)
---                              d dispatched (a scrape message exists)
---                              l leased (a worker scrapes it)  s save pending (its save message waits)
---                              S saving (a worker saves it)    X dead
---                              A done item is removed (item_value reports it as 'D0' from the
+--                        JobKeys.item_bucket in keys.py). The states are the letters of
+--                        ItemState in tracker/model.py, which says what each means (a unit test
+--                        checks CODE and LETTER below against it):
+--                              q queued      w delayed       d dispatched    l leased
+--                              s save pending                S saving        X dead
+--                              A done item (D) is removed (item_value reports it as 'D0' from the
 --                              seen set: done items cost only their fingerprint). A live item's
 --                              name is kept only where its state puts it: its domain's queue (q),
 --                              delayed (w), dispatched (d), leased (l, S), pending (s), dead (X)
@@ -577,6 +577,7 @@ end
 -- kept where its state puts it (KEYS[1] above), so a queued item's name is stored once, in its
 -- domain's queue. Level and split pointer: stats il and is; size: seen - done.
 local LIVE_FILL = 36
+-- The states' letters and codes: ItemState and ItemState.code in tracker/model.py.
 local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
 local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
 
