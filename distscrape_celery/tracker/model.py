@@ -237,10 +237,14 @@ class CrawlLimits:
 @dataclass(frozen=True)
 class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
-    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
-    ``delayed`` items wait out a backoff before they are queued again. ``links_cut`` counts the
-    links pages had past the job's max_links_per_page (or past twice that many hrefs looked
-    at), which were not added: counted, not resolved, so some may have been repeats."""
+    ``leased`` counts items being scraped or saved (leased and saving); ``save_pending`` items
+    wait for their save; ``delayed`` items wait out a backoff before they are queued again.
+    ``links_cut`` counts the links pages had past the job's max_links_per_page (or past twice
+    that many hrefs looked at), which were not added: counted, not resolved, so some may have
+    been repeats.
+
+    :meth:`to_dict` (``distscrape status --json``) names ``save_pending`` ``saving``, as it
+    always has: scripts and dashboards read that name."""
 
     seen: int
     frontier: int
@@ -248,7 +252,7 @@ class JobStats:
     leased: int
     done: int
     dead: int
-    saving: int = 0
+    save_pending: int = 0
     delayed: int = 0
     links_cut: int = 0
 
@@ -263,7 +267,7 @@ class JobStats:
     @property
     def finished(self) -> bool:
         return (
-            self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
+            self.started and self.queued == 0 and self.leased == 0 and self.save_pending == 0
             and self.delayed == 0
         )
 
@@ -274,7 +278,7 @@ class JobStats:
             "frontier": self.frontier,
             "dispatched": self.dispatched,
             "leased": self.leased,
-            "saving": self.saving,
+            "saving": self.save_pending,
             "delayed": self.delayed,
             "done": self.done,
             "dead": self.dead,

@@ -919,9 +919,9 @@ class TrackerMachine(RuleBasedStateMachine):
         assert s.seen == len(self.items)
         by_state = (self.count("q"), self.count("w"), self.count("d"), self.count("lS"),
                     self.count("s"), self.count("D"), self.count("X"))
-        assert (s.frontier, s.delayed, s.dispatched, s.leased, s.saving, s.done, s.dead) == \
+        assert (s.frontier, s.delayed, s.dispatched, s.leased, s.save_pending, s.done, s.dead) == \
             by_state, s
-        assert (s.frontier + s.delayed + s.dispatched + s.leased + s.saving + s.done + s.dead
+        assert (s.frontier + s.delayed + s.dispatched + s.leased + s.save_pending + s.done + s.dead
                 == s.seen)
         assert s.finished is (s.seen > 0 and self.count("qwdlsS") == 0)
         dead = {i: it.reason for i, it in self.items.items() if it.state == "X"}

@@ -254,7 +254,7 @@ class JobCalls(ShardLayout):
         return JobStats(
             seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
             leased=total["leased"], done=total["done"], dead=total["dead"],
-            saving=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
+            save_pending=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
         )
 
     def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:
