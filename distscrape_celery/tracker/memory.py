@@ -56,7 +56,7 @@ def _connection_class(clock: Optional[Clock]) -> type[fakeredis.FakeRedisConnect
 class _CompiledChunks:
     """The fake server's Lua runtime, compiling each script source once: fakeredis compiles a
     script at every EVAL, which took about as long as running it (the scripts share ~500 lines
-    of _lib.lua). A compiled chunk run again is the script run again: its top-level locals are made
+    of the library). A compiled chunk run again is the script run again: its top-level locals are made
     anew at each call, and KEYS and ARGV are globals that fakeredis sets before each call."""
 
     def __init__(self, runtime: Any) -> None:
@@ -80,7 +80,7 @@ def _prepare_lua(server: fakeredis.FakeServer, client: redis.Redis) -> None:
     client.eval("return 0", 0)
     runtime = server._lua_runtime
     # fakeredis 2.41's script environment lacks redis.sha1hex, which the scripts use for the
-    # fingerprints of items (_lib.lua). Set on the `redis` table, which is no new global
+    # fingerprints of items (_lib_seen.lua). Set on the `redis` table, which is no new global
     # (fakeredis refuses scripts that leave one). tests/test_tracker.py compares the keys written
     # with a real Redis's.
     runtime.globals()[b"redis"][b"sha1hex"] = _sha1hex

@@ -220,7 +220,7 @@ class CrawlLimits:
         return self.overrides.get(domain, self.default)
 
     def policy_fields(self) -> dict[str, Any]:
-        """The fields of the Redis ``policy`` hash (see tracker/redis/lua/_lib.lua)."""
+        """The fields of the Redis ``policy`` hash (see tracker/redis/lua/_lib_call.lua)."""
         out: dict[str, Any] = {
             "interval": self.default.interval, "concurrency": self.default.concurrency,
             "id_domain": self.id_domain,

@@ -87,11 +87,11 @@ def converts_redis_errors(method: F) -> F:
         except redis.ResponseError as exc:
             # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
             reply = str(exc).rpartition("caused error: ")[2]
-            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+            if reply.startswith("NOJOB"):  # raised by the item scripts (_begin.lua)
                 raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
             if reply.startswith("JOBSTATE"):  # raised by control.lua
                 raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
-            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
+            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_begin.lua)
                 raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 

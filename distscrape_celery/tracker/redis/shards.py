@@ -24,7 +24,7 @@ atomically with the work, and the client mirrors it into ``ds:active-jobs``:
 Completion of a sharded job: its shards finish one by one (maintain.lua, per shard). The job is
 finished when every shard was idle at one moment: two reads of every shard's (state, epoch,
 seen) agree and show every shard finished or never given an item. An epoch moves on at every end
-of a shard (_lib.lua record_end), so agreeing reads mean no shard ran in between. finish_job.lua
+of a shard (record_end in _lib_job.lua), so agreeing reads mean no shard ran in between. finish_job.lua
 then records that idle period once in shard 0, and only that caller reports ``finished``.
 """
 

@@ -1,5 +1,5 @@
--- The start of every item script call, after _lib.lua: the job's key names from the call's KEYS,
--- the caches of _lib.lua emptied, the job checked (it returns an error reply if the job is
+-- The start of every item script call, after the library (scripts.LIBRARY): the job's key names
+-- from the call's KEYS, the library's caches emptied, the job checked (it returns an error reply if the job is
 -- missing or of another layout). In a script (EVAL) this runs at the top level; in the function
 -- library it is the body of begin(KEYS), called first by every function (scripts.py).
 redis_call, str_format, str_sub = redis.call, string.format, string.sub

@@ -6,7 +6,7 @@
 -- A stale token changes nothing: the caller may still save (a late save completes the item).
 -- The staged body is not read here: the caller reads it with a GET after this call, in the same
 -- round trip (a body that went through Lua would be copied and hashed byte by byte, twice).
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] token      the fencing token the save message carries
 -- ARGV[3] worker     id of the saving worker
@@ -16,7 +16,7 @@
 -- Returns {status, lost, created, dispatch_item...}; status is ok|busy|stale|done|dead|unknown;
 -- lost is the item's count of vanished holders; busy: a run of this save holds a live lease;
 -- with ok and stale the caller saves the staged body (whoever saves); created is the job's
--- creation (_lib.lua).
+-- creation (_lib_call.lua).
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
 local lease, max_lost = us(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = ARGV[6], tonumber(ARGV[7])

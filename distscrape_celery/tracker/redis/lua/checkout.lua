@@ -9,7 +9,7 @@
 -- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
 -- While the job is paused or cancelled, a delivered item goes back to its queue the same way
 -- ('held'); a lease in hand is kept.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] worker      id of the worker taking the lease
 -- ARGV[3] lease       lease length in seconds
@@ -18,7 +18,7 @@
 -- Returns {status, depth, failed_attempts, token, wait, created, dispatch_item...};
 -- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot; created is the job's
--- creation (_lib.lua)
+-- creation (_lib_call.lua)
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = us(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
@@ -43,24 +43,16 @@ if state == 'l' or state == 'S' then
   state = 'q'
 end
 local dom = domain_of(item)
--- A dispatched item goes back to the head of its queue; vacate lists the domain again.
-local function back_to_queue()
-  redis_call('ZREM', K_DISPATCHED, item)
-  live_set(item, 'q', depth)
-  count('queued', 1)
-  redis_call('LPUSH', K_QUEUES .. dom, item)
-  vacate(dom)
-end
 if dispatch_held() then
   -- Paused or cancelled: the item waits in its queue until the job is resumed.
-  if state == 'd' then back_to_queue() end
+  if state == 'd' then undispatch(item, depth, dom) end
   return {'held', tonumber(depth), fails, 0, '0', job_created}
 end
 local interval, cap = limits(dom)
 local slot = 0
 if interval > 0 then slot = tonumber(redis_call('HGET', K_SLOTS, dom) or '0') end
 if slot > now or (state == 'q' and inflight(dom) >= cap) then
-  if state == 'd' then back_to_queue() end
+  if state == 'd' then undispatch(item, depth, dom) end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
   if slot > now then redis_call('ZADD', K_DOMAINS, 'XX', 'GT', int(slot), dom) end
   local wait = slot - now

@@ -1,7 +1,7 @@
 -- complete: mark an item done after its body was saved. Idempotent, and open to any token: a save
 -- that succeeded late, after the item was handed to another worker, still completes it (the
 -- savers are idempotent, so the other worker's save leaves one copy).
--- KEYS: the item keys (see _lib.lua), then
+-- KEYS: the item keys (see _lib_call.lua), then
 -- KEYS[22] body   optional: the body staged for this save, dropped here (whatever the item's
 --                 state: the save is over) to spare the saver a round trip
 -- ARGV[1] item

@@ -2,7 +2,7 @@
 -- resume lets it flow again at once (a cancelled job too); cancel holds dispatch for good and
 -- ends the job (its end time and figures are recorded, workers stop maintaining it; its data
 -- stays). A finished job cannot be paused or cancelled, and resuming it changes nothing.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] action      pause|resume|cancel
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
 -- ARGV[5] shard       1: these are one shard's keys of a sharded job, whose shards finish one by

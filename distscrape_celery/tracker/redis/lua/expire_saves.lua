@@ -2,7 +2,7 @@
 -- them over: they left the broker with a worker that died before it could (ack emulation off).
 -- Their pending deadline becomes now, so the next maintain reclaims them (a vanished holder)
 -- instead of after the save timeout. An item taken over meanwhile, or saved, is left alone.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1..]   pairs item, token
 -- Returns the number of items expired
 local now = redis_now()

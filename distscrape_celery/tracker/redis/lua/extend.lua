@@ -7,7 +7,7 @@
 -- the item is reclaimed in a lease rather than a save timeout; after that (and for a save this
 -- worker deferred itself, which waits out its retry delay) the deadline only moves later.
 -- Items not in flight any more are left alone.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] lease    seconds
 -- ARGV[2] worker   the calling worker
 -- ARGV[3] n        how many reserved items follow (scrape and save messages it holds)

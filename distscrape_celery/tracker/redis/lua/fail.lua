@@ -3,7 +3,7 @@
 -- on Redis's clock, never in a broker countdown. Only the current holder (same fencing token)
 -- changes anything: a worker whose lease already expired cannot touch a live lease or a finished
 -- item.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] token
 -- ARGV[3] reason

@@ -2,7 +2,7 @@
 -- keeper): each now waits for its message in the broker's hands, for up to save_timeout, with no
 -- holder. An item that is no longer the caller's under that token (its save already began, a
 -- worker that reserved the message took it, or it was reclaimed) is left alone.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] worker         the calling worker
 -- ARGV[2] save_timeout   seconds
 -- ARGV[3..]              pairs item, token

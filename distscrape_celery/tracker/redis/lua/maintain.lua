@@ -5,7 +5,7 @@
 -- not the item's fault), yet a page that kills every worker that takes it still ends dead. An
 -- expired dispatch (the message was lost, its worker died before starting it, or it waited in a
 -- backlog for longer than a lease) counts nothing; it is requeued, and counted apart.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4] max_reclaim   most items reclaimed per in-flight set per call
 -- ARGV[5] max_lost      as in retry_or_dead
@@ -43,29 +43,7 @@ local function reclaim(zset, expected, mode, why)
   return n
 end
 
--- An expired saving lease: the process saving it died (or hung). When only a pool process died,
--- Celery sends its save message again at once (task_reject_on_worker_lost) and the body is still
--- staged: the item waits one more lease for that message, counting a vanished holder, instead of
--- being downloaded again. If the whole worker died, its message is stuck until the broker's
--- visibility timeout, so after that lease the item is reclaimed like any other.
-for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
-  local v = live_get(item)
-  if v and str_sub(v, 1, 1) == 'S' then
-    local _, depth = split_state(v)
-    local was, token = holder(item)
-    local lost = add_lost(item)
-    if lost > max_lost then
-      give_up(item, 'S', depth, 'its save was interrupted too often (last holder ' .. was .. ')')
-      died = died + 1
-    else
-      redis_call('ZREM', K_LEASED, item)
-      redis_call('ZADD', K_PENDING, int(now + lease), item)
-      redis_call('HSET', K_OWNERS, item, '- ' .. token)
-      live_set(item, 's', depth)
-      reclaimed = reclaimed + 1
-    end
-  end
-end
+reclaimed, died = reclaim_saving(now, max_reclaim, max_lost, lease)
 reclaimed = reclaimed + reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaimed = reclaimed + reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 requeued = reclaim(K_DISPATCHED, 'd', 'free', '')

@@ -11,7 +11,7 @@
 -- taken some for scrape messages they never sent (carried with a save batch), and dispatched
 -- items name no worker. They are few (the dispatch bound); one whose message is out gets a
 -- second message, and whichever comes second finds it taken and does nothing.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] worker         id, or '' for all
 -- ARGV[2] save_timeout   seconds
 -- ARGV[3..]              pairs item, token: the save messages the worker had reserved

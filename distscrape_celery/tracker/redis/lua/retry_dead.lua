@@ -1,6 +1,6 @@
 -- retry_dead: queue a batch of dead items again, with their fault counters reset; items that are
 -- not dead (any more) are left alone. A finished job runs again.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4..] items (the caller sends at most one batch)
 -- Returns {requeued, dispatch_item...}

@@ -5,7 +5,7 @@
 -- just before this call, in the same round trip (a body that went through Lua would be copied
 -- and hashed byte by byte); a stale holder's body is dropped here, so it has nothing to drop.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
--- KEYS: the item keys (see _lib.lua), then
+-- KEYS: the item keys (see _lib_call.lua), then
 -- KEYS[22] body         where the caller staged the body (keys.body_key of the token; the token's
 --                       shard is the item's, so it shares the slot); absent: nothing staged
 -- ARGV[1] item

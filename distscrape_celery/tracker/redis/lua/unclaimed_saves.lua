@@ -2,7 +2,7 @@
 -- "- <token>") at least `age` seconds ago and that no worker has taken over since. Each is either
 -- still waiting in the broker's save queue or was taken by a worker that died before it could
 -- take the items over (see expire_saves.lua).
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] age            seconds since the hand-over
 -- ARGV[2] save_timeout   seconds (a hand-over's pending deadline is its time plus this)
 -- ARGV[3] limit          most items returned
