@@ -33,21 +33,21 @@ local function batch(runs)
     topup_deferred, deferred_topup = true, nil
     counts_deferred = true
     for k = 1, ITEM_KEYS do call_keys[k] = keys[k] end
-    local ok, err = pcall(function()
-      local at, next_key = 2, ITEM_KEYS + 1
+    local succeeded, failure = pcall(function()
+      local position, next_key = 2, ITEM_KEYS + 1
       for i = 1, calls do
-        local run = runs[args[at]]
-        if not run then error('no batch form of item script ' .. tostring(args[at])) end
-        if args[at + 1] == '1' then
+        local run = runs[args[position]]
+        if not run then error('no batch form of item script ' .. tostring(args[position])) end
+        if args[position + 1] == '1' then
           call_keys[ITEM_KEYS + 1] = keys[next_key]
           next_key = next_key + 1
         else
           call_keys[ITEM_KEYS + 1] = nil
         end
-        local n = tonumber(args[at + 2])
+        local n = tonumber(args[position + 2])
         local call_args = {}
-        for j = 1, n do call_args[j] = args[at + 2 + j] end
-        at = at + 3 + n
+        for j = 1, n do call_args[j] = args[position + 2 + j] end
+        position = position + 3 + n
         replies[i] = run(call_keys, call_args)
       end
       topup_deferred = false
@@ -59,7 +59,7 @@ local function batch(runs)
     end)
     topup_deferred = false
     end_counts()
-    if not ok then error(err, 0) end
+    if not succeeded then error(failure, 0) end
     return replies
   end
 end

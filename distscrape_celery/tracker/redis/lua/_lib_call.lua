@@ -3,10 +3,10 @@
 -- each section needing only those before it; a script runs the library, then _begin.lua, then its
 -- own file, with the call's KEYS and ARGV (scripts.py). The item scripts all take the same KEYS:
 --   KEYS[1]  items       the prefix of the live-item buckets: `KEYS[1] .. n` is a hash of the live
---                        items' fingerprints -> state and depth (see "live items" below;
+--                        items' fingerprints -> state and depth (see _lib_live.lua;
 --                        JobKeys.item_bucket in keys.py). The states are the letters of
 --                        ItemState in tracker/model.py, which says what each means (a unit test
---                        checks CODE and LETTER below against it):
+--                        checks CODE and LETTER, in _lib_live.lua, against it):
 --                              q queued      w delayed       d dispatched    l leased
 --                              s save pending                S saving        X dead
 --                              A done item (D) is removed (item_value reports it as 'D0' from the
@@ -21,7 +21,7 @@
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
 --   KEYS[6]  stats       hash  counters: seen (items added), queued (q items), done, dead; tokens
 --                              (last token); fn, fl and fs, the seen set's size, level and split
---                              pointer (see "the seen set" below); il and is, the live-item
+--                              pointer (_lib_seen.lua); il and is, the live-item
 --                              buckets' level and split pointer (their size is seen - done)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
 --   KEYS[8]  dead        hash  item -> why it was given up on
@@ -57,7 +57,7 @@
 -- Every deadline is on Redis's clock (TIME), never a worker's, in whole microseconds: Redis
 -- parses, stores and compares an integer score several times faster than a fractional one (a
 -- small sorted set keeps its scores as text and reads each back with strtod on every search).
--- Callers pass durations in seconds; us() converts them. Lua's doubles hold these integers
+-- Callers pass durations in seconds; micros() converts them. Lua's doubles hold these integers
 -- exactly (2^53 microseconds is some 285 years).
 
 -- Redis's command call and the functions the scripts use most, as locals: a global is a table
@@ -89,24 +89,26 @@ local now_cache, id_domain, limits_cache, head_starts
 -- call in a function library, since each is a function of the item's name alone (a URL's domain; an
 -- item that is not an http(s) URL takes its job's id_domain, which is not kept here). An item's
 -- five steps are five calls, and each would compute them again (a SHA-1, a pattern match). They are
--- kept in two generations of FACTS_MAX facts: a full generation becomes the old one, the old one is
--- dropped, and a fact found in the old one moves to the new. That bounds the memory they take in
--- Redis's Lua and its collector's work, which sweeps every live object at each of its cycles: kept
--- by the ten thousand, they cost more than they saved. The items that add_items adds are not kept
+-- kept in two generations of ITEM_CACHE_SIZE entries (an item's fingerprint, or its domain): a
+-- full generation becomes the old one, the old one is dropped, and an entry found in the old one
+-- moves to the new. That bounds the memory they take in Redis's Lua and its collector's work,
+-- which sweeps every live object at each of its cycles: kept by the ten thousand, they cost more
+-- than they saved. The items that add_items adds are not kept
 -- (most are a page's links, found once and queued far longer than a generation lasts).
-local FACTS_MAX = 2048
-local fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
-local old_fp_of, old_fp_high_of, old_domain_cache = {}, {}, {}
--- False while add_items looks at the items it is given.
-local keep_facts = true
+local ITEM_CACHE_SIZE = 2048
+local fingerprint_cache, fingerprint_high_cache, domain_cache, cache_count = {}, {}, {}, 0
+local old_fingerprint_cache, old_fingerprint_high_cache, old_domain_cache = {}, {}, {}
+-- False while add_items looks at the items it is given: those are not cached.
+local caching_items = true
 
--- Room for one more fact (fingerprint or domain) of an item.
-local function room_for_fact()
-  if facts >= FACTS_MAX then
-    old_fp_of, old_fp_high_of, old_domain_cache = fp_of, fp_high_of, domain_cache
-    fp_of, fp_high_of, domain_cache, facts = {}, {}, {}, 0
+-- Room for one more entry (an item's fingerprint or domain) in the new generation.
+local function make_cache_room()
+  if cache_count >= ITEM_CACHE_SIZE then
+    old_fingerprint_cache, old_fingerprint_high_cache = fingerprint_cache, fingerprint_high_cache
+    old_domain_cache = domain_cache
+    fingerprint_cache, fingerprint_high_cache, domain_cache, cache_count = {}, {}, {}, 0
   end
-  facts = facts + 1
+  cache_count = cache_count + 1
 end
 -- Lease times (lease_mean): by domain, and the job's; the domains whose mean a batch changed
 -- and has yet to write, as a set and in order.
@@ -143,7 +145,7 @@ end
 -- items.
 local SMALL_TEXTS = 4096
 local small_texts, texts = {}, nil
-local function int(n)
+local function int_text(n)
   local t = small_texts[n] or texts[n]
   if t then return t end
   t = str_format('%d', n)
@@ -152,7 +154,7 @@ local function int(n)
 end
 
 -- `seconds` (a number or its text) in whole microseconds.
-local function us(seconds)
+local function micros(seconds)
   return math.floor(tonumber(seconds) * 1000000 + 0.5)
 end
 

@@ -2,7 +2,7 @@
 -- delayed, done or dead), its failure counts, and the one retry-or-dead rule.
 
 -- The deadline set that holds an item in each state (a live item's name is kept only where its
--- state puts it, see KEYS[1] above), and the states whose items have a holder in owners.
+-- state puts it, see KEYS[1] in _lib_call.lua), and the states whose items have a holder in owners.
 local HELD = {l = true, s = true, S = true}
 
 -- Take `item` (in `state`) out of the in-flight or delayed set its state puts it in, and forget
@@ -28,7 +28,7 @@ local function delay_until(item, state, depth, due)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_set(item, 'w', depth)
-  redis_call('ZADD', K_DELAYED, int(due), item)
+  redis_call('ZADD', K_DELAYED, int_text(due), item)
 end
 
 -- Whether the job's fails and lost hashes (items' failed attempts and vanished holders) are
@@ -112,7 +112,7 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
   end
   if retryable and not over then
     if delay and delay > 0 then
-      delay_until(item, state, depth, redis_now() + us(delay))
+      delay_until(item, state, depth, redis_now() + micros(delay))
     else
       requeue(item, state, depth, front)
     end
@@ -121,7 +121,6 @@ local function retry_or_dead(item, state, depth, mode, retryable, max_retries, m
   give_up(item, state, depth, reason)
   return 'dead'
 end
-
 
 -- maintain's reclaim of expired saving leases (at most `max_reclaim`, deadlines before `now`):
 -- the process saving each died (or hung). When only a pool process died, Celery sends its save
@@ -143,7 +142,7 @@ local function reclaim_saving(now, max_reclaim, max_lost, lease)
         died = died + 1
       else
         redis_call('ZREM', K_LEASED, item)
-        redis_call('ZADD', K_PENDING, int(now + lease), item)
+        redis_call('ZADD', K_PENDING, int_text(now + lease), item)
         redis_call('HSET', K_OWNERS, item, '- ' .. token)
         live_set(item, 's', depth)
         reclaimed = reclaimed + 1

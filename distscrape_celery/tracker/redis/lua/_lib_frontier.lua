@@ -6,45 +6,45 @@
 -- Returns how many.
 local function add_items(args, first, depth)
   if not page_limits then
-    local p = redis_call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
-    page_limits = {tonumber(p[1] or ''), tonumber(p[2] or '')}
+    local policy = redis_call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
+    page_limits = {tonumber(policy[1] or ''), tonumber(policy[2] or '')}
   end
   local max_pages, per_domain = page_limits[1], page_limits[2]
   local room = math.huge
   if max_pages then room = max_pages - counters('seen')[1] end
   -- The new items' names are written a slice at a time (one RPUSH per domain).
-  local added, new_of, doms = 0, {}, {}
+  local added, new_by_domain, domains = 0, {}, {}
   local value = pack('q', depth)
-  keep_facts = false
+  caching_items = false
   for i = first, #args do
     if added >= room then break end
     local item = args[i]
-    local dom = domain_of(item)
-    if not per_domain or tonumber(redis_call('HGET', K_DSEEN, dom) or '0') < per_domain then
+    local domain = domain_of(item)
+    if not per_domain or tonumber(redis_call('HGET', K_DSEEN, domain) or '0') < per_domain then
       -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
       -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
       if not is_done(item) and redis_call('HSETNX', key, fp, value) == 1 then
-        if per_domain then redis_call('HINCRBY', K_DSEEN, dom, '1') end
-        local q = new_of[dom]
-        if not q then
-          q = {}
-          new_of[dom] = q
-          doms[#doms + 1] = dom
+        if per_domain then redis_call('HINCRBY', K_DSEEN, domain, '1') end
+        local new_items = new_by_domain[domain]
+        if not new_items then
+          new_items = {}
+          new_by_domain[domain] = new_items
+          domains[#domains + 1] = domain
         end
-        q[#q + 1] = item
+        new_items[#new_items + 1] = item
         added = added + 1
       end
     end
   end
-  keep_facts = true
+  caching_items = true
   if added == 0 then return 0 end
-  for _, dom in ipairs(doms) do
-    local q = new_of[dom]
-    for i = 1, #q, 256 do  -- slices keep unpack far from Lua's stack limit
-      redis_call('RPUSH', K_QUEUES .. dom, unpack(q, i, math.min(i + 255, #q)))
+  for _, domain in ipairs(domains) do
+    local new_items = new_by_domain[domain]
+    for i = 1, #new_items, 256 do  -- slices keep unpack far from Lua's stack limit
+      redis_call('RPUSH', K_QUEUES .. domain, unpack(new_items, i, math.min(i + 255, #new_items)))
     end
-    schedule(dom)
+    schedule(domain)
   end
   count('seen', added)
   count('queued', added)
@@ -53,10 +53,10 @@ local function add_items(args, first, depth)
   return added
 end
 
--- The next queued item of `dom` and its depth, stale entries dropped; nil if none.
-local function pop_queued(dom)
+-- The next queued item of `domain` and its depth, stale entries dropped; nil if none.
+local function pop_queued(domain)
   while true do
-    local item = redis_call('LPOP', K_QUEUES .. dom)
+    local item = redis_call('LPOP', K_QUEUES .. domain)
     if not item then return nil end
     local v = live_get(item)
     if v and str_sub(v, 1, 1) == 'q' then return item, str_sub(v, 2) end
@@ -65,8 +65,8 @@ end
 
 -- Backed-off items whose time came go to the back of their domain's queue.
 local function promote_due(max_batch)
-  local due = redis_call('ZRANGEBYSCORE', K_DELAYED, '-inf', int(redis_now()), 'LIMIT', '0',
-    int(max_batch))
+  local due = redis_call('ZRANGEBYSCORE', K_DELAYED, '-inf', int_text(redis_now()), 'LIMIT', '0',
+    int_text(max_batch))
   for _, item in ipairs(due) do
     redis_call('ZREM', K_DELAYED, item)
     local v = live_get(item)
@@ -114,45 +114,45 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   -- one of them got its next turn at once.
   while room > 0 do
     local asked, again = room, false
-    local doms = redis_call('ZRANGEBYSCORE', K_DOMAINS, '-inf', int(now), 'LIMIT', '0', int(room))
-    if #doms == 0 then break end
-    for _, dom in ipairs(doms) do
+    local domains = redis_call('ZRANGEBYSCORE', K_DOMAINS, '-inf', int_text(now), 'LIMIT', '0',
+      int_text(room))
+    if #domains == 0 then break end
+    for _, domain in ipairs(domains) do
       if room == 0 then break end
-      local item, depth = pop_queued(dom)
+      local item, depth = pop_queued(domain)
       if not item then
-        redis_call('ZREM', K_DOMAINS, dom)
+        redis_call('ZREM', K_DOMAINS, domain)
       else
         live_set(item, 'd', depth)
-        redis_call('ZADD', K_DISPATCHED, int(deadline), item)
-        local interval, cap = limits(dom)
+        redis_call('ZADD', K_DISPATCHED, int_text(deadline), item)
+        local interval, cap = limits(domain)
         -- The caller publishes an item that comes wrapped in a table ahead of the others.
-        out[#out + 1] = (interval == 0 and goes_first(dom)) and {item} or item
+        out[#out + 1] = (interval == 0 and goes_first(domain)) and {item} or item
         taken = taken + 1
         room = room - 1
-        if redis_call('HINCRBY', K_INFLIGHT, dom, '1') >= cap
-            or redis_call('LLEN', K_QUEUES .. dom) == 0 then
-          redis_call('ZREM', K_DOMAINS, dom)
+        if redis_call('HINCRBY', K_INFLIGHT, domain, '1') >= cap
+            or redis_call('LLEN', K_QUEUES .. domain) == 0 then
+          redis_call('ZREM', K_DOMAINS, domain)
         elseif interval > 0 then
-          redis_call('ZADD', K_DOMAINS, int(now + interval), dom)
+          redis_call('ZADD', K_DOMAINS, int_text(now + interval), domain)
         else
-          redis_call('ZADD', K_DOMAINS, int(now - head_start(dom)), dom)
+          redis_call('ZADD', K_DOMAINS, int_text(now - head_start(domain)), domain)
           again = true
         end
       end
     end
-    if #doms < asked and not again then break end
+    if #domains < asked and not again then break end
   end
   if taken > 0 then count('queued', -taken) end
   return out
 end
 
-
--- Dispatched `item` (at `depth`, of domain `dom`) goes back to the head of its queue: its checkout
+-- Dispatched `item` (at `depth`, of `domain`) goes back to the head of its queue: its checkout
 -- was throttled, or its job is held. vacate lists the domain again.
-local function undispatch(item, depth, dom)
+local function undispatch(item, depth, domain)
   redis_call('ZREM', K_DISPATCHED, item)
   live_set(item, 'q', depth)
   count('queued', 1)
-  redis_call('LPUSH', K_QUEUES .. dom, item)
-  vacate(dom)
+  redis_call('LPUSH', K_QUEUES .. domain, item)
+  vacate(domain)
 end

@@ -2,15 +2,20 @@
 -- joined): the job's counters and fencing tokens, and the job's state.
 
 -- -- the job's counters ------------------------------------------------------------------------
+-- The stats fields of the bucketed sets (_lib_seen.lua): the seen set's size, and the level and
+-- split pointer of the seen set and of the live-item buckets. Every job keeps them under these
+-- short names (keys.JOB_FORMAT 4), so the stored names stay; the locals say what each holds.
+local SEEN_SIZE, SEEN_LEVEL, SEEN_SPLIT = 'fn', 'fl', 'fs'
+local LIVE_LEVEL, LIVE_SPLIT = 'il', 'is'
 -- The counters in stats that calls add to; a batch writes them in this order.
-local COUNTERS = {'seen', 'queued', 'done', 'dead', 'fn', 'links_cut'}
+local COUNTERS = {'seen', 'queued', 'done', 'dead', SEEN_SIZE, 'links_cut'}
 
 -- Add `n` (a number) to the job's counter `field`.
 local function count(field, n)
   if counts_deferred then
     deltas[field] = (deltas[field] or 0) + n
   else
-    redis_call('HINCRBY', K_STATS, field, int(n))
+    redis_call('HINCRBY', K_STATS, field, int_text(n))
   end
 end
 
@@ -34,9 +39,9 @@ end
 local function write_counts()
   for _, field in ipairs(COUNTERS) do
     local n = deltas[field]
-    if n and n ~= 0 then redis_call('HINCRBY', K_STATS, field, int(n)) end
+    if n and n ~= 0 then redis_call('HINCRBY', K_STATS, field, int_text(n)) end
   end
-  if tokens_taken > 0 then redis_call('HINCRBY', K_STATS, 'tokens', int(tokens_taken)) end
+  if tokens_taken > 0 then redis_call('HINCRBY', K_STATS, 'tokens', int_text(tokens_taken)) end
   deltas, token_base, tokens_taken = {}, nil, 0
 end
 
@@ -66,7 +71,7 @@ local function record_end(state)
   local c = counters('seen', 'done', 'dead')
   local ended = str_format('%.6f', redis_now() / 1000000)
   redis_call('HSET', K_CONTROL, 'state', state, 'ended', ended,
-    'final_seen', int(c[1]), 'final_done', int(c[2]), 'final_dead', int(c[3]))
+    'final_seen', int_text(c[1]), 'final_done', int_text(c[2]), 'final_dead', int_text(c[3]))
   job_state_now = state
   redis_call('HINCRBY', K_CONTROL, 'epoch', '1')
   if job_name then redis_call('SREM', K_ACTIVE, job_name) end
@@ -77,12 +82,12 @@ end
 -- that is not cancelled is maintained again.
 local function reactivate()
   if reactivated then return end
-  local s = job_state()
-  if s == 'finished' then
+  local state = job_state()
+  if state == 'finished' then
     set_job_state('running')
     redis_call('HDEL', K_CONTROL, 'ended')
   end
-  if s ~= 'cancelled' and job_name then redis_call('SADD', K_ACTIVE, job_name) end
+  if state ~= 'cancelled' and job_name then redis_call('SADD', K_ACTIVE, job_name) end
   reactivated = true
 end
 

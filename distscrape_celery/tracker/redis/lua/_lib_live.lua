@@ -7,8 +7,9 @@
 -- (about 12 bytes a field: the fingerprint as an int64, the value as a small integer) while a
 -- bucket holds at most hash-max-listpack-entries fields (128 by default). LIVE_FILL keeps a
 -- bucket not yet split in a round near 2 * 36 = 72, far from 128 at any size. The item's name is
--- kept where its state puts it (KEYS[1] above), so a queued item's name is stored once, in its
--- domain's queue. Level and split pointer: stats il and is; size: seen - done.
+-- kept where its state puts it (KEYS[1] in _lib_call.lua), so a queued item's name is stored once,
+-- in its domain's queue. Level and split pointer: stats LIVE_LEVEL and LIVE_SPLIT; size: seen -
+-- done.
 local LIVE_FILL = 36
 -- The states' letters and codes: ItemState and ItemState.code in tracker/model.py.
 local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
@@ -16,7 +17,7 @@ local LETTER = {[0] = 'q', 'w', 'd', 'l', 's', 'S', 'X'}
 
 -- The packed value of `state` (a letter) at `depth` (a decimal string or a number).
 local function pack(state, depth)
-  return int(tonumber(depth) * 8 + CODE[state])
+  return int_text(tonumber(depth) * 8 + CODE[state])
 end
 
 -- `item`'s bucket key and fingerprint.
@@ -33,15 +34,15 @@ local state_texts, state_text_count = {}, 0
 -- The state letter and depth of live `item`, as one string ('q0'); nil if it is not live.
 local function live_get(item)
   local key, fp = live_slot(item)
-  local v = redis_call('HGET', key, fp)
-  if not v then return nil end
-  local text = state_texts[v]
+  local packed = redis_call('HGET', key, fp)
+  if not packed then return nil end
+  local text = state_texts[packed]
   if text then return text end
-  local n = tonumber(v)
-  local code = n % 8
-  text = LETTER[code] .. int((n - code) / 8)
+  local number = tonumber(packed)
+  local code = number % 8
+  text = LETTER[code] .. int_text((number - code) / 8)
   if state_text_count >= SMALL_TEXTS then state_texts, state_text_count = {}, 0 end
-  state_texts[v], state_text_count = text, state_text_count + 1
+  state_texts[packed], state_text_count = text, state_text_count + 1
   return text
 end
 

@@ -13,25 +13,25 @@ local TWO_33 = 8589934592
 -- int64) and its high part a. Lua numbers are doubles (exact to 2^53), so the two parts are kept
 -- apart and joined as text; no leading zero.
 local function fingerprint(item)
-  local fp = fp_of[item]
-  if fp then return fp, fp_high_of[item] end
-  fp = old_fp_of[item]
-  if fp then
-    local a = old_fp_high_of[item]
-    room_for_fact()
-    fp_of[item], fp_high_of[item] = fp, a
-    return fp, a
+  local text = fingerprint_cache[item]
+  if text then return text, fingerprint_high_cache[item] end
+  text = old_fingerprint_cache[item]
+  if text then
+    local high = old_fingerprint_high_cache[item]
+    make_cache_room()
+    fingerprint_cache[item], fingerprint_high_cache[item] = text, high
+    return text, high
   end
-  local h = redis.sha1hex(item)
-  local a = tonumber(str_sub(h, 1, 9), 16) % TWO_33
-  local b = tonumber(str_sub(h, 10, 17), 16) % 1000000000
+  local digest = redis.sha1hex(item)
+  local high = tonumber(str_sub(digest, 1, 9), 16) % TWO_33
+  local low = tonumber(str_sub(digest, 10, 17), 16) % 1000000000
   -- %d (a C long, 64 bits here) is exact for a < 2^33 and cheaper than %.0f.
-  if a == 0 then fp = str_format('%d', b) else fp = str_format('%d%09d', a, b) end
-  if keep_facts then
-    room_for_fact()
-    fp_of[item], fp_high_of[item] = fp, a
+  if high == 0 then text = str_format('%d', low) else text = str_format('%d%09d', high, low) end
+  if caching_items then
+    make_cache_room()
+    fingerprint_cache[item], fingerprint_high_cache[item] = text, high
   end
-  return fp, a
+  return text, high
 end
 
 -- The high part a of a stored fingerprint (all but its last 9 digits).
@@ -47,7 +47,7 @@ end
 -- split in two (its members with bit `level` of a set move to bucket split + 2^level). A bucket
 -- not yet split in a round reaches about 2 * fill. A table describes one bucketed set.
 local function bucketed(prefix, level_field, split_field)
-  return {prefix = prefix, lf = level_field, sf = split_field, keys = {}}
+  return {prefix = prefix, level_field = level_field, split_field = split_field, keys = {}}
 end
 
 local function set_geometry(set, level, split)
@@ -80,7 +80,7 @@ local function split_bucket(set, rehash)
   split = split + 1
   if split == span then level, split = level + 1, 0 end
   set_geometry(set, level, split)
-  redis_call('HSET', K_STATS, set.lf, level, set.sf, split)
+  redis_call('HSET', K_STATS, set.level_field, level, set.split_field, split)
 end
 
 -- Call `command` on `key` with the values of `list` (flat) a slice at a time, so unpack stays far
@@ -94,17 +94,19 @@ end
 -- -- the seen set ----------------------------------------------------------------------------
 -- Done items, by fingerprint only: each bucket is a set that Redis keeps as an intset (8 bytes a
 -- member, while a bucket holds at most set-max-intset-entries, 512 by default). A fingerprint is
--- written when its item is done. Level and split pointer: stats fl and fs; size: fn.
+-- written when its item is done. Level and split pointer: stats SEEN_LEVEL and SEEN_SPLIT; size:
+-- SEEN_SIZE.
 local SEEN_FILL = 160
 
 -- The geometry of both bucketed sets and the seen set's size, read in one HMGET once a call
 -- (an item is looked up in both, or finished from one to the other).
 local function bucket_geometry()
   if not seen_count then
-    local g = redis_call('HMGET', K_STATS, 'fl', 'fs', 'fn', 'il', 'is')
-    set_geometry(seen, tonumber(g[1] or '0'), tonumber(g[2] or '0'))
-    seen_count = tonumber(g[3] or '0')
-    set_geometry(live, tonumber(g[4] or '0'), tonumber(g[5] or '0'))
+    local geometry = redis_call('HMGET', K_STATS, SEEN_LEVEL, SEEN_SPLIT, SEEN_SIZE, LIVE_LEVEL,
+      LIVE_SPLIT)
+    set_geometry(seen, tonumber(geometry[1] or '0'), tonumber(geometry[2] or '0'))
+    seen_count = tonumber(geometry[3] or '0')
+    set_geometry(live, tonumber(geometry[4] or '0'), tonumber(geometry[5] or '0'))
   end
 end
 
@@ -120,10 +122,10 @@ end
 -- Record done `item` in the seen set (it has just left the live items).
 local function remember_done(item)
   bucket_geometry()
-  local fp, a = fingerprint(item)
-  if redis_call('SADD', bucket_of(seen, a), fp) == 0 then return end  -- a twin's fingerprint
+  local fp, high = fingerprint(item)
+  if redis_call('SADD', bucket_of(seen, high), fp) == 0 then return end  -- a twin's fingerprint
   seen_count = seen_count + 1
-  count('fn', 1)
+  count(SEEN_SIZE, 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
   if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
     split_bucket(seen, seen_rehash)

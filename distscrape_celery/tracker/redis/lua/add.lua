@@ -9,6 +9,6 @@
 -- ARGV[5..] items     the batch (the caller keeps it small: one call is one block of Redis)
 -- Returns {added, dispatch_item...}
 local depth = ARGV[1]
-local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
 local out = {add_items(ARGV, 5, depth)}
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)

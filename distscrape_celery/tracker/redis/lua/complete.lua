@@ -8,7 +8,7 @@
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
-local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
 local changed = 0
 if KEYS[22] then redis_call('UNLINK', KEYS[22]) end
 local v = live_get(item)

@@ -11,7 +11,7 @@
 -- Returns {state before, state after, dispatch_item...}; an error 'JOBSTATE ...' for a pause or
 -- cancel of a finished job
 local action = ARGV[1]
-local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
 local shard = ARGV[5] == '1'
 local before = job_state()
 local after = before

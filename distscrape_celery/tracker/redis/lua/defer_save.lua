@@ -4,7 +4,7 @@
 -- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item, ARGV[2] token, ARGV[3] save_timeout
 -- Returns 1 if deferred, 0 if the caller is not the holder (stale) or the item moved on
-local item, token, save_timeout = ARGV[1], ARGV[2], us(ARGV[3])
+local item, token, save_timeout = ARGV[1], ARGV[2], micros(ARGV[3])
 local v = live_get(item)
 if not v then return 0 end
 local state, depth = split_state(v)

@@ -15,7 +15,7 @@
 -- Returns {outcome, dispatch_item...}; outcome is retry|dead|ignored
 local item, token, reason, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retryable, max_retries, max_lost = ARGV[5] == '1', tonumber(ARGV[6]), tonumber(ARGV[7])
-local bound, max_batch, lease = ARGV[8], tonumber(ARGV[9]), us(ARGV[10])
+local bound, max_batch, lease = ARGV[8], tonumber(ARGV[9]), micros(ARGV[10])
 local delay = tonumber(ARGV[11])
 local outcome = 'ignored'
 local v = live_get(item)

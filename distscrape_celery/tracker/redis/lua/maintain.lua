@@ -14,16 +14,16 @@
 --                       heartbeat)
 -- Returns {reclaimed, dead, wake, finished, requeued, dispatch_item...}; reclaimed counts leases
 -- and save-pending items that expired, requeued the dispatched items whose message did not start
--- within a lease; finished is 1 for the one call
--- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
--- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
-local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), us(ARGV[3])
-local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), us(ARGV[6])
+-- within a lease; finished is 1 for the one call that found the running job with nothing left to
+-- do (it is then recorded finished); wake (a string, seconds; '' for none) is when a domain's turn
+-- or a backoff ends while the broker has room: a dispatch then hands out more.
+local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), micros(ARGV[3])
+local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), micros(ARGV[6])
 local now = redis_now()
 local reclaimed, died, requeued = 0, 0, 0
 
 local function reclaim(zset, expected, mode, why)
-  local n = 0
+  local retried = 0
   for _, item in ipairs(redis_call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
     local v = live_get(item)
     local state, depth = nil, nil
@@ -32,7 +32,7 @@ local function reclaim(zset, expected, mode, why)
       local was = holder(item) or '?'
       if retry_or_dead(item, state, depth, mode, true, 0, max_lost,
           why .. ' too often (last holder ' .. was .. ')', true, 0) == 'retry' then
-        n = n + 1
+        retried = retried + 1
       else
         died = died + 1
       end
@@ -40,7 +40,7 @@ local function reclaim(zset, expected, mode, why)
       redis_call('ZREM', zset, item)  -- an entry left behind by a state change
     end
   end
-  return n
+  return retried
 end
 
 reclaimed, died = reclaim_saving(now, max_reclaim, max_lost, lease)

@@ -7,13 +7,13 @@
 -- ARGV[2] save_timeout   seconds (a hand-over's pending deadline is its time plus this)
 -- ARGV[3] limit          most items returned
 -- Returns item, token, item, token, ...
-local age, save_timeout, limit = us(ARGV[1]), us(ARGV[2]), tonumber(ARGV[3])
+local age, save_timeout, limit = micros(ARGV[1]), micros(ARGV[2]), tonumber(ARGV[3])
 local out = {}
 local before = redis_now() + save_timeout - age
 for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_PENDING, '-inf', before, 'LIMIT', 0, limit)) do
   local v = live_get(item)
-  local who, token = holder(item)
-  if v and str_sub(v, 1, 1) == 's' and who == '-' then
+  local owner, token = holder(item)
+  if v and str_sub(v, 1, 1) == 's' and owner == '-' then
     out[#out + 1] = item
     out[#out + 1] = token
   end
