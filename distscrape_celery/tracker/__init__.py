@@ -1,6 +1,7 @@
 """Trackers: the central authority on workers, jobs and items.
 
-:mod:`.base` holds the contract, :mod:`.model` the values its calls take and return.
+:mod:`.base` holds the contract, :mod:`.model` the values its calls take and return (the item
+states among them), :mod:`.defaults` the defaults of the trackers and of the settings.
 """
 
 from .base import MAX_ADD_BATCH, Tracker
