@@ -81,7 +81,7 @@ def main() -> int:
         tracker.add("bench", urls)
         keys = tracker._item_keys("bench", 0)
         names = {step: f"s{n}" for n, step in enumerate(["empty", *STEPS])}
-        code = (scripts.read_lua("_lib") + scripts._ENTRIES % scripts.read_lua("_begin")
+        code = (scripts.library_text() + scripts._ENTRIES % scripts.read_lua("_begin")
                 + "redis.register_function('bench_nothing', function() return 1 end)\n"
                 + "redis.register_function('bench_begin', function(keys) "
                   "return begin(keys) or 1 end)\n"

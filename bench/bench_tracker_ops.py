@@ -80,7 +80,7 @@ def main() -> int:
     import distscrape_celery
     from distscrape_celery.local.embedded import EmbeddedRedis
     from distscrape_celery.job.spec import JobSpec
-    from distscrape_celery.tracker.staging import RedisBodyStaging
+    from distscrape_celery.tracker.redis.staging import RedisBodyStaging
     from distscrape_celery.tracker import RedisTracker
 
     def url(n: int) -> str:

@@ -259,7 +259,7 @@ class Occupancy:
         self.rows: list[tuple[int, ...]] = []
 
     def add(self, stats) -> None:
-        self.rows.append((stats.dispatched, stats.leased, stats.saving,
+        self.rows.append((stats.dispatched, stats.leased, stats.save_pending,
                           *(self.client.llen(queue) for queue in self.queues)))
 
     def __bool__(self) -> bool:

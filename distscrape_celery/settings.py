@@ -18,6 +18,9 @@ from pydantic import (
 
 from .errors import ConfigError
 from .redaction import redact
+from .tracker.defaults import (
+    DISPATCH_FACTOR, LEASE_SECONDS, REDIS_SOCKET_TIMEOUT, SAVE_BACKLOG_FACTOR,
+)
 
 ENV_PREFIX = "DISTSCRAPE_"
 # Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
@@ -75,14 +78,14 @@ class Settings(BaseModel):
         "own. Workers and the CLI of one tracker must agree on it.",
     )
     lease_seconds: float = Field(
-        60.0,
+        LEASE_SECONDS,
         ge=0.5,
         le=86400,
         description="How long a worker may hold an item without a heartbeat before it is handed "
         "to another worker. Sets how fast work of a dead worker is recovered.",
     )
     redis_socket_timeout: float = Field(
-        30.0,
+        REDIS_SOCKET_TIMEOUT,
         ge=1,
         le=3600,
         description="Seconds a read from Redis (tracker and Redis broker) may hang before the "
@@ -97,7 +100,7 @@ class Settings(BaseModel):
         "lease through heartbeats, so this, not the lease, bounds how long one item may take.",
     )
     dispatch_factor: float = Field(
-        2.0,
+        DISPATCH_FACTOR,
         gt=0,
         le=100,
         description="The broker holds at most this many scrape messages per unit of live worker "
@@ -106,7 +109,7 @@ class Settings(BaseModel):
         "(docs/architecture.md, 'The broker stays bounded').",
     )
     save_backlog_factor: int = Field(
-        2,
+        SAVE_BACKLOG_FACTOR,
         ge=1,
         le=100,
         description="The broker holds at most this many pages of save messages per unit of live "

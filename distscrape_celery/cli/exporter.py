@@ -97,7 +97,9 @@ class CrawlCollector(Collector):
             "frontier": gauge("distscrape_job_frontier_items", "Items in the tracker's frontier"),
             "dispatched": gauge("distscrape_job_dispatched_items", "Items whose scrape message waits in the broker"),
             "leased": gauge("distscrape_job_leased_items", "Items a worker is scraping or saving"),
-            "saving": gauge("distscrape_job_saving_items", "Items whose save message waits in the broker"),
+            # The metric keeps the name it was published under.
+            "save_pending": gauge("distscrape_job_saving_items",
+                                  "Items whose save message waits in the broker"),
         }
         finished = gauge("distscrape_job_finished", "1 once the job started and nothing is left to do")
         job_state = gauge("distscrape_job_state", "1 for the job's state (running, paused, "

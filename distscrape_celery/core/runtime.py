@@ -21,7 +21,7 @@ from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, Robot
 from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings
-from ..tracker.staging import BodyStaging, RedisBodyStaging
+from ..tracker.redis.staging import BodyStaging, RedisBodyStaging
 from ..tracker import Tracker
 from ..tracker.redis import RedisTracker, connect
 

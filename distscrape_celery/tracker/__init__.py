@@ -1,6 +1,7 @@
 """Trackers: the central authority on workers, jobs and items.
 
-:mod:`.base` holds the contract, :mod:`.model` the values its calls take and return.
+:mod:`.base` holds the contract, :mod:`.model` the values its calls take and return (the item
+states among them), :mod:`.defaults` the defaults of the trackers and of the settings.
 """
 
 from .base import MAX_ADD_BATCH, Tracker
@@ -14,6 +15,7 @@ from .model import (
     FailResult,
     Fault,
     ControlResult,
+    ItemState,
     JobAction,
     JobInfo,
     JobState,
@@ -44,8 +46,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "CrawlLimits", "DomainLimits",
-    "ControlResult", "FailOutcome", "FailResult", "Fault", "JobAction", "JobInfo", "JobState",
-    "InMemoryTracker", "JobStats", "LeaseStatus", "MaintainResult", "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart",
-    "ScrapedResult", "Tracker", "Urgent", "WorkerInfo",
+    "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "ControlResult", "CrawlLimits",
+    "DomainLimits", "FailOutcome", "FailResult", "Fault", "InMemoryTracker", "ItemState",
+    "JobAction", "JobInfo", "JobState", "JobStats", "LeaseStatus", "MaintainResult",
+    "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart", "ScrapedResult", "Tracker",
+    "Urgent", "WorkerInfo",
 ]

@@ -1,14 +1,8 @@
 """The tracker interface: the central authority on workers, jobs and the state of every item.
 
-Item life cycle (every seen item is in exactly one state, so none can be lost)::
-
-    add -> queued -(dispatch)-> dispatched -(checkout)-> leased -(scraped)-> save pending
-            ^ ^ ^                     |                                          |
-            | | +-- throttled --------+                                    (begin_save)
-            | |                                                                  v
-            | +---- fail with retries left, or reclaim (deadline passed) ---- saving -(complete)-> done
-            +--- delayed <- fail with retries left and a delay (backoff)
-                    fail past max_retries, or lost past max_lost ------------------------------> dead
+Every item a job has seen is in exactly one state (:class:`~.model.ItemState`), so none can be
+lost; docs/architecture.md ("Nothing is lost") draws the calls below that move an item between
+them.
 
 Politeness is the tracker's, shared by every worker: each item belongs to a domain (its http(s)
 URL's ``host[:port]``, or for an ID the job's download host, see
@@ -33,16 +27,12 @@ The values the calls take and return (results, limits, states) are in :mod:`.mod
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import queue
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Optional, TypeVar
+from typing import Optional
 
-from ..errors import JobConflict
-from ..redaction import escape
+from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
 from .model import (
     AddResult,
     Checkout,
@@ -60,108 +50,18 @@ from .model import (
     ScrapedResult,
     WorkerInfo,
 )
-# Not used here: importable from here still, as before model.py held them.
 
-# A Lua call handles at most this many items, so no batch can overflow the Lua stack or block Redis.
+# The most items one call takes or hands back at once: add_stream adds its items in batches of
+# this many, and unclaimed_saves returns at most this many unless told otherwise. The Redis
+# tracker's scripts take no more in one call, so no batch can overflow the Lua stack or hold
+# Redis up for long.
 MAX_ADD_BATCH = 500
-# Batches of an add stream sent in one round trip (pipelined), one Lua call each.
-ADD_STREAM_PIPELINE = 20
-# Most items handed out for dispatch by one call.
-MAX_DISPATCH_BATCH = 200
-# Most items reclaimed from one in-flight set by one maintenance call.
-MAX_RECLAIM_BATCH = 1000
-# While items are dispatched or leased, maintain wakes its caller at least this often (seconds): a failure may
-# start a backoff shorter than the heartbeat interval.
-WAKE_WHILE_LEASED = 1.0
-# Reasons kept for dead items are cut to this many characters.
-MAX_REASON = 500
-
-
-def stored_reason(reason: str) -> str:
-    """``reason`` as the tracker keeps it: a reason quotes what a site sent (URLs, redirect
-    targets, headers), so its control characters are escaped (:func:`escape`) before anyone can
-    print it; then cut to MAX_REASON characters."""
-    return escape(reason)[:MAX_REASON]
-
-
-def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Optional[str] = None) -> None:
-    """:meth:`Tracker.scraped` stages a body for a save task, or hands the item to its caller's
-    own save: never both. Only an item waiting for a save task can be kept."""
-    if body is not None and save_as is not None:
-        raise ValueError("scraped: a body to stage and save_as exclude each other")
-    if save_as is not None and keep_as is not None:
-        raise ValueError("scraped: save_as and keep_as exclude each other")
 
 
 def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
     """``items`` in lists of up to ``size``, taken from the iterable as they are needed."""
-    it = iter(items)
-    return iter(lambda: list(itertools.islice(it, size)), [])
-
-
-T = TypeVar("T")
-
-
-def read_ahead(values: Iterable[T]) -> Iterator[T]:
-    """``values``, each taken from the iterable by a background thread while the consumer works
-    on the one before: a seed file's next batch is read and checked while Redis adds the current
-    one. At most one value waits; an exception of the iterable is raised here, in its place."""
-    handoff: queue.Queue = queue.Queue(maxsize=1)
-    stop = threading.Event()
-
-    def put(entry: tuple[str, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                handoff.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for value in values:
-                if not put(("value", value)):
-                    return
-            put(("end", None))
-        except BaseException as exc:  # handed to the consumer, which raises it
-            put(("error", exc))
-
-    threading.Thread(target=produce, name="distscrape-read-ahead", daemon=True).start()
-    try:
-        while True:
-            kind, value = handoff.get()
-            if kind == "end":
-                return
-            if kind == "error":
-                raise value
-            yield value
-    finally:
-        stop.set()  # a consumer that stops early (an error) stops the reading too
-
-
-def spec_differences(stored: str, new: str) -> list[str]:
-    """Dotted fields (``saver.output``) in which two spec JSONs differ, ``seeds`` aside: a job
-    takes new seeds, never new options. Empty when ``new`` may join the job ``stored`` defines."""
-
-    def walk(a: Any, b: Any, path: str) -> list[str]:
-        if isinstance(a, dict) and isinstance(b, dict):
-            return [
-                diff for key in sorted(set(a) | set(b)) if not (path == "" and key == "seeds")
-                for diff in walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-            ]
-        return [] if a == b else [path or "(spec)"]
-
-    return walk(json.loads(stored), json.loads(new), "")
-
-
-def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
-    *others, last = differences
-    what = f"{', '.join(others)} and {last} differ" if others else f"{last} differs"
-    return JobConflict(
-        f"job {job!r} already exists with a different spec ({what}); only seeds can be added "
-        "to a job: pick another job name"
-    )
+    source = iter(items)
+    return iter(lambda: list(itertools.islice(source, size)), [])
 
 
 class Tracker(ABC):
@@ -175,8 +75,8 @@ class Tracker(ABC):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        self, *, lease_seconds: float = LEASE_SECONDS, dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR, save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
     ) -> None:
         if not dispatch_factor > 0 or save_backlog_factor < 1:

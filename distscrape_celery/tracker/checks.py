@@ -12,7 +12,7 @@ live in Redis. Two settings decide whether they survive:
   a deleted tracker key is lost work or lost dedup. With noeviction a full Redis refuses writes
   instead, which the workers report and retry.
 
-And two settings decide what the tracker's buckets cost (tracker/redis/lua/_lib.lua): a live-item
+And two settings decide what the tracker's buckets cost (tracker/redis/lua/_lib_seen.lua, _lib_live.lua): a live-item
 bucket is a hash of up to ~100 fingerprints (19-digit integers), kept compact while
 ``hash-max-listpack-entries`` >= 128 and ``hash-max-listpack-value`` >= 19; a seen-set bucket a
 set of up to ~400, kept an intset while ``set-max-intset-entries`` >= 512. Below that, buckets

@@ -8,11 +8,10 @@ key                               type    holds
 ================================  ======  ===================================================
 ``P i:<n>``                       hash    live-item bucket ``n``: 63-bit fingerprints of the
                                           items added and not done -> state and depth packed
-                                          in one integer (depth * 8 + the code of ``q``ueued,
-                                          ``w``aiting out a backoff, ``d``ispatched, ``l``eased,
-                                          ``s``ave pending, ``S``aving, ``X`` dead: 0 .. 6),
-                                          listpack encoded; :meth:`JobKeys.item_bucket`,
-                                          addressed by linear hashing in tracker/lua/_lib.lua.
+                                          in one integer (depth * 8 + the code of its state,
+                                          :class:`~.model.ItemState`), listpack encoded;
+                                          :meth:`JobKeys.item_bucket`,
+                                          addressed by linear hashing in _lib_seen.lua.
                                           An item's name is kept only where its state puts it
                                           (its domain's queue, ``delayed``, ``dispatched``,
                                           ``leased``, ``pending``, ``dead``); a done item
@@ -21,7 +20,7 @@ key                               type    holds
 ``P f:<n>``                       set     seen-set bucket ``n``: 63-bit fingerprints of the
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
-                                          hashing in tracker/lua/_lib.lua
+                                          hashing in _lib_seen.lua
 ``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
                                           (stale entries skipped); :meth:`JobKeys.domain_queue`
 ``P domains``                     zset    domain -> when it may next be dispatched, µs: the
@@ -30,10 +29,10 @@ key                               type    holds
 ``P inflight``                    hash    domain -> its dispatched and leased items
 ``P slots``                       hash    domain -> when its next fetch may start, µs (rate limit)
 ``P latency``                     hash    domain -> its leases' moving mean duration, µs: how much
-                                          earlier its turns come (tracker/lua/_lib.lua)
+                                          earlier its turns come (_lib_politeness.lua)
 ``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
 ``P delayed``                     zset    item -> when its backoff ends, µs (``w``aiting items)
-``P policy``                      hash    the job's crawl limits (see tracker/lua/_lib.lua) and
+``P policy``                      hash    the job's crawl limits (see _lib_call.lua) and
                                           each domain's robots.txt Crawl-delay
 ``P dispatched``                  zset    item -> deadline (µs); a scrape message for it exists
 ``P leased``                      zset    item -> deadline (µs); a worker scrapes or saves it
@@ -56,7 +55,7 @@ key                               type    holds
 ``P active``                      set     the job's name while this shard has unfinished
                                           work (sharded jobs and any job on Redis Cluster,
                                           where ``ds:active-jobs`` is in another slot: the
-                                          tracker mirrors it there, see redis_tracker.py)
+                                          tracker mirrors it there, see redis/shards.py)
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
@@ -83,6 +82,8 @@ key                               type    holds
 ``ds:{workers}:seq``              string  counter that hands out worker IDs
 ================================  ======  ===================================================
 
+The ``_lib_*.lua`` files named above are the item scripts' library, in tracker/redis/lua/.
+
 A job spread over ``n`` shards (job spec ``tracker.shards``) has a full set of the keys above
 (``body:`` and the ``ds:`` keys aside) per shard: shard 0 is ``P`` itself, so an unsharded job's
 keys are the same either way, and shard ``i >= 1`` uses ``ds:{<job>:<i>}:`` (':' cannot occur in a
@@ -96,7 +97,7 @@ http(s) URLs (IDs, also those shaped ``scheme://x``) share one pseudo-domain, th
 cap, rate, Crawl-delay and page limit) holds for them all. The item scripts take
 the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
 same rule as :meth:`JobKeys.domain_queue` and :func:`domain_of`, which mirror ``domain_of`` in
-tracker/lua/_lib.lua.
+_lib_politeness.lua.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 JOBS = f"{PREFIX}:jobs"
 ACTIVE_JOBS = f"{PREFIX}:active-jobs"
 # The authority of an http(s) URL, the scheme in any case; the same pattern as domain_of in
-# tracker/lua/_lib.lua. Spelled out letter by letter: re.IGNORECASE would also take non-ASCII
+# _lib_politeness.lua. Spelled out letter by letter: re.IGNORECASE would also take non-ASCII
 # letters ("\u017f" matches "s"), which Lua's patterns do not.
 _HTTP_AUTHORITY = re.compile(r"[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)")
 # The pseudo-domain of items that are not http(s) URLs when the job names no download_url_fmt.
@@ -173,7 +174,7 @@ def domain_of(item: str, id_domain: str = NO_DOMAIN) -> str:
 
 def fingerprint(item: str) -> int:
     """The 63-bit fingerprint that knows ``item`` in the live-item buckets and the seen set: the
-    same number as ``fingerprint`` in tracker/lua/_lib.lua (a * 10**9 + b from the item's
+    same number as ``fingerprint`` in _lib_seen.lua (a * 10**9 + b from the item's
     SHA-1)."""
     h = hashlib.sha1(item.encode()).hexdigest()
     return (int(h[:9], 16) % 2**33) * 10**9 + int(h[9:17], 16) % 10**9
@@ -181,7 +182,7 @@ def fingerprint(item: str) -> int:
 
 def bucket_of(fp: int, level: int, split: int) -> int:
     """The bucket of fingerprint ``fp`` in a set of buckets at ``level`` and ``split`` (linear
-    hashing, as ``bucket_of`` in tracker/lua/_lib.lua)."""
+    hashing, as ``bucket_of`` in _lib_seen.lua)."""
     a = fp // 10**9
     n = a % 2**level
     return a % 2 ** (level + 1) if n < split else n

@@ -16,8 +16,9 @@ from typing import Any, Optional
 import fakeredis
 import redis
 
+from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
 from .redis import RedisTracker
-from .staging import RedisBodyStaging
+from .redis.staging import RedisBodyStaging
 
 Clock = Callable[[], float]
 
@@ -55,7 +56,7 @@ def _connection_class(clock: Optional[Clock]) -> type[fakeredis.FakeRedisConnect
 class _CompiledChunks:
     """The fake server's Lua runtime, compiling each script source once: fakeredis compiles a
     script at every EVAL, which took about as long as running it (the scripts share ~500 lines
-    of _lib.lua). A compiled chunk run again is the script run again: its top-level locals are made
+    of the library). A compiled chunk run again is the script run again: its top-level locals are made
     anew at each call, and KEYS and ARGV are globals that fakeredis sets before each call."""
 
     def __init__(self, runtime: Any) -> None:
@@ -79,7 +80,7 @@ def _prepare_lua(server: fakeredis.FakeServer, client: redis.Redis) -> None:
     client.eval("return 0", 0)
     runtime = server._lua_runtime
     # fakeredis 2.41's script environment lacks redis.sha1hex, which the scripts use for the
-    # fingerprints of items (_lib.lua). Set on the `redis` table, which is no new global
+    # fingerprints of items (_lib_seen.lua). Set on the `redis` table, which is no new global
     # (fakeredis refuses scripts that leave one). tests/test_tracker.py compares the keys written
     # with a real Redis's.
     runtime.globals()[b"redis"][b"sha1hex"] = _sha1hex
@@ -94,8 +95,8 @@ class InMemoryTracker(RedisTracker):
     """
 
     def __init__(
-        self, *, lease_seconds: float = 60.0, dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2, save_timeout: Optional[float] = None,
+        self, *, lease_seconds: float = LEASE_SECONDS, dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR, save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None, bound_refresh_seconds: Optional[float] = None,
         clock: Optional[Clock] = None,
     ) -> None:

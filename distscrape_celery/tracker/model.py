@@ -11,7 +11,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .defaults import DOMAIN_CONCURRENCY
 from .keys import NO_DOMAIN
+
+
+class ItemState(str, enum.Enum):
+    """Where an item is in its life. Every item a job has seen is in exactly one of these states,
+    so none can be lost; docs/architecture.md ("Nothing is lost") draws the calls that move an
+    item from one to another.
+
+    The value is the letter the item scripts keep: a live item's bucket packs it with the item's
+    depth as ``depth * 8 + code`` (:attr:`code`). The Lua library (tracker/redis/lua/) cannot
+    import this enum: its ``CODE`` and ``LETTER`` tables repeat the letters and codes, and
+    tests/unit/test_item_states.py checks them against it. A done item leaves the buckets for the
+    seen set, so its letter is only what a script reports for it ('D0')."""
+
+    QUEUED = "q"  # in its domain's queue, waiting to be dispatched
+    DELAYED = "w"  # waits out a backoff (the delayed set), then is queued again
+    DISPATCHED = "d"  # handed out: a scrape message for it exists
+    LEASED = "l"  # a worker scrapes it, under a lease
+    SAVE_PENDING = "s"  # scraped: its save message waits, in the broker or with a worker
+    SAVING = "S"  # a worker saves it, under a lease
+    DEAD = "X"  # given up on, with its reason
+    DONE = "D"  # saved: only its fingerprint is kept, in the seen set
+
+    @property
+    def code(self) -> int:
+        """The number packed with the depth in a live-item bucket (0 .. 6). DONE has none: a
+        done item is in no bucket."""
+        if self is ItemState.DONE:
+            raise ValueError("a done item is in no live-item bucket: it has no code")
+        return list(ItemState).index(self)
 
 
 class LeaseStatus(str, enum.Enum):
@@ -169,7 +199,7 @@ class DomainLimits:
     """One domain's limits: least seconds between two fetch starts, most items in flight."""
 
     interval: float = 0.0
-    concurrency: int = 8
+    concurrency: int = DOMAIN_CONCURRENCY
 
 
 @dataclass(frozen=True)
@@ -190,7 +220,7 @@ class CrawlLimits:
         return self.overrides.get(domain, self.default)
 
     def policy_fields(self) -> dict[str, Any]:
-        """The fields of the Redis ``policy`` hash (see tracker/redis/lua/_lib.lua)."""
+        """The fields of the Redis ``policy`` hash (see tracker/redis/lua/_lib_call.lua)."""
         out: dict[str, Any] = {
             "interval": self.default.interval, "concurrency": self.default.concurrency,
             "id_domain": self.id_domain,
@@ -207,10 +237,14 @@ class CrawlLimits:
 @dataclass(frozen=True)
 class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
-    ``leased`` counts items being scraped or saved; ``saving`` items wait for their save;
-    ``delayed`` items wait out a backoff before they are queued again. ``links_cut`` counts the
-    links pages had past the job's max_links_per_page (or past twice that many hrefs looked
-    at), which were not added: counted, not resolved, so some may have been repeats."""
+    ``leased`` counts items being scraped or saved (leased and saving); ``save_pending`` items
+    wait for their save; ``delayed`` items wait out a backoff before they are queued again.
+    ``links_cut`` counts the links pages had past the job's max_links_per_page (or past twice
+    that many hrefs looked at), which were not added: counted, not resolved, so some may have
+    been repeats.
+
+    :meth:`to_dict` (``distscrape status --json``) names ``save_pending`` ``saving``, as it
+    always has: scripts and dashboards read that name."""
 
     seen: int
     frontier: int
@@ -218,7 +252,7 @@ class JobStats:
     leased: int
     done: int
     dead: int
-    saving: int = 0
+    save_pending: int = 0
     delayed: int = 0
     links_cut: int = 0
 
@@ -233,7 +267,7 @@ class JobStats:
     @property
     def finished(self) -> bool:
         return (
-            self.started and self.queued == 0 and self.leased == 0 and self.saving == 0
+            self.started and self.queued == 0 and self.leased == 0 and self.save_pending == 0
             and self.delayed == 0
         )
 
@@ -244,7 +278,7 @@ class JobStats:
             "frontier": self.frontier,
             "dispatched": self.dispatched,
             "leased": self.leased,
-            "saving": self.saving,
+            "saving": self.save_pending,
             "delayed": self.delayed,
             "done": self.done,
             "dead": self.dead,

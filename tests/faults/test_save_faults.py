@@ -411,8 +411,8 @@ def test_save_waiting_in_broker_longer_than_a_lease_keeps_its_item(
         while True:
             scraper_proc.check()
             s = tracker.stats(job)
-            now = (s.saving, s.leased, s.dispatched, sum(server.counts().values()))
-            if s.saving > 0 and s.leased == 0 and s.dispatched == 0 and now == last:
+            now = (s.save_pending, s.leased, s.dispatched, sum(server.counts().values()))
+            if s.save_pending > 0 and s.leased == 0 and s.dispatched == 0 and now == last:
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > lease:
                     break
@@ -426,7 +426,7 @@ def test_save_waiting_in_broker_longer_than_a_lease_keeps_its_item(
             time.sleep(0.05)
         waiting = tracker.stats(job)
         fetched_before = sum(server.counts().values())
-        assert waiting.saving == _queued_saves(redis_client) > 0
+        assert waiting.save_pending == _queued_saves(redis_client) > 0
         time.sleep(6 * lease)
         after_wait = tracker.stats(job)
         # Nothing was reclaimed meanwhile: same items save-pending, nothing downloaded again.
@@ -438,7 +438,7 @@ def test_save_waiting_in_broker_longer_than_a_lease_keeps_its_item(
         fetched = server.counts()
 
     wrote = event_counts(out, "wrote")
-    _report("save-waits", waited=f"{6 * lease:.0f}s", pending_while_waiting=waiting.saving,
+    _report("save-waits", waited=f"{6 * lease:.0f}s", pending_while_waiting=waiting.save_pending,
             done_before_saver=waiting.done, total_fetches=sum(fetched.values()), pages=n,
             total_writes=sum(wrote.values()))
     assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
@@ -988,7 +988,7 @@ def test_a_stopping_worker_queues_the_saves_it_gathered(
 
     (still_kept, waiting, queued), fetched_before, fetched = _stop_while_gathering(
         redis_url, start_worker, tmp_path, job, kept,
-        lambda tracker: (kept(), tracker.stats(job).saving, _queued_saves(redis_client)),
+        lambda tracker: (kept(), tracker.stats(job).save_pending, _queued_saves(redis_client)),
         pool=pool, queues=[SCRAPE_QUEUE])
     _report("stop-flush", pool=pool, waiting_saves=waiting, queued_saves=queued,
             fetched_before_stop=sum(fetched_before.values()), total_fetches=sum(fetched.values()))

@@ -664,7 +664,7 @@ def test_full_output_disk_defers_saves_without_redownloading(
     )
     assert len(alive) == 2, alive
     assert refused, "no save was refused while the disk was full"
-    assert during.saving > 0, during
+    assert during.save_pending > 0, during
     # Retried about every save_retry_delay (1 s): several times in 4 s, but no busy loop.
     assert max(refused.values()) >= 3, refused
     assert max(refused.values()) <= OUTAGE / settings.save_retry_delay + 3, refused

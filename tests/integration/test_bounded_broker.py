@@ -69,4 +69,4 @@ def test_broker_stays_bounded_while_the_frontier_holds_the_rest(redis_url, redis
     # The rest waits in the tracker: beyond the scrape messages, at most the saves' own bound
     # of pages and the one task running.
     assert stats.frontier >= ITEMS - stats.done - bound - tracker.save_bound() - 1
-    assert stats.queued + stats.leased + stats.saving + stats.done == ITEMS + 1
+    assert stats.queued + stats.leased + stats.save_pending + stats.done == ITEMS + 1

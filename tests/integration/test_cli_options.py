@@ -30,7 +30,7 @@ from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, tar_index
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker
-from distscrape_celery.tracker.base import ADD_STREAM_PIPELINE
+from distscrape_celery.tracker.redis.items import ADD_STREAM_PIPELINE
 
 ID_OPTIONS = ["--scraper", "ids", "--id-regex", r'"id": "(\d+)"']
 

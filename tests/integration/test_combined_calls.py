@@ -21,7 +21,7 @@ from distscrape_celery.errors import JobNotFound
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
 from distscrape_celery.tracker.redis import combine, scripts
 from distscrape_celery.tracker.redis.combine import Combiner
-from distscrape_celery.tracker.staging import RedisBodyStaging
+from distscrape_celery.tracker.redis.staging import RedisBodyStaging
 from tests.support.tracker_state import item_states
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'

@@ -60,7 +60,7 @@ def cli(redis_url, *args):
 def settled(tracker, job):
     """Nothing of ``job`` is being fetched or saved."""
     s = tracker.stats(job)
-    return s.leased == 0 and s.saving == 0
+    return s.leased == 0 and s.save_pending == 0
 
 
 def maintain_calls(redis_url, tracker, seconds: float) -> dict[str, int]:

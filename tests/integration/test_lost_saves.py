@@ -59,11 +59,11 @@ def test_a_save_message_taken_by_a_dead_worker_has_its_items_reclaimed(env):
     finder = LostSaves(rt.tracker, broker, queue, age=0)
     assert finder.check("p") == 0
     assert finder.check("p") == 0
-    assert rt.tracker.stats("p").saving == 3
+    assert rt.tracker.stats("p").save_pending == 3
     assert finder.check("p") == 2
     res = rt.tracker.maintain("p", max_lost=3)
     assert res.reclaimed == 2
-    assert rt.tracker.stats("p").saving == 1 and _owner(rt, waiting).startswith("- ")
+    assert rt.tracker.stats("p").save_pending == 1 and _owner(rt, waiting).startswith("- ")
     assert all(_owner(rt, item) is None for item in taken)
     # Queued again (dispatched by the maintenance, or in the frontier) and downloaded anew.
     assert set(taken) <= set(res.dispatch) | set(live_items(rt.tracker.client, "p"))

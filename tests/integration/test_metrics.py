@@ -123,7 +123,7 @@ def test_exporter_figures_match_the_tracker_during_a_real_crawl(redis_url, worke
             "seen_items_total": stats.seen, "done_items_total": stats.done,
             "dead_items": stats.dead, "queued_items": stats.queued,
             "frontier_items": stats.frontier, "dispatched_items": stats.dispatched,
-            "leased_items": stats.leased, "saving_items": stats.saving, "finished": 1,
+            "leased_items": stats.leased, "saving_items": stats.save_pending, "finished": 1,
         }
         got = {k: m[(f"distscrape_job_{k}", (("job", "mj"),))] for k in expected}
         assert got == expected

@@ -175,7 +175,7 @@ def test_full_output_defers_the_save_without_counting(env, tmp_path, monkeypatch
         assert pipe.save(*rec.saves[-1]) == "deferred"
         assert len(rec.saves) == n + 1 and rec.delays[-1] > 0  # the save is sent again, later
     s = rt.tracker.stats("p")
-    assert (s.done, s.dead, s.saving) == (0, 0, 1)
+    assert (s.done, s.dead, s.save_pending) == (0, 0, 1)
     monkeypatch.setattr(saver, "save", real_save)  # space came back
     assert pipe.save(*rec.saves[-1]) == "saved"
     assert len(server.page_hits) == 1  # the body was kept: no second download

@@ -18,7 +18,7 @@ from distscrape_celery.tracker import (
     RedisTracker,
     Urgent,
 )
-from distscrape_celery.tracker.base import WAKE_WHILE_LEASED
+from distscrape_celery.tracker.redis.items import WAKE_WHILE_LEASED
 
 SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 UNCAPPED = DomainLimits(concurrency=10_000)
@@ -182,7 +182,7 @@ def test_in_flight_cap_holds_across_dispatch_and_checkout(tracker_factory):
     more = t.scraped("j", item, token, [], 1).dispatch
     assert domain_counts(more) == {keys.domain_of(item): 1}
     s = t.stats("j")
-    assert (s.frontier, s.dispatched, s.leased, s.saving) == (13, 6, 0, 1)
+    assert (s.frontier, s.dispatched, s.leased, s.save_pending) == (13, 6, 0, 1)
 
 
 def test_throttled_checkout_hands_the_item_back_and_frees_the_slot(tracker_factory):

@@ -259,7 +259,7 @@ def test_a_batch_that_cannot_be_queued_hands_its_items_back_counting_nothing(bat
         assert pipe.scrape("p", item) == "scraped"
     assert pipe.flush()
     s = rt.tracker.stats("p")
-    assert (s.saving, s.leased, s.queued, s.done) == (0, 0, 2, 0)  # back in the queue, at once
+    assert (s.save_pending, s.leased, s.queued, s.done) == (0, 0, 2, 0)  # back in the queue, at once
     assert list(rt.tracker.client.scan_iter(JobKeys("p").prefix + "body:*")) == []
     co = rt.tracker.checkout("p", items[0], "w2", max_lost=3)
     assert (co.status, co.failed_attempts) == (LeaseStatus.OK, 0)

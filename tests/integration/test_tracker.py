@@ -11,7 +11,7 @@ import redis
 
 from distscrape_celery.errors import JobConflict, JobNotFound
 from distscrape_celery.tracker import keys
-from distscrape_celery.tracker.staging import RedisBodyStaging
+from distscrape_celery.tracker.redis.staging import RedisBodyStaging
 from distscrape_celery.tracker import (
     MAX_ADD_BATCH,
     CrawlLimits,
@@ -275,7 +275,7 @@ def test_pending_save_outlives_leases(tracker_factory):
         assert t.maintain("j", max_lost=0).reclaimed == 0
     assert t.checkout("j", "x", "w2", max_lost=0).status is LeaseStatus.BUSY
     s = t.stats("j")
-    assert (s.saving, s.leased, s.queued, s.finished) == (1, 0, 0, False)
+    assert (s.save_pending, s.leased, s.queued, s.finished) == (1, 0, 0, False)
     assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
     assert t.complete("j", "x").changed
     assert t.stats("j").finished
@@ -325,7 +325,7 @@ def test_scraped_save_as_turns_the_item_saving_under_the_callers_lease(tracker_f
     assert t.scraped("j", "x", token, ["found"], 1, save_as=w).held
     assert bodies.get("j", token) is None
     s = t.stats("j")
-    assert (s.saving, s.leased) == (0, 1)  # being saved under a lease, not waiting for a save
+    assert (s.save_pending, s.leased) == (0, 1)  # being saved under a lease, not waiting for a save
     assert t.checkout("j", "x", "w2", max_lost=LOST).status is LeaseStatus.BUSY
     for _ in range(3):  # its holder's heartbeat keeps it for three leases
         time.sleep(0.2)
@@ -372,7 +372,7 @@ def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
     assert t.scraped("j", "x", dying, body=b"x-page", keep_as=w).held
     assert bodies.get("j", dying) == b"x-page"
     assert t.checkout("j", "x", "w2", max_lost=LOST).status is LeaseStatus.BUSY
-    assert t.stats("j").saving == 1
+    assert t.stats("j").save_pending == 1
     time.sleep(0.4)
     assert t.maintain("j", max_lost=LOST).reclaimed >= 1
     co = t.checkout("j", "x", "w2", max_lost=LOST)
@@ -395,7 +395,7 @@ def test_kept_item_waits_under_its_keepers_lease_until_handoff(tracker_factory):
     assert t.scraped("j", "z", raced, body=b"z-page", keep_as=w).held
     assert t.begin_save("j", "z", raced, "w2", max_lost=LOST).status is SaveStart.OK
     assert t.handoff("j", w, [("z", raced)]) == 0
-    assert t.stats("j").saving == 0  # z is being saved by w2, not waiting
+    assert t.stats("j").save_pending == 0  # z is being saved by w2, not waiting
     assert t.checkout("j", "z", "w3", max_lost=LOST).status is LeaseStatus.BUSY
     assert t.complete("j", "z", raced).changed
 
@@ -601,13 +601,13 @@ def test_reserved_save_depends_on_its_workers_heartbeat(tracker_factory):
     t.heartbeat(w)
     res = t.maintain("j", max_lost=5)
     assert res.reclaimed == 1 and "x" in res.dispatch
-    assert t.stats("j").saving == 1  # y still waits for its message
+    assert t.stats("j").save_pending == 1  # y still waits for its message
     # A clean stop hands a reserved save back to the broker's wait.
     t.extend("j", ["y"], saver, [("y", ty)])
     assert t.release("j", saver, saves=[("y", ty)]) == 1  # only x, dispatched since its reclaim
     time.sleep(0.35)
     t.maintain("j", max_lost=5)
-    assert t.stats("j").saving == 1
+    assert t.stats("j").save_pending == 1
 
 
 def test_a_deferred_save_keeps_its_wait_through_its_own_workers_heartbeat(tracker_factory):
@@ -625,7 +625,7 @@ def test_a_deferred_save_keeps_its_wait_through_its_own_workers_heartbeat(tracke
     time.sleep(0.35)
     t.heartbeat(w)
     assert t.maintain("j", max_lost=0).reclaimed == 0
-    assert t.stats("j").saving == 1
+    assert t.stats("j").save_pending == 1
     assert t.begin_save("j", "x", token, w, max_lost=0).status is SaveStart.OK
 
 
@@ -660,7 +660,7 @@ def test_interrupted_saves_count_and_end_dead(tracker_factory):
     assert [r.lost for r in results] == [0, 1, 2, 3]
     assert "interrupted 3 times" in t.dead_items("j")["x"]
     s = t.stats("j")
-    assert (s.dead, s.leased, s.saving, s.finished) == (1, 0, 0, True)
+    assert (s.dead, s.leased, s.save_pending, s.finished) == (1, 0, 0, True)
 
 
 def test_duplicate_save_while_its_first_run_lives_is_busy(tracker_factory):
@@ -736,13 +736,13 @@ def test_release_gives_back_at_once_without_counting(tracker_factory):
     # a (leased to w1), and d, e: dispatched items name no worker, and w1 may have taken them for
     # messages it never sent.
     assert t.release("j", w1) == 3
-    assert (t.stats("j").frontier, t.stats("j").saving) == (3, 1)
+    assert (t.stats("j").frontier, t.stats("j").save_pending) == (3, 1)
     assert t.checkout("j", "a", w2, max_lost=0).failed_attempts == 0
     assert fail(t, "a", ta).outcome is FailOutcome.IGNORED  # w1's token is stale now
     assert t.checkout("j", "d", w2, max_lost=0).status is LeaseStatus.OK  # its message came
     assert t.release("j") == 5  # a, b, d (leased), c (save pending), e (dispatched again)
     s = t.stats("j")
-    assert (s.leased, s.saving, s.dispatched, s.dead) == (0, 0, 0, 0)
+    assert (s.leased, s.save_pending, s.dispatched, s.dead) == (0, 0, 0, 0)
     assert s.queued == 5
 
 
@@ -763,7 +763,7 @@ def test_release_queues_kept_saves_at_once_and_returns_reserved_ones_to_the_brok
     assert t.extend("j", ["claimed"], w, [("claimed", tc)]) == 1  # its message reached w
     assert t.release("j", w, saves=[("claimed", tc), ("stale", ts + 1000)]) == 2
     s = t.stats("j")
-    assert (s.frontier, s.saving) == (2, 2), s  # kept and stale queued; claimed and theirs wait
+    assert (s.frontier, s.save_pending) == (2, 2), s  # kept and stale queued; claimed and theirs wait
     # The claimed save's message comes back from the broker: its save still runs, once.
     assert t.begin_save("j", "claimed", tc, other, max_lost=LOST).status is SaveStart.OK
     assert t.begin_save("j", "kept", tk, other, max_lost=LOST).status is SaveStart.STALE
@@ -921,7 +921,7 @@ def test_read_ahead_keeps_order_bounds_memory_and_raises_in_place():
     most two values ahead of the consumer, and an error of the input comes out where it was."""
     import time
 
-    from distscrape_celery.tracker.base import read_ahead
+    from distscrape_celery.tracker.redis.items import read_ahead
 
     pulled = []
 
@@ -989,7 +989,7 @@ def test_release_of_a_sharded_job_returns_each_shards_reserved_saves(redis_url):
     assert len({t._shard_of("j", item) for item in claimed}) == 3
     assert t.release("j", w, saves=[(item, tokens[item]) for item in claimed]) == 6
     s = t.stats("j")
-    assert (s.saving, s.frontier) == (6, 6), s
+    assert (s.save_pending, s.frontier) == (6, 6), s
     for item in claimed:
         assert t.begin_save("j", item, tokens[item], w, max_lost=LOST).status is SaveStart.OK
 
@@ -1016,7 +1016,7 @@ def test_unclaimed_saves_are_listed_after_their_age_and_only_they_expire(tracker
                                 ("kept", tokens["kept"])]) == 0  # stale token, claimed, kept
     assert t.expire_saves("j", [("lost", tokens["lost"])]) == 1
     res = t.maintain("j", max_lost=LOST)
-    assert res.reclaimed == 1 and t.stats("j").saving == 2
+    assert res.reclaimed == 1 and t.stats("j").save_pending == 2
     assert t.checkout("j", "lost", w, max_lost=LOST).status is LeaseStatus.OK
 
 
@@ -1122,7 +1122,7 @@ def test_in_memory_tracker_is_shared_by_threads():
     assert not errors, errors
     assert sorted(leased) == sorted(items)
     s = t.stats("j")
-    assert (s.done, s.leased, s.saving, s.frontier) == (len(items), 0, 0, 0)
+    assert (s.done, s.leased, s.save_pending, s.frontier) == (len(items), 0, 0, 0)
 
 
 # -- a batch's counters and tokens -------------------------------------------------------------
@@ -1163,12 +1163,12 @@ def test_a_batch_writes_its_counters_and_tokens_once_and_as_its_calls_would(trac
     assert [int(r[1]) for r in replies] == [2, 0, 1]
     s = t.stats("j")
     assert s.seen == 5 + 3
-    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done
+    assert s.frontier + s.dispatched + s.leased + s.save_pending == s.seen - s.done
     done = t.complete_many("j", [(item, token) for item, token in zip(items[1:], tokens)])
     assert all(r.changed for r in done)
     s = t.stats("j")
     assert (s.seen, s.done) == (8, 3)
-    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done
+    assert s.frontier + s.dispatched + s.leased + s.save_pending == s.seen - s.done
 
 
 def test_a_batch_that_raises_keeps_the_counts_of_what_it_did(tracker_factory):
@@ -1185,4 +1185,4 @@ def test_a_batch_that_raises_keeps_the_counts_of_what_it_did(tracker_factory):
                                     lease_s, "", "", 0, "http://127.0.0.1/new"]])
     s = t.stats("j")
     assert s.seen == 2
-    assert s.frontier + s.dispatched + s.leased + s.saving == s.seen - s.done
+    assert s.frontier + s.dispatched + s.leased + s.save_pending == s.seen - s.done

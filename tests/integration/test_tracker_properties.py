@@ -54,7 +54,8 @@ from distscrape_celery.tracker import (
     SaveStart,
     Tracker,
 )
-from distscrape_celery.tracker.base import MAX_DISPATCH_BATCH, MAX_REASON
+from distscrape_celery.tracker.redis.items import MAX_REASON
+from distscrape_celery.tracker.redis.shards import MAX_DISPATCH_BATCH
 from tests.support.tracker_state import live_items_call, parse_live_items
 
 JOB = "props"
@@ -918,9 +919,9 @@ class TrackerMachine(RuleBasedStateMachine):
         assert s.seen == len(self.items)
         by_state = (self.count("q"), self.count("w"), self.count("d"), self.count("lS"),
                     self.count("s"), self.count("D"), self.count("X"))
-        assert (s.frontier, s.delayed, s.dispatched, s.leased, s.saving, s.done, s.dead) == \
+        assert (s.frontier, s.delayed, s.dispatched, s.leased, s.save_pending, s.done, s.dead) == \
             by_state, s
-        assert (s.frontier + s.delayed + s.dispatched + s.leased + s.saving + s.done + s.dead
+        assert (s.frontier + s.delayed + s.dispatched + s.leased + s.save_pending + s.done + s.dead
                 == s.seen)
         assert s.finished is (s.seen > 0 and self.count("qwdlsS") == 0)
         dead = {i: it.reason for i, it in self.items.items() if it.state == "X"}

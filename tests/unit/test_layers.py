@@ -10,9 +10,11 @@ import distscrape_celery
 
 PACKAGE = Path(distscrape_celery.__file__).parent
 # Lowest first. A module of one layer may import from its own layer and those before it.
+# The settings sit above the tracker: they take the tracker's defaults (tracker/defaults.py).
 LAYERS = [
-    {"errors", "redaction", "caches", "lifecycle", "events", "settings"},
+    {"errors", "redaction", "caches", "lifecycle", "events"},
     {"tracker"},
+    {"settings"},
     {"job"},
     {"web"},
     {"scrapers", "savers"},

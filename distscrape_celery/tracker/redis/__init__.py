@@ -7,7 +7,9 @@ RedisTracker is made of one class per kind of call, each built on the state they
 * :mod:`.scripts`: the Lua scripts in ``lua/``, read once, and their function library;
 * :mod:`.shards`: which shard holds an item, the active-jobs mirror, finishing sharded jobs;
 * :mod:`.workers`, :mod:`.jobs`, :mod:`.items`, :mod:`.saves`: the calls of the
-  :class:`~distscrape_celery.tracker.base.Tracker` contract on each.
+  :class:`~distscrape_celery.tracker.base.Tracker` contract on each;
+* :mod:`.staging`: where a downloaded body waits for its save, beside the scripts that stage
+  and drop it.
 """
 
 from __future__ import annotations

@@ -76,21 +76,21 @@ class Combiner:
         """Send ``payload`` under ``key`` (alone or with others) and return its reply."""
         if self._pid != os.getpid():
             self._reset()
-        me = _Call(payload, weight)
+        own = _Call(payload, weight)
         with self._lock:
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = _Group()
-            group.waiting.append(me)
+            group.waiting.append(own)
             lead, group.busy = not group.busy, True
         if not lead:
             try:
-                me.ready.wait()
+                own.ready.wait()
             except BaseException:
-                self._abandon(group, me)
+                self._abandon(group, own)
                 raise
-            if not me.lead:
-                return self._outcome(me)
+            if not own.lead:
+                return self._outcome(own)
         with self._lock:
             calls = self._take(group)
         try:
@@ -101,20 +101,20 @@ class Combiner:
                 c.reply = reply
         except Exception as exc:
             for c in calls:
-                c.error = exc if c is me else _copy(exc)
+                c.error = exc if c is own else _copy(exc)
         except BaseException as exc:
             # Interrupted (a time limit, an exit): the others cannot know what became of their
             # calls, as when their own connection is cut mid-call.
             for c in calls:
-                c.error = exc if c is me else redis.ConnectionError(
+                c.error = exc if c is own else redis.ConnectionError(
                     f"a call sent with this one was cut off ({exc!r})")
         finally:
             with self._lock:
                 self._hand_on(group)
             for c in calls:
-                if c is not me:
+                if c is not own:
                     c.ready.set()
-        return self._outcome(me)
+        return self._outcome(own)
 
     def _take(self, group: _Group) -> list[_Call]:
         """The calls the next send carries, from the head of the queue, which is the caller
@@ -136,13 +136,13 @@ class Combiner:
         else:
             group.busy = False
 
-    def _abandon(self, group: _Group, me: _Call) -> None:
+    def _abandon(self, group: _Group, own: _Call) -> None:
         """A waiting caller was interrupted: it leaves the queue, and a lead handed to it goes
         on to the next, or the calls behind it would wait for ever."""
         with self._lock:
-            if me in group.waiting:
-                group.waiting.remove(me)
-            if me.lead:
+            if own in group.waiting:
+                group.waiting.remove(own)
+            if own.lead:
                 self._hand_on(group)
 
     @staticmethod

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar
 
 import redis
 from redis.client import NEVER_DECODE
@@ -26,10 +26,8 @@ from .combine import Combiner
 from ...errors import JobNotFound, JobStateError, TrackerUnavailable
 from ...redaction import redact
 from ..base import Tracker
-from ..staging import body_ttl_ms
-
-if TYPE_CHECKING:
-    from ...settings import Settings
+from ..defaults import DISPATCH_FACTOR, LEASE_SECONDS, REDIS_SOCKET_TIMEOUT, SAVE_BACKLOG_FACTOR
+from .staging import body_ttl_ms
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T", bound="RedisCore")
@@ -89,11 +87,11 @@ def converts_redis_errors(method: F) -> F:
         except redis.ResponseError as exc:
             # In a pipeline redis-py puts "Command # N (...) of pipeline caused error: " first.
             reply = str(exc).rpartition("caused error: ")[2]
-            if reply.startswith("NOJOB"):  # raised by the item scripts (_lib.lua)
+            if reply.startswith("NOJOB"):  # raised by the item scripts (_begin.lua)
                 raise JobNotFound(f"no job named {args[0]!r} on {self.url}") from None
             if reply.startswith("JOBSTATE"):  # raised by control.lua
                 raise JobStateError(f"job {args[0]!r}: {reply[9:]}") from None
-            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_lib.lua)
+            if reply.startswith("JOBFORMAT"):  # raised by the item scripts (_begin.lua)
                 raise JobStateError(f"job {args[0]!r}: {reply[10:]}") from None
             raise TrackerUnavailable(f"Redis at {self.url} answered with an error: {exc}") from exc
 
@@ -107,9 +105,9 @@ class RedisCore(Tracker):
         self,
         client: redis.Redis,
         *,
-        lease_seconds: float = 60.0,
-        dispatch_factor: float = 2.0,
-        save_backlog_factor: int = 2,
+        lease_seconds: float = LEASE_SECONDS,
+        dispatch_factor: float = DISPATCH_FACTOR,
+        save_backlog_factor: int = SAVE_BACKLOG_FACTOR,
         save_timeout: Optional[float] = None,
         body_ttl: Optional[float] = None,
         bound_refresh_seconds: Optional[float] = None,
@@ -151,7 +149,7 @@ class RedisCore(Tracker):
         self._combiner = Combiner(self._send_combined)
 
     @classmethod
-    def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = 30.0,
+    def from_url(cls: type[T], url: str, *, cluster: bool = False, socket_timeout: float = REDIS_SOCKET_TIMEOUT,
                  **kwargs: Any) -> T:
         """Connect to ``url`` (a node of a Redis Cluster if ``cluster``) and check that Redis
         answers, so a bad URL fails now, clearly."""
@@ -168,7 +166,11 @@ class RedisCore(Tracker):
         return tracker
 
     @classmethod
-    def from_settings(cls: type[T], settings: "Settings") -> T:
+    def from_settings(cls: type[T], settings: Any) -> T:
+        """The tracker that ``settings`` (a :class:`~distscrape_celery.settings.Settings`) names:
+        its Redis, lease, broker bounds and save timeout. Typed loosely: the settings module
+        takes its defaults from the tracker's (:mod:`..defaults`), so the tracker does not
+        import it back."""
         return cls.from_url(
             settings.redis_url, cluster=settings.redis_cluster,
             socket_timeout=settings.redis_socket_timeout, lease_seconds=settings.lease_seconds,

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
-from ..base import (
-    ADD_STREAM_PIPELINE,
-    MAX_ADD_BATCH,
-    MAX_RECLAIM_BATCH,
-    WAKE_WHILE_LEASED,
-    batches,
-    check_save_as,
-    read_ahead,
-    stored_reason,
-)
+from ...redaction import escape
+from ..base import MAX_ADD_BATCH, batches
 from ..model import (
     AddResult,
     Checkout,
@@ -28,6 +22,73 @@ from ..model import (
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import ShardLayout, chunks
+
+# Batches of an add stream sent in one round trip (pipelined), one Lua call each.
+ADD_STREAM_PIPELINE = 20
+# Most items reclaimed from one in-flight set by one maintenance call.
+MAX_RECLAIM_BATCH = 1000
+# While items are dispatched or leased, maintain wakes its caller at least this often (seconds):
+# a failure may start a backoff shorter than the heartbeat interval.
+WAKE_WHILE_LEASED = 1.0
+# Reasons kept for dead items are cut to this many characters.
+MAX_REASON = 500
+
+
+def stored_reason(reason: str) -> str:
+    """``reason`` as the tracker keeps it: a reason quotes what a site sent (URLs, redirect
+    targets, headers), so its control characters are escaped (:func:`escape`) before anyone can
+    print it; then cut to MAX_REASON characters."""
+    return escape(reason)[:MAX_REASON]
+
+
+def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Optional[str] = None) -> None:
+    """:meth:`Tracker.scraped` stages a body for a save task, or hands the item to its caller's
+    own save: never both. Only an item waiting for a save task can be kept."""
+    if body is not None and save_as is not None:
+        raise ValueError("scraped: a body to stage and save_as exclude each other")
+    if save_as is not None and keep_as is not None:
+        raise ValueError("scraped: save_as and keep_as exclude each other")
+
+
+Value = TypeVar("Value")
+
+
+def read_ahead(values: Iterable[Value]) -> Iterator[Value]:
+    """``values``, each taken from the iterable by a background thread while the consumer works
+    on the one before: a seed file's next batch is read and checked while Redis adds the current
+    one. At most one value waits; an exception of the iterable is raised here, in its place."""
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(entry: tuple[str, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for value in values:
+                if not put(("value", value)):
+                    return
+            put(("end", None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(("error", exc))
+
+    threading.Thread(target=produce, name="distscrape-read-ahead", daemon=True).start()
+    try:
+        while True:
+            kind, value = handoff.get()
+            if kind == "end":
+                return
+            if kind == "error":
+                raise value
+            yield value
+    finally:
+        stop.set()  # a consumer that stops early (an error) stops the reading too
 
 
 class ItemCalls(ShardLayout):
@@ -56,10 +117,10 @@ class ItemCalls(ShardLayout):
         results = self._eval_pipelined("add", [
             (self._item_keys(job, s), [depth, *top_up, *chunk]) for s, chunk in calls])
         added, dispatch, grew = 0, [], set()
-        for (s, _), res in zip(calls, results):
-            added += int(res[0])
-            dispatch.extend(dispatched(res[1:]))
-            if int(res[0]):
+        for (s, _), reply in zip(calls, results):
+            added += int(reply[0])
+            dispatch.extend(dispatched(reply[1:]))
+            if int(reply[0]):
                 grew.add(s)
         if grew:
             self._mirror_active(job, grew)
@@ -68,11 +129,12 @@ class ItemCalls(ShardLayout):
     @converts_redis_errors
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
         bound, max_batch, lease = self._top_up_args(job)
-        res = self._eval_combined("checkout", self._item_keys(job, self._shard_of(job, item)),
+        reply = self._eval_combined("checkout", self._item_keys(job, self._shard_of(job, item)),
                                   [item, worker_id, lease, bound, max_batch, max_lost])
         return Checkout(
-            status=LeaseStatus(res[0]), depth=int(res[1]), failed_attempts=int(res[2]),
-            token=int(res[3]), wait=float(res[4]), created=res[5], dispatch=dispatched(res[6:]),
+            status=LeaseStatus(reply[0]), depth=int(reply[1]), failed_attempts=int(reply[2]),
+            token=int(reply[3]), wait=float(reply[4]), created=reply[5],
+            dispatch=dispatched(reply[6:]),
         )
 
     @converts_redis_errors
@@ -94,21 +156,22 @@ class ItemCalls(ShardLayout):
             found = found[MAX_ADD_BATCH:]
         added, dispatch = 0, []
         if later:
-            res = self.add(job, later, depth)
-            added, dispatch = res.added, list(res.dispatch)
+            added_first = self.add(job, later, depth)
+            added, dispatch = added_first.added, list(added_first.dispatch)
         # The body is staged in the same round trip as the state change, by a SET before it
         # (the script drops it if the lease is stale); it never goes through Lua.
         body_keys = self._body_keys(job, token, home) if body is not None else []
-        res = self._eval_combined(
+        reply = self._eval_combined(
             "scraped", [*self._item_keys(job, home), *body_keys],
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
              save_as or "", keep_as or "", int(cut), *found],
             before=[("SET", key, body, "PX", self._body_ttl_ms) for key in body_keys],
         )
-        if int(res[1]):
+        if int(reply[1]):
             self._mirror_active(job, [home])
         return ScrapedResult(
-            dispatch=dispatch + dispatched(res[2:]), added=added + int(res[1]), held=res[0] == "ok"
+            dispatch=dispatch + dispatched(reply[2:]), added=added + int(reply[1]),
+            held=reply[0] == "ok"
         )
 
     @converts_redis_errors
@@ -116,12 +179,12 @@ class ItemCalls(ShardLayout):
         self, job: str, item: str, token: int, reason: str, *, fault: Fault, max_retries: int,
         max_lost: int, retryable: bool = True, delay: float = 0.0,
     ) -> FailResult:
-        res = self._run_item(
+        reply = self._run_item(
             "fail", job, item,
             [item, token, stored_reason(reason), Fault(fault).value, int(retryable), max_retries,
              max_lost, *self._top_up_args(job), max(float(delay), 0.0)],
         )
-        return FailResult(dispatch=dispatched(res[1:]), outcome=FailOutcome(res[0]))
+        return FailResult(dispatch=dispatched(reply[1:]), outcome=FailOutcome(reply[0]))
 
     @converts_redis_errors
     def extend(
@@ -129,16 +192,17 @@ class ItemCalls(ShardLayout):
         saves: Sequence[tuple[str, int]] = (), running: Optional[Sequence[str]] = None,
     ) -> int:
         running = list(items) if running is None else list(running)
-        n = 0
+        extended = 0
         reserved_by, running_by = self._by_shard(job, items), self._by_shard(job, running)
+        lease = self.lease_seconds
         for s in sorted(set(reserved_by) | set(running_by)):
             for chunk in chunks(reserved_by.get(s, []), MAX_ADD_BATCH):
-                n += int(self._run("extend", job, [self.lease_seconds, worker_id, len(chunk), *chunk, 0], s))
+                extended += int(self._run("extend", job, [lease, worker_id, len(chunk), *chunk, 0], s))
             for chunk in chunks(running_by.get(s, []), MAX_ADD_BATCH):
-                n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, len(chunk), *chunk], s))
+                extended += int(self._run("extend", job, [lease, worker_id, 0, len(chunk), *chunk], s))
         for s, pairs in self._pairs_by_shard(job, saves):
-            n += int(self._run("extend", job, [self.lease_seconds, worker_id, 0, 0, *pairs], s))
-        return n
+            extended += int(self._run("extend", job, [lease, worker_id, 0, 0, *pairs], s))
+        return extended
 
     @converts_redis_errors
     def maintain(self, job: str, *, max_lost: int) -> MaintainResult:
@@ -148,16 +212,16 @@ class ItemCalls(ShardLayout):
         wake: Optional[float] = None
         finished = False
         for s in range(shards):
-            res = self._run(
+            reply = self._run(
                 "maintain", job,
                 [*self._top_up_args(job), MAX_RECLAIM_BATCH, max_lost, WAKE_WHILE_LEASED], s,
             )
-            reclaimed, died = reclaimed + int(res[0]), died + int(res[1])
-            requeued += int(res[4])
-            dispatch.extend(dispatched(res[5:]))
-            if res[2] and (wake is None or float(res[2]) < wake):
-                wake = float(res[2])
-            finished = finished or bool(res[3])
+            reclaimed, died = reclaimed + int(reply[0]), died + int(reply[1])
+            requeued += int(reply[4])
+            dispatch.extend(dispatched(reply[5:]))
+            if reply[2] and (wake is None or float(reply[2]) < wake):
+                wake = float(reply[2])
+            finished = finished or bool(reply[3])
         if self._routed(shards):
             if shards > 1:
                 idle, finished = self._record_finish(job, shards)

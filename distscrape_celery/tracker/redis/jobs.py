@@ -2,22 +2,50 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
 import redis
 
 from .. import keys
-from ...errors import JobNotFound, JobStateError, TrackerUnavailable
-from ..base import MAX_ADD_BATCH, job_conflict, spec_differences
+from ...errors import JobConflict, JobNotFound, JobStateError, TrackerUnavailable
+from ..base import MAX_ADD_BATCH
 from ..model import (
     ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
 )
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import DELETE_BATCH, SHARDS_FIELD, ShardLayout, shard_policy
+
+
+def spec_differences(stored: str, new: str) -> list[str]:
+    """Dotted fields (``saver.output``) in which two spec JSONs differ, ``seeds`` aside: a job
+    takes new seeds, never new options. Empty when ``new`` may join the job ``stored`` defines."""
+
+    def walk(old_value: Any, new_value: Any, path: str) -> list[str]:
+        if isinstance(old_value, dict) and isinstance(new_value, dict):
+            return [
+                diff for key in sorted(set(old_value) | set(new_value))
+                if not (path == "" and key == "seeds")
+                for diff in walk(old_value.get(key), new_value.get(key),
+                                 f"{path}.{key}" if path else key)
+            ]
+        return [] if old_value == new_value else [path or "(spec)"]
+
+    return walk(json.loads(stored), json.loads(new), "")
+
+
+def job_conflict(job: str, differences: Sequence[str]) -> JobConflict:
+    """The error that refuses a job's new spec, naming the ``differences`` (spec_differences)."""
+    *others, last = differences
+    what = f"{', '.join(others)} and {last} differ" if others else f"{last} differs"
+    return JobConflict(
+        f"job {job!r} already exists with a different spec ({what}); only seeds can be added "
+        "to a job: pick another job name"
+    )
 
 
 class JobCalls(ShardLayout):
@@ -27,12 +55,13 @@ class JobCalls(ShardLayout):
     def create_job(self, job: str, spec_json: str, limits: Optional[CrawlLimits] = None) -> bool:
         limits = limits or CrawlLimits()
         shards = limits.shards
-        k = keys.JobKeys(job)
+        job_keys = keys.JobKeys(job)
         creation = uuid.uuid4().hex
         if not self._routed(shards):
             policy = limits.policy_fields()
             created, existing = self._create_job_script(
-                keys=[k.spec, k.policy, k.control, k.stats, keys.JOBS, keys.ACTIVE_JOBS],
+                keys=[job_keys.spec, job_keys.policy, job_keys.control, job_keys.stats, keys.JOBS,
+                      keys.ACTIVE_JOBS],
                 args=[job, spec_json, 0, keys.JOB_FORMAT, creation, 0,
                       *(x for pair in policy.items() for x in pair)],
             )
@@ -43,16 +72,16 @@ class JobCalls(ShardLayout):
             created = existing = None
             # Shard 0 first: a conflicting spec is refused before any other shard is written.
             for s in range(shards):
-                ks = keys.JobKeys(job, s)
+                shard_keys = keys.JobKeys(job, s)
                 policy = shard_policy(limits, s)
-                c, e = self._create_job_script(
-                    keys=[ks.spec, ks.policy, ks.control, ks.stats],
+                shard_created, shard_spec = self._create_job_script(
+                    keys=[shard_keys.spec, shard_keys.policy, shard_keys.control, shard_keys.stats],
                     args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT, creation,
                           int(s > 0 and bool(created)),
                           *(x for pair in policy.items() for x in pair)],
                 )
                 if s == 0:
-                    created, existing = c, e
+                    created, existing = shard_created, shard_spec
                     if not created and spec_differences(existing, spec_json):
                         break
         # A stored spec never changes, so comparing the one the script read is comparing now.
@@ -131,13 +160,14 @@ class JobCalls(ShardLayout):
 
     @converts_redis_errors
     def delete_job(self, job: str) -> int:
-        k = keys.JobKeys(job)
-        if not (self.client.sismember(keys.JOBS, job) or self.client.exists(k.spec, k.control)):
+        job_keys = keys.JobKeys(job)
+        if not (self.client.sismember(keys.JOBS, job)
+                or self.client.exists(job_keys.spec, job_keys.control)):
             raise JobNotFound(f"no job named {job!r} on {self.url}")
         try:
             shards = self._shards(job)
         except JobNotFound:  # its spec is gone already (a delete cut short): shard 0 only
-            shards = int(self.client.hget(k.policy, SHARDS_FIELD) or 1)
+            shards = int(self.client.hget(job_keys.policy, SHARDS_FIELD) or 1)
         # Without its spec the item scripts refuse the job (NOJOB): a late worker recreates nothing.
         self.client.srem(keys.ACTIVE_JOBS, job)
         deleted = sum(int(self.client.unlink(keys.JobKeys(job, s).spec)) for s in range(shards))
@@ -146,12 +176,12 @@ class JobCalls(ShardLayout):
         # A cluster client's scan_iter visits every master (SCAN itself covers one node). The
         # policy of shard 0 (its shard count) goes last, so a delete cut short can be redone.
         for s in reversed(range(shards)):
-            ks = keys.JobKeys(job, s)
+            shard_keys = keys.JobKeys(job, s)
             buckets: list[str] = []
-            for key in self.client.scan_iter(match=ks.pattern, count=DELETE_BATCH):
-                if s == 0 and key == ks.policy:
+            for key in self.client.scan_iter(match=shard_keys.pattern, count=DELETE_BATCH):
+                if s == 0 and key == shard_keys.policy:
                     continue
-                if key.startswith((ks.seen_buckets, ks.item_buckets)):
+                if key.startswith((shard_keys.seen_buckets, shard_keys.item_buckets)):
                     # A seen-set or live-item bucket is one small intset or listpack allocation,
                     # freed in O(1): a batch of them goes in one short UNLINK (a 10M-item job has
                     # ~60,000 seen-set buckets, or ~280,000 live-item buckets while all are
@@ -168,10 +198,10 @@ class JobCalls(ShardLayout):
                 deleted += int(self.client.unlink(key))
             if buckets:
                 deleted += int(self.client.unlink(*buckets))
-        deleted += int(self.client.unlink(k.policy))
+        deleted += int(self.client.unlink(job_keys.policy))
         self.client.srem(keys.JOBS, job)
         self._layouts.pop(job, None)
-        for cached in [k for k in self._key_lists if k[0] == job]:
+        for cached in [key for key in self._key_lists if key[0] == job]:
             del self._key_lists[cached]
         return deleted
 
@@ -207,26 +237,26 @@ class JobCalls(ShardLayout):
             raise JobNotFound(f"no job named {job!r} on {self.url}") from None
         pipe = self.client.pipeline(transaction=not self.cluster)
         for s in range(shards):
-            k = keys.JobKeys(job, s)
-            pipe.hgetall(k.stats)
-            pipe.zcard(k.dispatched)
-            pipe.zcard(k.leased)
-            pipe.zcard(k.pending)
-            pipe.zcard(k.delayed)
+            shard_keys = keys.JobKeys(job, s)
+            pipe.hgetall(shard_keys.stats)
+            pipe.zcard(shard_keys.dispatched)
+            pipe.zcard(shard_keys.leased)
+            pipe.zcard(shard_keys.pending)
+            pipe.zcard(shard_keys.delayed)
         pipe.exists(keys.JobKeys(job).spec)
-        res = pipe.execute()
-        if not res[-1]:
+        replies = pipe.execute()
+        if not replies[-1]:
             raise JobNotFound(f"no job named {job!r} on {self.url}")
         total = Counter()
         for s in range(shards):
-            counters, dispatched, leased, pending, delayed = res[5 * s : 5 * s + 5]
+            counters, dispatched, leased, pending, delayed = replies[5 * s : 5 * s + 5]
             for name in ("seen", "queued", "done", "dead", "links_cut"):
                 total[name] += int(counters.get(name, 0))
             total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
         return JobStats(
             seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
             leased=total["leased"], done=total["done"], dead=total["dead"],
-            saving=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
+            save_pending=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
         )
 
     def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:
@@ -244,7 +274,7 @@ class JobCalls(ShardLayout):
         yield from self._hscan(job, "dead")
 
     def retry_dead(self, job: str) -> RetryDeadResult:
-        n, dispatch = 0, []
+        requeued, dispatch = 0, []
         # One pass of HSCAN sees every item dead when it began; each batch is one atomic call on
         # the item's own shard.
         for s in range(self._shards(job)):
@@ -253,19 +283,19 @@ class JobCalls(ShardLayout):
                                                         count=MAX_ADD_BATCH):
                 batch.append(item)
                 if len(batch) == MAX_ADD_BATCH:
-                    n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
+                    requeued, dispatch = self._retry_dead_batch(job, s, batch, requeued, dispatch)
                     batch = []
-            n, dispatch = self._retry_dead_batch(job, s, batch, n, dispatch)
-        return RetryDeadResult(dispatch=dispatch, requeued=n)
+            requeued, dispatch = self._retry_dead_batch(job, s, batch, requeued, dispatch)
+        return RetryDeadResult(dispatch=dispatch, requeued=requeued)
 
     @converts_redis_errors
     def _retry_dead_batch(
-        self, job: str, shard: int, batch: list[str], n: int, dispatch: list[str]
+        self, job: str, shard: int, batch: list[str], requeued: int, dispatch: list[str]
     ) -> tuple[int, list[str]]:
-        res = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
-        if int(res[0]):
+        reply = self._run("retry_dead", job, [*self._top_up_args(job), *batch], shard)
+        if int(reply[0]):
             self._mirror_active(job, [shard])
-        return n + int(res[0]), dispatch + dispatched(res[1:])
+        return requeued + int(reply[0]), dispatch + dispatched(reply[1:])
 
     @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:

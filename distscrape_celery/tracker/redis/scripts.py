@@ -1,7 +1,7 @@
 """The tracker's Lua scripts (``lua/``), read from the package once per process.
 
-An item script is ``_lib.lua``, then ``_begin.lua`` (the call's keys, the job checked), then its
-own file; the others stand alone. The batch script (BATCH) runs several calls of the scripts in
+An item script is the library (the files of LIBRARY, joined in that order), then ``_begin.lua``
+(the call's keys, the job checked), then its own file; the others stand alone. The batch script (BATCH) runs several calls of the scripts in
 BATCH_SCRIPTS in one call, each file as a function. Redis runs the item scripts in one of two
 forms of the same text:
 
@@ -35,14 +35,32 @@ ITEM_SCRIPTS = (
 # its pages, and what threads of a process call at the same time (combine.py).
 BATCH_SCRIPTS = ("begin_save", "complete", "checkout", "scraped")
 BATCH = "batch"
-# The item keys every item script takes (KEYS[1] to KEYS[21], see _lib.lua).
+# The item keys every item script takes (KEYS[1] to KEYS[21], see _lib_call.lua).
 ITEM_KEYS = 21
+# The library the item scripts share, one file per section, in the order they are joined: each
+# file uses only what those before it define (a Lua local is seen only below its definition).
+LIBRARY = (
+    "_lib_call",  # the call's keys and caches, Redis's clock, numbers as text
+    "_lib_job",  # the job's counters and state
+    "_lib_politeness",  # domains: limits, turns, head starts, in-flight counts
+    "_lib_seen",  # fingerprints, bucketed sets, the seen set
+    "_lib_live",  # the live items' states
+    "_lib_frontier",  # adding items, dispatch
+    "_lib_failures",  # leaving flight, failure counts, retry or dead
+    "_lib_batch",  # a batch of calls as one
+)
 
 
 @functools.cache
 def read_lua(name: str) -> str:
     """The text of ``lua/<name>.lua``."""
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+
+
+@functools.cache
+def library_text() -> str:
+    """The library's text: the files of LIBRARY, joined in order."""
+    return "\n".join(read_lua(name) for name in LIBRARY)
 
 
 def _run_function(name: str) -> str:
@@ -57,14 +75,14 @@ def item_script_names() -> tuple[str, ...]:
 
 def _batch_runs() -> str:
     """The Lua expression of BATCH's function: the run function of each of BATCH_SCRIPTS, by
-    name, to _lib.lua's batch."""
+    name, to the library's batch."""
     return "batch({" + ", ".join(f"{n} = run_{n}" for n in BATCH_SCRIPTS) + "})"
 
 
 def with_library(text: str) -> str:
     """EVAL text that runs ``text`` as an item script's file: at the top level, after the
     library and its checks, with KEYS and ARGV."""
-    return read_lua("_lib") + "\n" + read_lua("_begin") + "\n" + text
+    return library_text() + "\n" + read_lua("_begin") + "\n" + text
 
 
 def source(name: str) -> str:
@@ -106,7 +124,7 @@ class Library:
 @functools.cache
 def library() -> Library:
     """The function library of this version's item scripts."""
-    body = (read_lua("_lib") + _ENTRIES % read_lua("_begin")
+    body = (library_text() + _ENTRIES % read_lua("_begin")
             + "".join(_run_function(n) for n in ITEM_SCRIPTS))
     name = "distscrape_" + hashlib.sha1(body.encode()).hexdigest()[:16]
     functions = {n: f"{name}_{n}" for n in item_script_names()}

@@ -24,7 +24,7 @@ atomically with the work, and the client mirrors it into ``ds:active-jobs``:
 Completion of a sharded job: its shards finish one by one (maintain.lua, per shard). The job is
 finished when every shard was idle at one moment: two reads of every shard's (state, epoch,
 seen) agree and show every shard finished or never given an item. An epoch moves on at every end
-of a shard (_lib.lua record_end), so agreeing reads mean no shard ran in between. finish_job.lua
+of a shard (record_end in _lib_job.lua), so agreeing reads mean no shard ran in between. finish_job.lua
 then records that idle period once in shard 0, and only that caller reports ``finished``.
 """
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from .. import keys
 from ...errors import JobNotFound
-from ..base import MAX_ADD_BATCH, MAX_DISPATCH_BATCH
+from ..base import MAX_ADD_BATCH
 from ..model import CrawlLimits, JobState
 from .connection import RedisCore, converts_redis_errors
 
@@ -44,6 +44,9 @@ from .connection import RedisCore, converts_redis_errors
 DELETE_BATCH = 200
 # Policy field holding a sharded job's shard count (absent: 1).
 SHARDS_FIELD = "shards"
+# Most items one call hands out for dispatch (each shard's, see _top_up_args): the max_batch of
+# take_for_dispatch in the Lua library.
+MAX_DISPATCH_BATCH = 200
 
 
 def shard_policy(limits: CrawlLimits, shard: int) -> dict[str, Any]:

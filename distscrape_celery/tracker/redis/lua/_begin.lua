@@ -1,7 +1,7 @@
--- The start of every item script call, after _lib.lua: the job's key names from the call's KEYS,
--- the caches of _lib.lua emptied, the job checked (it returns an error reply if the job is
--- missing or of another layout). In a script (EVAL) this runs at the top level; in the function
--- library it is the body of begin(KEYS), called first by every function (scripts.py).
+-- The start of every item script call, after the library (scripts.LIBRARY): the job's key names
+-- from the call's KEYS, the library's caches emptied, the job checked (it returns an error reply
+-- if the job is missing or of another layout). In a script (EVAL) this runs at the top level; in
+-- the function library it is the body of begin(KEYS), called first by every function (scripts.py).
 redis_call, str_format, str_sub = redis.call, string.format, string.sub
 K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -15,8 +15,9 @@ topup_deferred, deferred_topup = false, nil
 counts_deferred, deltas, token_base, tokens_taken, grow_deferred = false, {}, nil, 0, false
 page_limits, reactivated = nil, false
 fails_empty, lost_empty = nil, nil
-limits_cache, head_starts, texts, keep_facts = {}, {}, {}, true
-seen, live = bucketed(K_SEEN, 'fl', 'fs'), bucketed(K_ITEMS, 'il', 'is')
+limits_cache, head_starts, texts, caching_items = {}, {}, {}, true
+seen = bucketed(K_SEEN, SEEN_LEVEL, SEEN_SPLIT)
+live = bucketed(K_ITEMS, LIVE_LEVEL, LIVE_SPLIT)
 STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
 if redis_call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)

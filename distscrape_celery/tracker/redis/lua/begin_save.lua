@@ -6,7 +6,7 @@
 -- A stale token changes nothing: the caller may still save (a late save completes the item).
 -- The staged body is not read here: the caller reads it with a GET after this call, in the same
 -- round trip (a body that went through Lua would be copied and hashed byte by byte, twice).
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] token      the fencing token the save message carries
 -- ARGV[3] worker     id of the saving worker
@@ -16,9 +16,9 @@
 -- Returns {status, lost, created, dispatch_item...}; status is ok|busy|stale|done|dead|unknown;
 -- lost is the item's count of vanished holders; busy: a run of this save holds a live lease;
 -- with ok and stale the caller saves the staged body (whoever saves); created is the job's
--- creation (_lib.lua).
+-- creation (_lib_call.lua).
 local item, token, worker = ARGV[1], ARGV[2], ARGV[3]
-local lease, max_lost = us(ARGV[4]), tonumber(ARGV[5])
+local lease, max_lost = micros(ARGV[4]), tonumber(ARGV[5])
 local bound, max_batch = ARGV[6], tonumber(ARGV[7])
 local v = item_value(item)
 if not v then return {'unknown', 0, job_created} end
@@ -26,7 +26,7 @@ local state, depth = split_state(v)
 local lost = lost_of(item)
 if state == 'D' then return {'done', lost, job_created} end
 if state == 'X' then return {'dead', lost, job_created} end
-local who, held = holder(item)
+local owner, held = holder(item)
 if held ~= token or (state ~= 's' and state ~= 'S' and state ~= 'l') then
   return {'stale', lost, job_created}
 end
@@ -46,9 +46,9 @@ if state == 'S' then
 end
 redis_call('ZREM', K_PENDING, item)
 if state == 'l' then vacate(domain_of(item)) end
-redis_call('ZADD', K_LEASED, int(now + lease), item)
+redis_call('ZADD', K_LEASED, int_text(now + lease), item)
 -- Often its owner entry already names the worker (it took the save message over at reserve).
-if who ~= worker then redis_call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
+if owner ~= worker then redis_call('HSET', K_OWNERS, item, worker .. ' ' .. token) end
 live_set(item, 'S', depth)
 local out = {'ok', lost, job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

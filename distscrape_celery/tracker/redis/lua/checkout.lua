@@ -9,7 +9,7 @@
 -- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
 -- While the job is paused or cancelled, a delivered item goes back to its queue the same way
 -- ('held'); a lease in hand is kept.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] worker      id of the worker taking the lease
 -- ARGV[3] lease       lease length in seconds
@@ -18,9 +18,9 @@
 -- Returns {status, depth, failed_attempts, token, wait, created, dispatch_item...};
 -- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot; created is the job's
--- creation (_lib.lua)
+-- creation (_lib_call.lua)
 local item, worker = ARGV[1], ARGV[2]
-local lease, bound, max_batch = us(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local lease, bound, max_batch = micros(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0', job_created} end
@@ -42,43 +42,35 @@ if state == 'l' or state == 'S' then
   end
   state = 'q'
 end
-local dom = domain_of(item)
--- A dispatched item goes back to the head of its queue; vacate lists the domain again.
-local function back_to_queue()
-  redis_call('ZREM', K_DISPATCHED, item)
-  live_set(item, 'q', depth)
-  count('queued', 1)
-  redis_call('LPUSH', K_QUEUES .. dom, item)
-  vacate(dom)
-end
+local domain = domain_of(item)
 if dispatch_held() then
   -- Paused or cancelled: the item waits in its queue until the job is resumed.
-  if state == 'd' then back_to_queue() end
+  if state == 'd' then undispatch(item, depth, domain) end
   return {'held', tonumber(depth), fails, 0, '0', job_created}
 end
-local interval, cap = limits(dom)
+local interval, cap = limits(domain)
 local slot = 0
-if interval > 0 then slot = tonumber(redis_call('HGET', K_SLOTS, dom) or '0') end
-if slot > now or (state == 'q' and inflight(dom) >= cap) then
-  if state == 'd' then back_to_queue() end
+if interval > 0 then slot = tonumber(redis_call('HGET', K_SLOTS, domain) or '0') end
+if slot > now or (state == 'q' and inflight(domain) >= cap) then
+  if state == 'd' then undispatch(item, depth, domain) end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
-  if slot > now then redis_call('ZADD', K_DOMAINS, 'XX', 'GT', int(slot), dom) end
+  if slot > now then redis_call('ZADD', K_DOMAINS, 'XX', 'GT', int_text(slot), domain) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
   local out = {'throttled', tonumber(depth), fails, 0, str_format('%.3f', wait / 1000000),
     job_created}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
-if interval > 0 then redis_call('HSET', K_SLOTS, dom, int(now + interval)) end
+if interval > 0 then redis_call('HSET', K_SLOTS, domain, int_text(now + interval)) end
 if state == 'q' then
   -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
   count('queued', -1)
-  occupy(dom)
+  occupy(domain)
 end
 local token = new_token()
 redis_call('ZREM', K_DISPATCHED, item)
-redis_call('ZADD', K_LEASED, int(now + lease), item)
-redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int(token))
+redis_call('ZADD', K_LEASED, int_text(now + lease), item)
+redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int_text(token))
 live_set(item, 'l', depth)
 local out = {'ok', tonumber(depth), fails, token, '0', job_created}
 return take_for_dispatch(bound, max_batch, now + lease, out)

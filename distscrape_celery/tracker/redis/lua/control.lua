@@ -2,7 +2,7 @@
 -- resume lets it flow again at once (a cancelled job too); cancel holds dispatch for good and
 -- ends the job (its end time and figures are recorded, workers stop maintaining it; its data
 -- stays). A finished job cannot be paused or cancelled, and resuming it changes nothing.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] action      pause|resume|cancel
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
 -- ARGV[5] shard       1: these are one shard's keys of a sharded job, whose shards finish one by
@@ -11,7 +11,7 @@
 -- Returns {state before, state after, dispatch_item...}; an error 'JOBSTATE ...' for a pause or
 -- cancel of a finished job
 local action = ARGV[1]
-local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), us(ARGV[4])
+local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
 local shard = ARGV[5] == '1'
 local before = job_state()
 local after = before

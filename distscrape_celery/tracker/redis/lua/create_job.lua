@@ -2,9 +2,9 @@
 -- among the jobs (and the active ones), in one step, so no job can exist that workers do not
 -- maintain.
 -- KEYS[1] spec     string the job's spec
--- KEYS[2] policy   hash   the job's crawl limits (fields as in _lib.lua)
--- KEYS[3] control  hash   the job's state (fields as in _lib.lua)
--- KEYS[4] stats    hash   the job's counters (fields as in _lib.lua)
+-- KEYS[2] policy   hash   the job's crawl limits (fields as in _lib_call.lua)
+-- KEYS[3] control  hash   the job's state (fields as in _lib_call.lua)
+-- KEYS[4] stats    hash   the job's counters (fields as in _lib_call.lua)
 -- KEYS[5] jobs     set    names of every job             } only for an unsharded job on one
 -- KEYS[6] active   set    names of the jobs workers      } Redis: elsewhere they are in other
 --                         maintain                       } slots, and the client lists the job

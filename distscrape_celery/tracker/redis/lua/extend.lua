@@ -7,34 +7,34 @@
 -- the item is reclaimed in a lease rather than a save timeout; after that (and for a save this
 -- worker deferred itself, which waits out its retry delay) the deadline only moves later.
 -- Items not in flight any more are left alone.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] lease    seconds
 -- ARGV[2] worker   the calling worker
--- ARGV[3] n        how many reserved items follow (scrape and save messages it holds)
+-- ARGV[3] n        reserved: how many reserved items follow (scrape and save messages it holds)
 -- ARGV[4..3+n]     those items
--- ARGV[4+n] m      how many running items follow (tasks it is running now)
+-- ARGV[4+n] m      running: how many running items follow (tasks it is running now)
 -- ARGV[5+n..4+n+m] those items
 -- ARGV[5+n+m..]    pairs item, token: save messages reserved
 -- Returns the number of items extended
 local now = redis_now()
-local deadline, worker, n = int(now + us(ARGV[1])), ARGV[2], tonumber(ARGV[3])
-local m = tonumber(ARGV[4 + n])
+local deadline, worker, reserved = int_text(now + micros(ARGV[1])), ARGV[2], tonumber(ARGV[3])
+local running = tonumber(ARGV[4 + reserved])
 local extended = 0
-for i = 4, 3 + n do
+for i = 4, 3 + reserved do
   extended = extended + redis_call('ZADD', K_DISPATCHED, 'XX', 'GT', 'CH', deadline, ARGV[i])
 end
 -- Only a running task keeps a lease: a reserved duplicate of it must not.
-for i = 5 + n, 4 + n + m do
+for i = 5 + reserved, 4 + reserved + running do
   if holder(ARGV[i]) == worker then
     extended = extended + redis_call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, ARGV[i])
   end
 end
-for i = 5 + n + m, #ARGV - 1, 2 do
+for i = 5 + reserved + running, #ARGV - 1, 2 do
   local item, token = ARGV[i], ARGV[i + 1]
   local v = live_get(item)
-  local who, held = holder(item)
+  local owner, held = holder(item)
   if v and str_sub(v, 1, 1) == 's' and held == token then
-    if who == worker then
+    if owner == worker then
       redis_call('ZADD', K_PENDING, 'XX', 'GT', deadline, item)
     else
       redis_call('ZADD', K_PENDING, deadline, item)

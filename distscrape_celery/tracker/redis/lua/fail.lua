@@ -3,7 +3,7 @@
 -- on Redis's clock, never in a broker countdown. Only the current holder (same fencing token)
 -- changes anything: a worker whose lease already expired cannot touch a live lease or a finished
 -- item.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] token
 -- ARGV[3] reason
@@ -15,7 +15,7 @@
 -- Returns {outcome, dispatch_item...}; outcome is retry|dead|ignored
 local item, token, reason, mode = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local retryable, max_retries, max_lost = ARGV[5] == '1', tonumber(ARGV[6]), tonumber(ARGV[7])
-local bound, max_batch, lease = ARGV[8], tonumber(ARGV[9]), us(ARGV[10])
+local bound, max_batch, lease = ARGV[8], tonumber(ARGV[9]), micros(ARGV[10])
 local delay = tonumber(ARGV[11])
 local outcome = 'ignored'
 local v = live_get(item)

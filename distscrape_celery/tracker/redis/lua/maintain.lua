@@ -5,7 +5,7 @@
 -- not the item's fault), yet a page that kills every worker that takes it still ends dead. An
 -- expired dispatch (the message was lost, its worker died before starting it, or it waited in a
 -- backlog for longer than a lease) counts nothing; it is requeued, and counted apart.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] bound, ARGV[2] max_batch, ARGV[3] lease   dispatch top-up, as in add.lua
 -- ARGV[4] max_reclaim   most items reclaimed per in-flight set per call
 -- ARGV[5] max_lost      as in retry_or_dead
@@ -14,16 +14,16 @@
 --                       heartbeat)
 -- Returns {reclaimed, dead, wake, finished, requeued, dispatch_item...}; reclaimed counts leases
 -- and save-pending items that expired, requeued the dispatched items whose message did not start
--- within a lease; finished is 1 for the one call
--- that found the running job with nothing left to do (it is then recorded finished); wake (a string, seconds; '' for none) is when
--- a domain's turn or a backoff ends while the broker has room: a dispatch then hands out more.
-local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), us(ARGV[3])
-local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), us(ARGV[6])
+-- within a lease; finished is 1 for the one call that found the running job with nothing left to
+-- do (it is then recorded finished); wake (a string, seconds; '' for none) is when a domain's turn
+-- or a backoff ends while the broker has room: a dispatch then hands out more.
+local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), micros(ARGV[3])
+local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), micros(ARGV[6])
 local now = redis_now()
 local reclaimed, died, requeued = 0, 0, 0
 
 local function reclaim(zset, expected, mode, why)
-  local n = 0
+  local retried = 0
   for _, item in ipairs(redis_call('ZRANGEBYSCORE', zset, '-inf', now, 'LIMIT', 0, max_reclaim)) do
     local v = live_get(item)
     local state, depth = nil, nil
@@ -32,7 +32,7 @@ local function reclaim(zset, expected, mode, why)
       local was = holder(item) or '?'
       if retry_or_dead(item, state, depth, mode, true, 0, max_lost,
           why .. ' too often (last holder ' .. was .. ')', true, 0) == 'retry' then
-        n = n + 1
+        retried = retried + 1
       else
         died = died + 1
       end
@@ -40,32 +40,10 @@ local function reclaim(zset, expected, mode, why)
       redis_call('ZREM', zset, item)  -- an entry left behind by a state change
     end
   end
-  return n
+  return retried
 end
 
--- An expired saving lease: the process saving it died (or hung). When only a pool process died,
--- Celery sends its save message again at once (task_reject_on_worker_lost) and the body is still
--- staged: the item waits one more lease for that message, counting a vanished holder, instead of
--- being downloaded again. If the whole worker died, its message is stuck until the broker's
--- visibility timeout, so after that lease the item is reclaimed like any other.
-for _, item in ipairs(redis_call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, max_reclaim)) do
-  local v = live_get(item)
-  if v and str_sub(v, 1, 1) == 'S' then
-    local _, depth = split_state(v)
-    local was, token = holder(item)
-    local lost = add_lost(item)
-    if lost > max_lost then
-      give_up(item, 'S', depth, 'its save was interrupted too often (last holder ' .. was .. ')')
-      died = died + 1
-    else
-      redis_call('ZREM', K_LEASED, item)
-      redis_call('ZADD', K_PENDING, int(now + lease), item)
-      redis_call('HSET', K_OWNERS, item, '- ' .. token)
-      live_set(item, 's', depth)
-      reclaimed = reclaimed + 1
-    end
-  end
-end
+reclaimed, died = reclaim_saving(now, max_reclaim, max_lost, lease)
 reclaimed = reclaimed + reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaimed = reclaimed + reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 requeued = reclaim(K_DISPATCHED, 'd', 'free', '')

@@ -11,27 +11,27 @@
 -- taken some for scrape messages they never sent (carried with a save batch), and dispatched
 -- items name no worker. They are few (the dispatch bound); one whose message is out gets a
 -- second message, and whichever comes second finds it taken and does nothing.
--- KEYS: the item keys (see _lib.lua)
+-- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] worker         id, or '' for all
 -- ARGV[2] save_timeout   seconds
 -- ARGV[3..]              pairs item, token: the save messages the worker had reserved
 -- Returns the number of items released
-local worker, save_timeout = ARGV[1], us(ARGV[2])
-local n = 0
+local worker, save_timeout = ARGV[1], micros(ARGV[2])
+local released = 0
 if worker ~= '' then
   local returning = {}
   for i = 3, #ARGV - 1, 2 do returning[ARGV[i]] = ARGV[i + 1] end
   local later = redis_now() + save_timeout
   for _, item in ipairs(redis_call('ZRANGE', K_PENDING, 0, -1)) do
-    local who, token = holder(item)
-    if who == worker then
+    local owner, token = holder(item)
+    if owner == worker then
       if returning[item] == token then
         redis_call('ZADD', K_PENDING, later, item)
         redis_call('HSET', K_OWNERS, item, '- ' .. token)
       else  -- a pending item always has its state: 's' .. depth
         local _, depth = split_state(live_get(item))
         requeue(item, 's', depth, true)
-        n = n + 1
+        released = released + 1
       end
     end
   end
@@ -46,9 +46,9 @@ for _, set in ipairs(sets) do
       if state ~= 'X' and state ~= 'q'
           and (worker == '' or state == 'd' or holder(item) == worker) then
         requeue(item, state, depth, true)
-        n = n + 1
+        released = released + 1
       end
     end
   end
 end
-return n
+return released

@@ -5,7 +5,7 @@
 -- just before this call, in the same round trip (a body that went through Lua would be copied
 -- and hashed byte by byte); a stale holder's body is dropped here, so it has nothing to drop.
 -- A stale holder's finds are still queued (they are real), but the item is left alone.
--- KEYS: the item keys (see _lib.lua), then
+-- KEYS: the item keys (see _lib_call.lua), then
 -- KEYS[22] body         where the caller staged the body (keys.body_key of the token; the token's
 --                       shard is the item's, so it shares the slot); absent: nothing staged
 -- ARGV[1] item
@@ -24,9 +24,9 @@
 --                       job's links_cut count (a figure of its status)
 -- ARGV[11..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
-local item, token, save_timeout = ARGV[1], ARGV[2], us(ARGV[3])
+local item, token, save_timeout = ARGV[1], ARGV[2], micros(ARGV[3])
 local depth = ARGV[4]
-local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), us(ARGV[7])
+local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), micros(ARGV[7])
 local body_key = KEYS[22]
 local saver, keeper = ARGV[8], ARGV[9]
 local added = add_items(ARGV, 11, depth)
@@ -36,28 +36,28 @@ local status = 'stale'
 local v = live_get(item)
 if v then
   local state, item_depth = split_state(v)
-  local who, held = holder(item)
+  local owner, held = holder(item)
   if state == 'l' and held == token then
-    local dom = domain_of(item)
+    local domain = domain_of(item)
     -- The lease began lease seconds before its deadline (a heartbeat that extended it makes
     -- this shorter, which only lessens the domain's head start).
     local deadline = redis_call('ZSCORE', K_LEASED, item)
-    if deadline then record_lease_time(dom, tonumber(deadline) - lease) end
-    vacate(dom)  -- its fetch is over
+    if deadline then record_lease_time(domain, tonumber(deadline) - lease) end
+    vacate(domain)  -- its fetch is over
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
-      redis_call('ZADD', K_LEASED, int(now + lease), item)
-      if who ~= saver then redis_call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
+      redis_call('ZADD', K_LEASED, int_text(now + lease), item)
+      if owner ~= saver then redis_call('HSET', K_OWNERS, item, saver .. ' ' .. token) end
       live_set(item, 'S', item_depth)
     else
       redis_call('ZREM', K_LEASED, item)
       if keeper ~= '' then
-        redis_call('ZADD', K_PENDING, int(now + lease), item)
+        redis_call('ZADD', K_PENDING, int_text(now + lease), item)
         -- Its holder keeps it (the same owner entry, unless another worker id keeps it).
-        if who ~= keeper then redis_call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
+        if owner ~= keeper then redis_call('HSET', K_OWNERS, item, keeper .. ' ' .. token) end
       else
-        redis_call('ZADD', K_PENDING, int(now + save_timeout), item)
+        redis_call('ZADD', K_PENDING, int_text(now + save_timeout), item)
         -- Its save message is in the broker now, not with any worker: no holder, same token.
         redis_call('HSET', K_OWNERS, item, '- ' .. token)
       end

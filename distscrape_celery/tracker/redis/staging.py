@@ -13,8 +13,8 @@ from typing import Optional
 
 import redis
 
-from ..errors import TrackerUnavailable
-from .keys import body_key
+from ...errors import TrackerUnavailable
+from ..keys import body_key
 
 
 def body_ttl_ms(seconds: float) -> int:

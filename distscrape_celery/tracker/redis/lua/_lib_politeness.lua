@@ -1,0 +1,186 @@
+-- The item scripts' library, part 3 of 8 (scripts.LIBRARY): politeness, by domain. An item's
+-- domain, the domain's limits, its turns for dispatch (with head starts from its lease times) and
+-- its count of items in flight.
+
+-- -- domains ----------------------------------------------------------------------------------
+
+-- The domain `item` is fetched from: its http(s) URL's host[:port], lower case, user info
+-- dropped; or the job's id_domain (its download host) for any other item, an ID shaped 'a://x'
+-- too, which is fetched from that host and so must count against its politeness (keys.domain_of
+-- is the same rule in Python).
+local function domain_of(item)
+  local domain = domain_cache[item]
+  if domain then return domain end
+  domain = old_domain_cache[item]
+  if domain then
+    make_cache_room()
+    domain_cache[item] = domain
+    return domain
+  end
+  local authority = string.match(item, '^[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)')
+  if not authority then
+    if not id_domain then id_domain = redis_call('HGET', K_POLICY, 'id_domain') or '-' end
+    return id_domain
+  end
+  domain = string.lower((string.gsub(authority, '^.*@', '')))
+  if caching_items then
+    make_cache_room()
+    domain_cache[item] = domain
+  end
+  return domain
+end
+
+-- The domain's least microseconds between two fetch starts, and its in-flight cap.
+local function limits(domain)
+  local cached = limits_cache[domain]
+  if not cached then
+    local policy = redis_call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. domain,
+      'c:' .. domain, 'delay:' .. domain)
+    local interval = micros(policy[3] or policy[1] or '0')
+    local delay = micros(policy[5] or '0')
+    if delay > interval then interval = delay end
+    cached = {interval, tonumber(policy[4] or policy[2] or '') or math.huge}
+    limits_cache[domain] = cached
+  end
+  return cached[1], cached[2]
+end
+
+-- How much earlier than its waiting time says a domain without a fetch interval gets its turn:
+-- its leases' mean duration, capped. When the task slots are fewer than the domains could use,
+-- the slow domains, which decide when a crawl ends, go first; each still keeps to its cap, and
+-- no domain waits more than the cap longer than it would without head starts.
+local MAX_HEAD_START = 60 * 1000000
+local JOB_LATENCY = '/job'
+
+-- The mean lease time of `domain` (microseconds; false if it has none), read once a call with the
+-- job's (job_mean) and kept current by record_lease_time (lease_means).
+local function lease_mean(domain)
+  local mean = lease_means[domain]
+  if mean == nil or job_mean == nil then
+    local stored = redis_call('HMGET', K_LATENCY, domain, JOB_LATENCY)
+    if mean == nil then
+      mean = tonumber(stored[1] or '') or false
+      lease_means[domain] = mean
+    end
+    if job_mean == nil then job_mean = tonumber(stored[2] or '') or false end
+  end
+  return mean
+end
+
+local function head_start(domain)
+  local head = head_starts[domain]
+  if not head then
+    head = math.min(lease_mean(domain) or 0, MAX_HEAD_START)
+    head_starts[domain] = head
+  end
+  return head
+end
+
+-- A lease of `domain` that began at `since` (Redis time) ended now: fold its duration into the
+-- domain's moving mean (a quarter weight to the newest) and into the job's (a 32nd: it follows
+-- the mix of domains being fetched, not one page). A batch writes the means once, at its end
+-- (write_lease_times).
+local function record_lease_time(domain, since)
+  local took = redis_now() - since
+  if took < 0 then took = 0 end
+  local mean = lease_mean(domain)
+  local new_job_mean = job_mean
+  new_job_mean = new_job_mean and math.floor((31 * new_job_mean + took) / 32) or took
+  if mean then took = math.floor((3 * mean + took) / 4) end
+  lease_means[domain], job_mean = took, new_job_mean
+  head_starts[domain] = math.min(took, MAX_HEAD_START)  -- the vacate that follows reads it
+  if counts_deferred then
+    if not means_unwritten[domain] then
+      means_unwritten[domain] = true
+      means_unwritten_order[#means_unwritten_order + 1] = domain
+    end
+  else
+    redis_call('HSET', K_LATENCY, domain, int_text(took), JOB_LATENCY, int_text(new_job_mean))
+  end
+end
+
+-- The means a batch recorded, in one write.
+local function write_lease_times()
+  if #means_unwritten_order == 0 then return end
+  local args = {}
+  for _, domain in ipairs(means_unwritten_order) do
+    if means_unwritten[domain] then  -- not forgotten since (vacate)
+      args[#args + 1] = domain
+      args[#args + 1] = int_text(lease_means[domain])
+    end
+  end
+  args[#args + 1] = JOB_LATENCY
+  args[#args + 1] = int_text(job_mean)
+  redis_call('HSET', K_LATENCY, unpack(args))
+  means_unwritten, means_unwritten_order = {}, {}
+end
+
+-- Whether an item of `domain` (a domain without a fetch interval) goes to the head of the broker's
+-- queue: while its message waits there it holds one of the domain's few places under its cap,
+-- and the domains with the longest leases are the ones that decide when a crawl ends. The job's
+-- mean rises as slow domains take more of the task slots, so they cannot keep all of them.
+local function goes_first(domain)
+  local head = head_start(domain)
+  if job_mean == nil then  -- the domain's head start was known already this call
+    job_mean = tonumber(redis_call('HGET', K_LATENCY, JOB_LATENCY) or '') or false
+  end
+  local mean_of_job = job_mean or 0
+  return mean_of_job > 0 and head >= 2 * mean_of_job
+end
+
+local function inflight(domain)
+  return tonumber(redis_call('HGET', K_INFLIGHT, domain) or '0')
+end
+
+-- `domain` has queued items: list it for dispatch if it has room under its cap (`in_flight`: its
+-- items in flight, if the caller knows), keeping a turn it already has; a new turn comes when its
+-- fetch slot opens, or, without an interval, now less its head start.
+local function schedule(domain, in_flight)
+  local interval, cap = limits(domain)
+  if (in_flight or inflight(domain)) < cap then
+    local at = redis_now()
+    if interval > 0 then
+      local slot = tonumber(redis_call('HGET', K_SLOTS, domain) or '0')
+      if slot > at then at = slot end
+    else
+      at = at - head_start(domain)
+    end
+    redis_call('ZADD', K_DOMAINS, 'NX', int_text(at), domain)
+  end
+end
+
+-- A d or l item of `domain` left flight: that may open room under the domain's cap.
+local function vacate(domain)
+  local in_flight = redis_call('HINCRBY', K_INFLIGHT, domain, '-1')
+  local queued = redis_call('LLEN', K_QUEUES .. domain) > 0
+  if in_flight <= 0 then
+    redis_call('HDEL', K_INFLIGHT, domain)
+    -- An idle domain forgets its lease times: kept for every domain ever fetched, they would
+    -- grow with a broad crawl's millions of hosts.
+    if not queued then
+      redis_call('HDEL', K_LATENCY, domain)
+      head_starts[domain], lease_means[domain], means_unwritten[domain] = nil, false, nil
+    end
+  end
+  if queued then schedule(domain, in_flight) end
+end
+
+-- An item of `domain` went into flight (dispatched, or leased straight from its queue).
+local function occupy(domain)
+  local _, cap = limits(domain)
+  if redis_call('HINCRBY', K_INFLIGHT, domain, '1') >= cap then
+    redis_call('ZREM', K_DOMAINS, domain)
+  end
+end
+
+-- Put `item` (queued now) in its domain's queue: at its head when `front`.
+local function enqueue(item, front)
+  local domain = domain_of(item)
+  if front then
+    redis_call('LPUSH', K_QUEUES .. domain, item)
+  else
+    redis_call('RPUSH', K_QUEUES .. domain, item)
+  end
+  schedule(domain)
+end
+
