@@ -14,7 +14,7 @@ from typing import Optional
 from ..context import JobContext
 from ...errors import ConfigError, TrackerUnavailable
 from ...tracker import Fault, Tracker
-from ...tracker.staging import BodyStaging
+from ...tracker.redis.staging import BodyStaging
 from ...web.fetch import Download
 from .publishing import Publisher, dispatch
 
