@@ -58,7 +58,7 @@ def tracker_factory(request):
 
 from distscrape_celery.local.processes import WorkerProcess  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
-from tests.support.crawl import kill_all  # noqa: E402
+from tests.support.crawl import PluginWorker, kill_all, plugins_path  # noqa: E402
 from tests.support.http import RouteServer  # noqa: E402
 from tests.support.pipeline import ROUTES  # noqa: E402
 from distscrape_celery.testing.sitegen import SiteServer, generate_site  # noqa: E402
@@ -67,6 +67,12 @@ from distscrape_celery.testing.sitegen import SiteServer, generate_site  # noqa:
 @pytest.fixture(scope="session")
 def site():
     return generate_site(n_pages=300, seed=7, unreachable=10)
+
+
+@pytest.fixture(scope="session")
+def small_site():
+    """An 80-page site, every page reachable: for crawls that are stopped, resumed and joined."""
+    return generate_site(n_pages=80, seed=11, unreachable=0)
 
 
 @pytest.fixture
@@ -85,6 +91,30 @@ def workers(tmp_path):
                           loglevel="INFO", **kw)
         started.append(w.start())
         return w
+
+    yield start
+    kill_all(started)
+
+
+@pytest.fixture
+def start_worker(tmp_path):
+    """Start real `celery worker` processes that can import ``tests.plugins`` (the repository
+    root on their PYTHONPATH, after ``path_first``), logging into ``tmp_path/logs``, each
+    consuming ``queues`` (default: both) with ``env`` added to its environment. Every one is
+    killed, whole process group, at the end: frozen ones too."""
+    started: list[PluginWorker] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+
+    def start(settings: Settings, name: str, *, concurrency: int = 3, queues=None,
+              pool: str = "prefork", path_first=(), env=None) -> PluginWorker:
+        worker = PluginWorker(
+            settings, name=name, concurrency=concurrency, log_dir=str(logs), loglevel="INFO",
+            extra_env={"PYTHONPATH": plugins_path(*map(str, path_first)), **(env or {})},
+            queues=queues, pool=pool,
+        )
+        started.append(worker.start())
+        return worker
 
     yield start
     kill_all(started)

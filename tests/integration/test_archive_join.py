@@ -11,23 +11,17 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from distscrape_celery.testing.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer
 from tests.support.cli import run
 from tests.support.crawl_command import Crawl, wait_until
+from tests.support.saving import GNU_TAR_FLAG, download
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.savers import FileItemSaver, TarItemSaver, WarcItemSaver
-from distscrape_celery.web.fetch import Download
 from distscrape_celery.savers.tar import PAX_ITEM, tar_shards
 from distscrape_celery.savers.warc import warc_shards
 
 ARCHIVES = [".tar", ".tar.gz", ".tar.bz2", ".warc.gz"]
-GNU_TAR_FLAG = {".tar": "", ".tar.gz": "z", ".tar.bz2": "j"}
-
-
-@pytest.fixture(scope="module")
-def small_site():
-    return generate_site(n_pages=80, seed=11, unreachable=0)
 
 
 def _config(tmp_path: Path, output: Path) -> Path:
@@ -134,11 +128,6 @@ def test_an_interrupted_archive_crawl_names_its_shards_and_its_resume_joins_them
 
 
 # -- joining, without a crawl ------------------------------------------------------------------
-
-
-def download(item: str, body: bytes) -> Download:
-    return Download(url=item, status=200, content_type="text/html", body=body,
-                    fetched_at=1700000000.25)
 
 
 def _saver(output: Path, worker: str, **kw):

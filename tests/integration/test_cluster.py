@@ -16,6 +16,7 @@ from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.cli import run
 from tests.support.crawl import wait_until
 from tests.support.tracker_state import item_state
+from tests.support.jobs import new_job
 
 from distscrape_celery.tracker import keys
 from distscrape_celery.worker.app import configure_app
@@ -62,9 +63,10 @@ def shard_items(t):
     return {item: keys.shard_of(keys.domain_of(item), 3) for item in ITEMS}
 
 
-def new_job(t, items=ITEMS, max_pages=None):
-    t.create_job("j", SPEC, CrawlLimits(shards=3, max_pages=max_pages))
-    w = t.register_worker("host", 1, 3)  # bound 6: 2 per shard
+def sharded_job(t, items=ITEMS, max_pages=None):
+    """Job "j" on three shards with one worker, and ``items`` added: (worker id, AddResult)."""
+    w = new_job(t, concurrency=3, spec=SPEC,  # bound 6: 2 per shard
+                limits=CrawlLimits(shards=3, max_pages=max_pages))
     return w, t.add("j", items)
 
 
@@ -87,7 +89,7 @@ def drain(t, w, pending):
 
 def test_items_live_in_their_domains_shard_and_dedup_holds_across_shards(tracker):
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     assert res.added == len(ITEMS)
     assert len(set(shard_items(t).values())) == 3  # the test's items reach every shard
     # Every item's state is in its own shard's live items, and only there.
@@ -120,7 +122,7 @@ def test_items_live_in_their_domains_shard_and_dedup_holds_across_shards(tracker
 def test_fencing_tokens_are_unique_across_shards(tracker):
     # A staged body is keyed by job and token: two shards' leases must never share a token.
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     tokens = [t.checkout("j", item, w, max_lost=3).token for item in res.dispatch]
     assert len({shard_items(t)[i] for i in res.dispatch}) == 3
     assert len(set(tokens)) == len(tokens) and all(tokens)
@@ -128,7 +130,7 @@ def test_fencing_tokens_are_unique_across_shards(tracker):
 
 def test_a_staged_body_lives_in_the_shard_of_its_token(tracker):
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     item = next(i for i in res.dispatch if shard_items(t)[i] == 2)
     token = t.checkout("j", item, w, max_lost=3).token
     assert keys.body_key("j", token).startswith("ds:{j:2}:body:")
@@ -143,7 +145,7 @@ def test_a_staged_body_lives_in_the_shard_of_its_token(tracker):
 
 def test_pause_and_cancel_reach_every_shard(tracker):
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     assert t.control("j", JobAction.PAUSE).after is JobState.PAUSED
     assert all(t.checkout("j", i, w, max_lost=3).status is LeaseStatus.HELD for i in res.dispatch)
     assert t.maintain("j", max_lost=3).dispatch == [] and t.add("j", ["http://x.invalid/"]).dispatch == []
@@ -160,7 +162,7 @@ def test_completion_is_recorded_once_and_new_work_reactivates(tracker):
     t = tracker
     # Four domains only: at least one of the three shards is never given an item, and the
     # job still finishes.
-    w, res = new_job(t, ITEMS[:4])
+    w, res = sharded_job(t, ITEMS[:4])
     drain(t, w, res.dispatch)
     assert t.active_jobs() == ["j"]  # its end is not recorded yet: still maintained
     results: list[bool] = []
@@ -193,7 +195,7 @@ def test_completion_is_recorded_once_and_new_work_reactivates(tracker):
 
 def test_a_crawl_delay_reaches_the_domains_shard(tracker):
     t = tracker
-    w, _ = new_job(t, [])
+    w, _ = sharded_job(t, [])
     shard = keys.shard_of("h5.invalid", 3)
     t.set_domain_delay("j", "h5.invalid", 0.6)
     assert [t.client.hget(keys.JobKeys("j", s).policy, "delay:h5.invalid") for s in range(3)] \
@@ -207,7 +209,7 @@ def test_a_crawl_delay_reaches_the_domains_shard(tracker):
 
 def test_a_resumed_job_with_an_empty_shard_still_leaves_the_active_list(tracker):
     t = tracker
-    w, res = new_job(t, ITEMS[:4])  # four domains: a shard is left empty
+    w, res = sharded_job(t, ITEMS[:4])  # four domains: a shard is left empty
     t.control("j", JobAction.CANCEL)
     resumed = t.control("j", JobAction.RESUME)  # marks every shard active, the empty one too
     assert t.active_jobs() == ["j"]
@@ -218,7 +220,7 @@ def test_a_resumed_job_with_an_empty_shard_still_leaves_the_active_list(tracker)
 
 def test_a_job_listed_by_a_client_that_died_is_healed(tracker):
     t = tracker
-    new_job(t, ITEMS[:2])
+    sharded_job(t, ITEMS[:2])
     # A client that died after its add script, before it mirrored the shard's marker.
     t.client.srem(keys.ACTIVE_JOBS, "j")
     assert t.active_jobs() == []
@@ -228,7 +230,7 @@ def test_a_job_listed_by_a_client_that_died_is_healed(tracker):
 
 def test_max_pages_is_split_over_the_shards(tracker):
     t = tracker
-    _, res = new_job(t, [], max_pages=7)
+    _, res = sharded_job(t, [], max_pages=7)
     per_shard = [int(t.client.hget(keys.JobKeys("j", s).policy, "max_pages")) for s in range(3)]
     assert per_shard == [3, 2, 2]
     many = [f"http://m{i}.invalid/" for i in range(60)]
@@ -239,7 +241,7 @@ def test_max_pages_is_split_over_the_shards(tracker):
 
 def test_delete_removes_every_shards_keys(tracker):
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     finish(t, w, res.dispatch[0])
     t.delete_job("j")
     assert t.jobs() == [] and t.active_jobs() == []
@@ -360,7 +362,7 @@ def test_a_stale_save_with_another_shards_token_still_gets_its_body(tracker):
     """begin_save reads the body in its own script when the token's shard holds the item; a token
     of another shard (so a stale one) has its body read on its own, from that shard's slot."""
     t = tracker
-    w, res = new_job(t)
+    w, res = sharded_job(t)
     by_shard = {shard_items(t)[i]: i for i in res.dispatch}
     token = t.checkout("j", by_shard[2], w, max_lost=3).token
     assert t.scraped("j", by_shard[2], token, body=b"\x00page\xff").held

@@ -23,16 +23,10 @@ from distscrape_celery.tracker.redis import combine, scripts
 from distscrape_celery.tracker.redis.combine import Combiner
 from distscrape_celery.tracker.redis.staging import RedisBodyStaging
 from tests.support.tracker_state import item_states
+from tests.support.jobs import SPEC, script_calls
 
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 # Far longer than threads let go together take to make their calls, on a loaded machine too.
 PAUSE_MS = 1000
-
-
-def script_calls(client) -> int:
-    """Item-script calls Redis has run (FCALL from the function library, EVALSHA otherwise)."""
-    stats = client.info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha"))
 
 
 def run_paused(client, calls):

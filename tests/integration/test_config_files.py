@@ -7,13 +7,13 @@ only the seeds (and the ID URL template) at sites served on 127.0.0.1.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.support.crawl import crawl_settings, expected_files, saved_files
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support.http import IdSite
+from tests.support import REPO_ROOT
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec, load_config_file
@@ -25,7 +25,7 @@ from distscrape_celery.savers.warc import warc_shards
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-CONFIG = Path(__file__).resolve().parents[2] / "config"
+CONFIG = REPO_ROOT / "config"
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIG.glob("*.toml")))

@@ -24,7 +24,7 @@ import redis
 from tests.support.crawl import crawl_settings, expected_files, saved_files
 from tests.support.crawl_command import Crawl, as_from_a_terminal, wait_until
 from tests.support.http import RouteServer
-from distscrape_celery.testing.sitegen import SiteServer, generate_site
+from distscrape_celery.testing.sitegen import SiteServer
 from tests.support.sockets import listening
 
 from distscrape_celery.worker.app import configure_app
@@ -38,11 +38,6 @@ from distscrape_celery.tracker import RedisTracker
 
 # Worker processes of `crawl --concurrency 2`: two per core, at most one per task.
 CRAWL_WORKERS = len(crawl_worker_processes(2))
-
-
-@pytest.fixture(scope="module")
-def small_site():
-    return generate_site(n_pages=80, seed=11, unreachable=0)
 
 
 # -- processes, through /proc ------------------------------------------------------------------

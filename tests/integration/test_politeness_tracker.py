@@ -19,22 +19,13 @@ from distscrape_celery.tracker import (
     Urgent,
 )
 from distscrape_celery.tracker.redis.items import WAKE_WHILE_LEASED
+from tests.support.jobs import SPEC, FakeClock, new_job
 
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 UNCAPPED = DomainLimits(concurrency=10_000)
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def job(t, limits: CrawlLimits, concurrency: int = 2, name: str = "j") -> str:
-    t.create_job(name, SPEC, limits)
-    return t.register_worker("host", 1, concurrency)
+    return new_job(t, name, concurrency, limits=limits)
 
 
 def urls(host: str, n: int) -> list[str]:
@@ -78,7 +69,7 @@ def test_a_slow_domain_gets_its_turn_ahead_of_faster_ones_that_waited_less_than_
     little room, its turns come as if it had waited its mean lease time longer. A domain with a
     fetch interval keeps to its slots and gets no head start. (The in-memory tracker runs the
     Redis scripts; its clock is moved by hand so that the lease times are exact.)"""
-    clock = FakeClock()
+    clock = FakeClock(1_000_000.0)
     t = InMemoryTracker(dispatch_factor=1, save_backlog_factor=100, bound_refresh_seconds=0,
                         clock=clock)
     w = job(t, CrawlLimits(default=UNCAPPED, overrides={"rated.invalid": DomainLimits(
@@ -324,7 +315,7 @@ def test_lease_times_a_batch_records_are_those_its_calls_would_record(batched):
     out as the calls one by one make them, and a domain that went idle in the batch stays
     forgotten. The clock is moved by hand, so the times are exact."""
     def run(batched: bool) -> dict:
-        clock = FakeClock()
+        clock = FakeClock(1_000_000.0)
         t = InMemoryTracker(dispatch_factor=1, bound_refresh_seconds=0, clock=clock)
         w = job(t, CrawlLimits(default=UNCAPPED), concurrency=4)
         a0, a1, a2 = urls("a.invalid", 3)

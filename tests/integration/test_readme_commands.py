@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from tests.support.ops import wait_for
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
+from tests.support import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "guide.md")
 COMMAND_LINE = re.compile(
     r"^\s*((?:[A-Z_]+='[^']*' )?(?:python3 -m venv|\.venv/bin/|distscrape |celery ).*)$")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 
 import pytest
 import redis
 
 from tests.support.crawl import crawl_settings
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
+from tests.support.saving import sha1
 
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.core.components import build_saver
@@ -28,10 +28,6 @@ from distscrape_celery.tracker import RedisTracker
 def output_redis():
     with EmbeddedRedis() as server:
         yield server.url
-
-
-def sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def test_saves_body_and_metadata_and_a_resave_leaves_one_copy(output_redis):

@@ -16,8 +16,8 @@ from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus, RedisTracker
 from distscrape_celery.tracker.redis.scripts import with_library
 from tests.support.tracker_state import live_items
+from tests.support.jobs import SPEC
 
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 FILL = 160  # SEEN_FILL in _lib.lua
 LIVE_FILL = 36  # LIVE_FILL in _lib.lua
 

@@ -23,8 +23,8 @@ from distscrape_celery.tracker import (
     RedisTracker,
     SaveStart,
 )
+from tests.support.jobs import SCRIPT_COMMANDS, SPEC, new_job, script_calls
 
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 LOST = 10  # max_lost where a test does not care
 
 
@@ -39,12 +39,6 @@ def fail(t, item, token, reason="boom", job="j", fault=Fault.ITEM, max_retries=3
          **kw):
     return t.fail(job, item, token, reason, fault=fault, max_retries=max_retries,
                   max_lost=max_lost, **kw)
-
-
-def new_job(tracker, job="j", concurrency=2):
-    tracker.create_job(job, SPEC)
-    wid = tracker.register_worker("host", 1, concurrency)
-    return wid
 
 
 def test_worker_ids_unique_and_liveness(tracker_factory):
@@ -457,11 +451,6 @@ def test_complete_many_answers_as_complete_would_for_each(tracker_factory):
     assert t.complete_many("j", []) == []
 
 
-def _script_calls(client) -> int:
-    stats = client.info("commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval", "fcall"))
-
-
 def test_a_save_batch_begins_and_completes_in_one_script_call_each(redis_url):
     """On one Redis, begin_saves and complete_many of a save batch each run one script, whose
     answers are those of begin_save and complete for each save, in order (a repeated save
@@ -480,14 +469,14 @@ def test_a_save_batch_begins_and_completes_in_one_script_call_each(redis_url):
     t.begin_saves("j", saves[:2], w, max_lost=LOST)
     t.complete_many("j", saves[:2])
     batch = saves[2:] + saves[2:3]
-    before = _script_calls(t.client)
+    before = script_calls(t.client, SCRIPT_COMMANDS)
     begins = t.begin_saves("j", batch, w, max_lost=LOST)
-    assert _script_calls(t.client) - before == 1
+    assert script_calls(t.client, SCRIPT_COMMANDS) - before == 1
     assert [b.status for b in begins] == [SaveStart.OK] * 5 + [SaveStart.BUSY]
     assert [b.body for b in begins[:5]] == [i.encode() for i in items[2:]]
-    before = _script_calls(t.client)
+    before = script_calls(t.client, SCRIPT_COMMANDS)
     done = t.complete_many("j", batch)
-    assert _script_calls(t.client) - before == 1
+    assert script_calls(t.client, SCRIPT_COMMANDS) - before == 1
     assert [r.changed for r in done] == [True] * 5 + [False]
     assert t.stats("j").done == 7
 

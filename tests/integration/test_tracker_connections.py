@@ -17,8 +17,8 @@ import redis
 from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.errors import TrackerUnavailable
 from distscrape_celery.tracker import LeaseStatus, RedisTracker
+from tests.support.jobs import SPEC
 
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 NAME = "kept-connection-test"
 
 

@@ -57,9 +57,9 @@ from distscrape_celery.tracker import (
 from distscrape_celery.tracker.redis.items import MAX_REASON
 from distscrape_celery.tracker.redis.shards import MAX_DISPATCH_BATCH
 from tests.support.tracker_state import live_items_call, parse_live_items
+from tests.support.jobs import SPEC, FakeClock
 
 JOB = "props"
-SPEC = '{"seeds": ["http://127.0.0.1/"]}'
 LEASE = 3600.0  # nothing expires by itself during an example
 # Every item an example may add (duplicates are frequent), on three domains: IDs (the job's
 # pseudo-domain), a.invalid and b.invalid; SLOW's items are added by the set-up only.
@@ -79,16 +79,6 @@ IN_FLIGHT = {"d": "dispatched", "l": "leased", "S": "leased", "s": "pending"}  #
 TIMED = {**IN_FLIGHT, "w": "delayed"}  # every state with a deadline or due time
 HELD = "lsS"  # states with a holder (worker, token)
 MAX_WORKERS = 12  # registered in one example, dead ones included
-
-
-class FakeClock:
-    """The in-memory tracker's clock: starts far from 0 and moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- reaching into the tracker's Redis, real or in-memory (test helpers, not the code under test) --

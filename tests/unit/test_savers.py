@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import itertools
 import os
 import re
@@ -15,16 +14,13 @@ from distscrape_celery.errors import ConfigError, SaveError
 from distscrape_celery.web.fetch import Download
 from distscrape_celery.job.spec import SaverSpec
 from distscrape_celery.savers import FileItemSaver, ItemSaver
+from tests.support.saving import sha1
 
 SEGMENT_RE = re.compile(r"^(?:[A-Za-z0-9._~!$&'()+,;=@-]|%[0-9A-Fa-f%])+$")
 
 
 def page(body: bytes, url: str = "http://h/") -> Download:
     return Download(url=url, status=200, content_type="text/html", body=body)
-
-
-def sha1(text: str) -> str:
-    return hashlib.sha1(text.encode()).hexdigest()
 
 
 def files_under(root: Path) -> list[Path]:

@@ -23,13 +23,9 @@ from distscrape_celery.savers import shards as shards_module
 from distscrape_celery.savers.tar import TarShard, read_tar_shard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
 from distscrape_celery.settings import Settings
+from tests.support.saving import GNU_TAR_FLAG, download
 
 TAR_EXTS = [".tar", ".tar.gz", ".tar.bz2"]
-GNU_TAR_FLAG = {".tar": "", ".tar.gz": "z", ".tar.bz2": "j"}
-
-
-def download(item: str, body: bytes, status: int = 200, ctype: str = "text/html") -> Download:
-    return Download(url=item, status=status, content_type=ctype, body=body, fetched_at=1700000000.25)
 
 
 def sample_items() -> list[tuple[str, Download]]:
