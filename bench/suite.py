@@ -733,14 +733,14 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     # background jobs of one shell, all in one session. Linux shares CPU between sessions
     # (autogroups) before it shares it between processes: workers in one session get no more
     # of it than the Redis server beside them.
-    # `forks`: one `python -m distscrape_celery.worker_main --forks` process (as `distscrape
+    # `forks`: one `python -m distscrape_celery.worker.main --forks` process (as `distscrape
     # crawl` starts its workers, but with gossip and mingle on), which imports once and forks one
     # worker per group entry (each group's options must be `-P threads -c N`).
     launch = worker_env.pop("BENCH_LAUNCH", "sessions" if pin else "multi")
     # BENCH_PROFILE=DIR: py-spy records each worker (collapsed stacks, samples holding the GIL)
     # from the seed to the end, into DIR/LABEL-PID.txt.
     profile_dir = worker_env.pop("BENCH_PROFILE", "")
-    # `mains`: as `sessions`, but each `python -m distscrape_celery.worker_main` (the same
+    # `mains`: as `sessions`, but each `python -m distscrape_celery.worker.main` (the same
     # worker without Celery's command line and the plugins it imports).
     if (launch not in ("multi", "sessions", "loop", "forks", "mains")
             or (pin and launch != "sessions")):
@@ -757,7 +757,7 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
     queues = ["-Q", "distscrape.scrape,distscrape.save"]
     commands = [
         [*before, *(["taskset", "-c", str(i % (os.cpu_count() or 1))] if pin else []),
-         *([str(BIN / "python"), "-m", "distscrape_celery.worker_main"] if launch == "mains"
+         *([str(BIN / "python"), "-m", "distscrape_celery.worker.main"] if launch == "mains"
            else [str(BIN / "celery"), "-A", "distscrape_celery", "worker"]), *queues, *opts,
          "-n", f"distscrape-{i}@%h", "--loglevel", "WARNING"]
         for i, (before, opts) in enumerate(
@@ -780,10 +780,10 @@ def crawl_workers(site: Site, site_name: str, work: Path, args, workers: int,
         shell = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True, cwd=work)
     elif launch == "forks":
         threads = [opts[opts.index("-c") + 1] for n, opts in groups for _ in range(n)]
-        # worker_main's switches (--without-gossip, --without-mingle) pass on; the first
+        # worker.main's switches (--without-gossip, --without-mingle) pass on; the first
         # group's, which every worker then gets.
         flags = [o for o in groups[0][1] if o.startswith("--without-")]
-        command = [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *queues,
+        command = [str(BIN / "python"), "-m", "distscrape_celery.worker.main", *queues,
                    "-P", "threads", "--forks", ",".join(threads), "-n", "distscrape@%h",
                    "--loglevel", "WARNING", *flags]
         with (work / f"{job}-forks.log").open("ab") as log:

@@ -319,7 +319,7 @@ def run_local_crawl(
             # Threads, not prefork: the prefork parent costs a third of the CPU per page.
             # Time limits do not apply to threads; reserved_items gives up a task's lease
             # after task_time_limit instead. Where it can, one process imports everything
-            # once and forks the workers (worker_main --forks).
+            # once and forks the workers (worker.main --forks).
             shape = crawl_worker_processes(concurrency)
             if can_fork_workers():
                 workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",

@@ -113,7 +113,7 @@ def _guard_cold_shutdown(pool: object) -> None:
     that pool process, which waits for the rest of the task. Wrap Celery's handler: past
     COLD_SHUTDOWN_SECONDS such a worker gives back what it holds and ends, pool processes too
     (they were being cancelled anyway). Other pools are left to Celery."""
-    # Not imported here: a threads worker forked by worker_main must not load the prefork pool.
+    # Not imported here: a threads worker forked by worker.main must not load the prefork pool.
     prefork = sys.modules.get("celery.concurrency.prefork")
     if prefork is None or not isinstance(pool, prefork.TaskPool):
         return

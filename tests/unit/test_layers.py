@@ -17,7 +17,7 @@ LAYERS = [
     {"web"},
     {"scrapers", "savers"},
     {"core"},
-    {"worker", "worker_main"},
+    {"worker"},
     {"local"},
     {"cli"},
 ]
