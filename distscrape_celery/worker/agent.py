@@ -26,7 +26,7 @@ import redis
 
 from ..core.runtime import Runtime
 from ..errors import JobNotFound, TrackerUnavailable
-from ..events import job_finished
+from .events import job_finished
 from .lost_saves import LostSaves
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 

@@ -11,13 +11,14 @@ import distscrape_celery
 PACKAGE = Path(distscrape_celery.__file__).parent
 # Lowest first. A module of one layer may import from its own layer and those before it.
 LAYERS = [
-    {"errors", "redaction", "caches", "lifecycle", "events", "settings"},
+    {"errors", "redaction", "caches", "lifecycle", "settings"},
     {"tracker"},
     {"job"},
     {"web"},
     {"scrapers", "savers"},
     {"core"},
-    {"worker"},
+    # events: the old import path of worker.events.job_finished, kept for users' hook modules.
+    {"worker", "events"},
     {"local"},
     {"cli"},
 ]
