@@ -25,7 +25,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 from distscrape_celery.settings import Settings
 from distscrape_celery.worker.app import configure_app
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 url, items, batches = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 configure_app(Settings.from_env({}, redis_url=url))

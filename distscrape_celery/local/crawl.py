@@ -286,7 +286,7 @@ def run_local_crawl(
     However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
     :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
     from ..worker.app import configure_app
-    from ..worker.tasks import publisher
+    from ..worker.publish import publisher
 
     if state_dir is not None and not embedded_redis:
         raise ValueError("state_dir is for the embedded Redis")
@@ -402,7 +402,7 @@ def run_in_memory_crawl(
     from ..worker.agent import WorkerAgent
     from ..worker.app import app, configure_app
     from ..core.runtime import Runtime, install_runtime
-    from ..worker.tasks import publisher
+    from ..worker.publish import publisher
 
     settings = with_own_output_root(settings, spec)
     configure_app(settings, in_memory=True)

@@ -107,7 +107,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
 
 
 # Celery imports the task modules and the worker's signal hooks when a worker starts, before
-# its worker_init signal; a process that only publishes imports worker.tasks itself.
+# its worker_init signal; a process that only publishes imports worker.publish itself.
 app = Celery(
     "distscrape_celery",
     include=["distscrape_celery.worker.tasks", "distscrape_celery.worker.signals"],

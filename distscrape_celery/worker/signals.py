@@ -27,7 +27,8 @@ from ..tracker import checks as redis_checks
 from .agent import WorkerAgent, reserved_items
 from .app import current_settings
 from .names import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
-from .tasks import flush_saves, publisher
+from .publish import publisher
+from .tasks import flush_saves
 
 log = logging.getLogger(__name__)
 

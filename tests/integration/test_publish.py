@@ -10,7 +10,7 @@ from tests.support.crawl import crawl_settings
 from distscrape_celery.tracker import Urgent
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE, SCRAPE_TASK
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 
 def _queued(client) -> tuple[int, int]:
