@@ -33,7 +33,7 @@ from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.local.processes import WorkerProcess, can_fork_workers, wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.worker.publish import publisher
-from distscrape_celery.settings import crawl_worker_processes
+from distscrape_celery.local.shape import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
 # Worker processes of `crawl --concurrency 2`: two per core, at most one per task.

@@ -11,7 +11,7 @@ import distscrape_celery
 PACKAGE = Path(distscrape_celery.__file__).parent
 # Lowest first. A module of one layer may import from its own layer and those before it.
 LAYERS = [
-    {"errors", "redaction", "caches", "lifecycle", "settings"},
+    {"errors", "redaction", "caches", "lifecycle", "redis_urls", "settings"},
     {"tracker"},
     {"job"},
     {"web"},
