@@ -26,7 +26,7 @@ from .app import app, current_settings
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
 
-class _OwnProducer(NamedTuple):
+class _KeptProducer(NamedTuple):
     """A thread's kept producer, and what it was made for: the app's connection pool (replaced
     by configure_app) and the process (a fork must not share its connection). ``redis`` is its
     fast path when the broker is kombu's Redis transport."""
@@ -205,7 +205,7 @@ class CeleryPublisher:
     """
 
     def __init__(self) -> None:
-        # Per thread (threads pool): the open batch's producer, and the thread's own producer.
+        # Per thread (threads pool): the open batch's producer, and the producer the thread keeps.
         self._local = threading.local()
         self._origin: tuple[int, str] = (0, "")
 
@@ -217,30 +217,30 @@ class CeleryPublisher:
         if getattr(local, "producer", None) is not None:
             yield  # nested: the outer batch sends it all
             return
-        own = self._own()
+        kept = self._kept_producer()
         try:
-            if own.redis is not None:
+            if kept.redis is not None:
                 pending: list[tuple[str, str, bool]] = []
-                local.producer, local.redis, local.pending = own.producer, own.redis, pending
+                local.producer, local.redis, local.pending = kept.producer, kept.redis, pending
                 try:
                     yield
                 finally:
                     local.producer = local.redis = local.pending = None
                 if pending:
-                    own.redis.send(pending)
+                    kept.redis.send(pending)
                 return
-            with own.producer.batch():
-                local.producer, local.redis = own.producer, None
+            with kept.producer.batch():
+                local.producer, local.redis = kept.producer, None
                 try:
                     yield
                 finally:
                     local.producer = None
         except BaseException:
             # Its connection may be broken: the thread's next batch starts on a new one.
-            self._drop_own_producer()
+            self._drop_kept_producer()
             raise
 
-    def _own(self) -> _OwnProducer:
+    def _kept_producer(self) -> _KeptProducer:
         """This thread's producer on a broker connection of its own, kept between batches.
 
         Celery's producer pool would hand out a producer per batch and bind it to a connection
@@ -249,10 +249,10 @@ class CeleryPublisher:
         :func:`~.app.configure_app` replaced the app's connections (another broker).
         """
         pool, pid = app.pool, os.getpid()
-        own = getattr(self._local, "own", None)
-        if own is not None and own.pool is pool and own.pid == pid:
-            return own
-        self._drop_own_producer()
+        kept = getattr(self._local, "kept", None)
+        if kept is not None and kept.pool is pool and kept.pid == pid:
+            return kept
+        self._drop_kept_producer()
         producer = app.amqp.Producer(app.connection_for_write())
         try:
             redis = _RedisSender.for_producer(producer)
@@ -260,14 +260,14 @@ class CeleryPublisher:
             with contextlib.suppress(Exception):
                 producer.connection.close()
             raise
-        own = self._local.own = _OwnProducer(pool, pid, producer, redis)
-        return own
+        kept = self._local.kept = _KeptProducer(pool, pid, producer, redis)
+        return kept
 
-    def _drop_own_producer(self) -> None:
-        own, self._local.own = getattr(self._local, "own", None), None
-        if own is not None and own.pid == os.getpid():  # a forked child leaves its parent's be
+    def _drop_kept_producer(self) -> None:
+        kept, self._local.kept = getattr(self._local, "kept", None), None
+        if kept is not None and kept.pid == os.getpid():  # a forked child leaves its parent's be
             with contextlib.suppress(Exception):
-                own.producer.connection.close()
+                kept.producer.connection.close()
 
     def scrape(self, job: str, items: Sequence[str]) -> None:
         """Queue a scrape task for each of ``items``; on the Redis broker an :class:`Urgent` one
