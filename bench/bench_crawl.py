@@ -136,7 +136,7 @@ class Bench:
         from distscrape_celery.local.processes import WorkerProcess
         from distscrape_celery.core.manager import CrawlManager
         from distscrape_celery.savers import FileItemSaver
-        from distscrape_celery.worker.tasks import publisher
+        from distscrape_celery.worker.publish import publisher
 
         res = Result(cfg.label, job)
         out = self.work / job

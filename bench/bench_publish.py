@@ -26,7 +26,7 @@ _CHILD = CHECKOUT_PRELUDE + r"""
 import json, time
 from distscrape_celery.settings import Settings
 from distscrape_celery.worker.app import configure_app
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 url, items, batches = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 configure_app(Settings.from_env({}, redis_url=url))

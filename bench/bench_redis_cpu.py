@@ -22,7 +22,7 @@ compare Redis CPU between crawls traced alike only.
 ``--baseline DIR`` crawls with another checkout's package too (``PYTHONPATH=DIR``), in the same
 run, alternating, for before/after ratios. ``--idle S`` measures idle workers: Redis CPU and
 commands a second for S seconds, with ``--idle-workers`` of ``distscrape crawl``'s workers
-(``worker_main``, gossip and mingle off), of the README's (``celery worker``, all on), and of the
+(``worker.main``, gossip and mingle off), of the README's (``celery worker``, all on), and of the
 README's with ``--without-gossip --without-mingle``, nothing to do; and with no worker (Redis's
 own timers and the bench's INFO).
 """
@@ -199,8 +199,8 @@ def idle_workers(work: Path, args, launch: str, code: Optional[str]) -> tuple[st
                **({"PYTHONPATH": code} if code else {}))
     queues = ["-Q", "distscrape.scrape,distscrape.save", "-P", "threads", "-c", "16",
               "--loglevel", "WARNING"]
-    if launch == "worker_main":
-        base = [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *queues,
+    if launch == "worker.main":
+        base = [str(BIN / "python"), "-m", "distscrape_celery.worker.main", *queues,
                 "--without-gossip", "--without-mingle"]
     else:
         base = [str(BIN / "celery"), "-A", "distscrape_celery", "worker", *queues,
@@ -314,7 +314,7 @@ def main() -> int:
                           flush=True)
             if args.idle:
                 idle.append(idle_workers(work, args, "no workers", None))
-                for launch in ("worker_main", "celery worker",
+                for launch in ("worker.main", "celery worker",
                                "celery worker --without-gossip --without-mingle"):
                     for code, path in order:
                         idle.append(idle_workers(work, args, launch, path))

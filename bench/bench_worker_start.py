@@ -1,6 +1,6 @@
 """Workers' CPU from start to ready, alternated: `celery -A distscrape_celery worker`,
-`python -m distscrape_celery.worker_main`, and ``--workers`` of them, started one by one or
-forked from one process that imported everything once (`worker_main --forks`, what
+`python -m distscrape_celery.worker.main`, and ``--workers`` of them, started one by one or
+forked from one process that imported everything once (`worker.main --forks`, what
 `distscrape crawl` starts).
 
     .venv/bin/python -m bench.bench_worker_start [--rounds 5] [--pool "threads -c 16"] [--workers 4]
@@ -41,14 +41,14 @@ def main() -> int:
     common = ["-Q", f"{SCRAPE_QUEUE},{SAVE_QUEUE}", "--loglevel", "WARNING",
               "--without-gossip", "--without-mingle"]
     celery = [sys.executable, "-m", "celery", "-A", "distscrape_celery", "worker"]
-    lean = [sys.executable, "-m", "distscrape_celery.worker_main"]
+    lean = [sys.executable, "-m", "distscrape_celery.worker.main"]
     n, threads = args.workers, pool[pool.index("-c") + 1] if "-c" in pool else "1"
     forks = ["-P", pool[1], "--forks", ",".join([threads] * n)]
     # name -> (command, how many processes of it, how many workers each registers)
     kinds = {
         "celery worker": (celery + pool, 1, 1),
-        "worker_main": (lean + pool, 1, 1),
-        f"{n} x worker_main": (lean + pool, n, 1),
+        "worker.main": (lean + pool, 1, 1),
+        f"{n} x worker.main": (lean + pool, n, 1),
         f"--forks ({n})": (lean + forks, 1, n),
     }
     readings: dict[str, list[float]] = {k: [] for k in kinds}

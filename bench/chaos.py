@@ -190,7 +190,7 @@ class Run:
         from distscrape_celery.core.manager import CrawlManager
         from distscrape_celery.job.spec import build_spec
         from distscrape_celery.worker.app import configure_app
-        from distscrape_celery.worker.tasks import publisher
+        from distscrape_celery.worker.publish import publisher
 
         settings = self.settings()
         configure_app(settings)

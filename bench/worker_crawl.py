@@ -30,10 +30,10 @@ QUEUES = ["-Q", "distscrape.scrape,distscrape.save"]
 # background jobs of one shell, all in one session. Linux shares CPU between sessions
 # (autogroups) before it shares it between processes: workers in one session get no more
 # of it than the Redis server beside them.
-# `forks`: one `python -m distscrape_celery.worker_main --forks` process (as `distscrape
+# `forks`: one `python -m distscrape_celery.worker.main --forks` process (as `distscrape
 # crawl` starts its workers, but with gossip and mingle on), which imports once and forks one
 # worker per group entry (each group's options must be `-P threads -c N`).
-# `mains`: as `sessions`, but each `python -m distscrape_celery.worker_main` (the same
+# `mains`: as `sessions`, but each `python -m distscrape_celery.worker.main` (the same
 # worker without Celery's command line and the plugins it imports).
 LAUNCHES = ("multi", "sessions", "loop", "forks", "mains")
 HOST_COUNTS = (1, 2, 4)
@@ -103,7 +103,7 @@ class WorkerCrawl:
     def commands(self) -> list[list[str]]:
         """Each worker's own command (the launches but `multi` and `forks` run these)."""
         cores = os.cpu_count() or 1
-        program = ([str(BIN / "python"), "-m", "distscrape_celery.worker_main"]
+        program = ([str(BIN / "python"), "-m", "distscrape_celery.worker.main"]
                    if self.launch == "mains" else [str(BIN / "celery"), "-A", "distscrape_celery",
                                                     "worker"])
         each = [(before, opts) for before, (count, opts) in zip(self.prefix, self.groups)
@@ -135,13 +135,13 @@ class WorkerCrawl:
                 self._start(command, work / f"{job}-worker{i}.log")
 
     def forks_command(self) -> list[str]:
-        """One worker_main process forking a worker per group entry. worker_main's switches
+        """One worker.main process forking a worker per group entry. worker.main's switches
         (--without-gossip, --without-mingle) pass on: the first group's, which every worker
         then gets."""
         threads = [opts[opts.index("-c") + 1] for count, opts in self.groups
                    for _ in range(count)]
         flags = [o for o in self.groups[0][1] if o.startswith("--without-")]
-        return [str(BIN / "python"), "-m", "distscrape_celery.worker_main", *QUEUES,
+        return [str(BIN / "python"), "-m", "distscrape_celery.worker.main", *QUEUES,
                 "-P", "threads", "--forks", ",".join(threads), "-n", "distscrape@%h",
                 "--loglevel", "WARNING", *flags]
 

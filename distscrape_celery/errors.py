@@ -1,10 +1,16 @@
-"""Exceptions raised by distscrape-celery.
+"""Exceptions raised by distscrape-celery, and the wording of a validation error for a person.
 
 Every exception the package raises on purpose derives from :class:`DistscrapeError`, so callers (and
 the CLI) can tell our errors, which carry a message meant for a person, from bugs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class DistscrapeError(Exception):
@@ -58,3 +64,27 @@ class SaveError(DistscrapeError):
 
 class EmbeddedServiceError(DistscrapeError):
     """An embedded service (Redis or a worker process) could not be started."""
+
+
+def format_validation_error(
+    error: ValidationError, prefix: str = "", names: Optional[Mapping[str, str]] = None
+) -> str:
+    """The message of the :class:`ConfigError` that a pydantic ``error`` becomes: one part per
+    problem, each naming the field, for people rather than programs. ``prefix`` names a field as
+    its environment variable (``DISTSCRAPE_`` + its name in capitals); ``names`` maps a field to
+    what the user wrote for it instead (an option such as ``--redis-url``)."""
+    parts = []
+    for problem in error.errors():
+        field = ".".join(str(p) for p in problem["loc"]) or "(root)"
+        message = problem["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, "):]
+        if names and field in names:
+            field = names[field]
+        elif field == "(root)" and prefix:
+            parts.append(message)  # a rule across settings: its message names them
+            continue
+        elif prefix:
+            field = prefix + field.upper()
+        parts.append(f"{field}: {message}")
+    return "; ".join(parts)

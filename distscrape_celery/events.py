@@ -1,12 +1,10 @@
-"""Signals a worker sends about jobs, for users to hook (``celery ... worker -I yourmodule``).
-
-``job_finished`` is sent once per finished job across the whole cluster, in the worker whose
-maintenance detected it, with ``job`` (its name) and ``info`` (a
-:class:`~distscrape_celery.tracker.JobInfo`: state, times, final figures).
-"""
+"""Where hook modules written before the signal moved import it from: ``from
+distscrape_celery.events import job_finished`` was the documented way to hook a finished job
+(docs/guide.md), in users' own modules loaded by their workers with ``-I``. The signal itself is
+:data:`distscrape_celery.worker.events.job_finished`; this name is the same object."""
 
 from __future__ import annotations
 
-from celery.utils.dispatch import Signal
+from .worker.events import job_finished
 
-job_finished = Signal(name="distscrape.job_finished")
+__all__ = ["job_finished"]

@@ -7,49 +7,25 @@ Nothing else in the package reads the environment: the CLI and the Celery app bu
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from typing import Any, Optional
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
 )
 
-from .errors import ConfigError
+from .errors import ConfigError, format_validation_error
 from .redaction import redact
+from .redis_urls import REDIS_SCHEMES, check_redis_url, is_redis_url
 from .tracker.defaults import (
     DISPATCH_FACTOR, LEASE_SECONDS, REDIS_SOCKET_TIMEOUT, SAVE_BACKLOG_FACTOR,
 )
 
 ENV_PREFIX = "DISTSCRAPE_"
-# Concurrent tasks of `distscrape crawl`, shared by its worker processes (two per core, each a
-# threads pool: see crawl_worker_processes). docs/performance.md, "Worker shape": two threads
-# workers of 8 used 29 % less CPU per page than one prefork worker of 8 processes (the prefork
-# parent passes every message to a child). A broad crawl (many hosts, each at most 8 requests
-# in flight and far away) needs many tasks: 128 did about 1.5x the pages/s of 64 on
-# bench/broad.py (docs/performance.md, "Broad crawl").
-DEFAULT_CRAWL_CONCURRENCY = 128
-# Where `distscrape crawl` differs from the declared defaults (the environment still decides): its
-# worker processes share one machine, so a save task would only carry a page's body through
-# Redis from one of them to another.
-CRAWL_DEFAULTS: dict[str, object] = {"save_inline": True}
-# Worker processes per core. One process holds its GIL for at most about one core, and leaves
-# that core idle while its threads wait for the GIL; two per core filled both cores: 4 processes
-# of 16 threads did 6-25 % more pages/s than 2 of 32 on 2 cores, on a local and a 50 ms site
-# (docs/performance.md). More (6 or 8 of 8) cost more than they bought.
-PROCESSES_PER_CORE = 2
 # The robots.txt cache's bound in the tracker's Redis, shared by every job and worker: 1,024
 # records of the 64 KiB a record may take at most (a hostile site's), some 25,000 of a usual 2
 # KiB. Past it the records nearest their expiry go first, and are fetched again when next needed.
 DEFAULT_ROBOTS_CACHE_BYTES = 64 * 1024 * 1024
-
-
-def crawl_worker_processes(concurrency: int, cpus: Optional[int] = None) -> list[int]:
-    """How `distscrape crawl` splits ``concurrency`` tasks over its worker processes: two per
-    core (see PROCESSES_PER_CORE), at most one per task, as evenly as can be."""
-    procs = max(1, min(PROCESSES_PER_CORE * (cpus or os.cpu_count() or 1), concurrency))
-    return [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
 
 
 class Settings(BaseModel):
@@ -368,7 +344,8 @@ class Settings(BaseModel):
         defaults: Optional[Mapping[str, object]] = None, **overrides: object
     ) -> "Settings":
         """Build settings from ``environ`` (default: the process environment) plus overrides;
-        ``defaults`` stand in for the declared defaults of a command (``CRAWL_DEFAULTS``).
+        ``defaults`` stand in for the declared defaults of a command
+        (``local.shape.CRAWL_DEFAULTS``).
 
         Unknown ``DISTSCRAPE_*`` variables are rejected, so a typo is an error, not a silent default.
         """
@@ -411,80 +388,3 @@ class Settings(BaseModel):
 def is_dotted_name(name: str) -> bool:
     """Whether ``name`` is a module name: identifiers joined by dots (``mypkg.scrapers``)."""
     return bool(name) and all(part.isidentifier() for part in name.split("."))
-
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-
-
-def is_redis_url(url: str) -> bool:
-    """Whether ``url`` names a Redis (its scheme; see :func:`check_redis_url` for the rest)."""
-    return url.split("://", 1)[0].lower() in REDIS_SCHEMES if "://" in url else False
-
-
-def check_redis_url(url: str) -> str:
-    """Return ``url`` if redis-py can connect with it as written, else raise ValueError naming it
-    (its password redacted) and what is wrong: scheme, port, database number."""
-    from redis.connection import parse_url
-
-    shown = repr(redact(url))
-    if "://" not in url:
-        raise ValueError(f"{shown} is not a URL (expected e.g. redis://host:6379/0)")
-    after_scheme = url.partition("://")[2]
-    if "@" in after_scheme[len(re.split(r"[/?#]", after_scheme, maxsplit=1)[0]):]:
-        # A raw '/', '?' or '#' in the password ends the host part early: what follows would be
-        # read as a port or a database, and shown in the message below.
-        raise ValueError(
-            f"invalid Redis URL {shown}: an '@' after the host part; percent-encode '/', '?', "
-            "'#' and '@' in the password (%2F, %3F, %23, %40)"
-        )
-    parts = urlsplit(url)
-    if {"password", "username"} & {name.lower() for name, _ in parse_qsl(parts.query)}:
-        # redis-py takes them, but kombu (the Celery broker) fails on them with a TypeError.
-        raise ValueError(
-            f"invalid Redis URL {shown}: give the credentials as user info "
-            "(redis://:PASSWORD@host:6379/0 or redis://USER:PASSWORD@host:6379/0), not in the query"
-        )
-    try:
-        parts.port
-    except ValueError:
-        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
-        raise ValueError(
-            f"invalid Redis URL {shown}: the port {port!r} is not a number from 1 to 65535"
-        ) from None
-    try:
-        parse_url(url)
-    except ValueError as exc:
-        reason = str(exc)
-        if "scheme" in reason:
-            reason = "the scheme must be redis://, rediss:// or unix://"
-        raise ValueError(f"invalid Redis URL {shown}: {reason}") from None
-    if parts.scheme in ("redis", "rediss"):
-        db = unquote(parts.path).strip("/")
-        if db and not db.isdigit():
-            # redis-py would silently use database 0 instead.
-            raise ValueError(f"invalid Redis URL {shown}: the database {db!r} is not a number")
-        if not parts.hostname:
-            raise ValueError(f"invalid Redis URL {shown}: no host")
-    return url
-
-
-def format_validation_error(
-    exc: ValidationError, prefix: str = "", names: Optional[Mapping[str, str]] = None
-) -> str:
-    """One line per problem, each naming the field, for people rather than programs. ``names``
-    maps a field to what the user wrote for it (an option such as ``--redis-url``)."""
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
-        msg = err["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        if names and loc in names:
-            loc = names[loc]
-        elif loc == "(root)" and prefix:
-            parts.append(msg)  # a rule across settings: its message names them
-            continue
-        elif prefix:
-            loc = prefix + loc.upper()
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)

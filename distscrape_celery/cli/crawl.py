@@ -13,7 +13,8 @@ from ..errors import JobConflict, SaveError
 from ..job.spec import JobSpec
 from ..lifecycle import Terminated, stop_signals
 from ..redaction import escape, redact
-from ..settings import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY, ENV_PREFIX, Settings
+from ..local.shape import CRAWL_DEFAULTS, DEFAULT_CRAWL_CONCURRENCY
+from ..settings import ENV_PREFIX, Settings
 from ..tracker.keys import check_job_name
 from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_tracker, settings_for
 from .progress import CrawlProgress

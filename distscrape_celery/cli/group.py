@@ -52,7 +52,7 @@ def redis_runtime(settings: Settings):
     """(tracker, manager) on the tracker Redis of ``settings``, the Celery app configured."""
     from ..worker.app import configure_app
     from ..core.manager import CrawlManager
-    from ..worker.tasks import publisher
+    from ..worker.publish import publisher
     from ..tracker import RedisTracker
 
     tracker = RedisTracker.from_settings(settings)

@@ -14,11 +14,11 @@ from pydantic import (
     BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
 )
 
-from ..errors import ConfigError
+from ..errors import ConfigError, format_validation_error
 from ..tracker.keys import NO_DOMAIN, domain_of
 from .patterns import DEFAULT_REGEX_SECONDS, compile_pattern
 from ..redaction import redact
-from ..settings import format_validation_error, is_redis_url
+from ..redis_urls import is_redis_url
 from ..tracker.model import CrawlLimits, DomainLimits
 from .urls import (
     DEFAULT_MAX_URL_LENGTH, DEFAULT_TRACKING_PARAMS, MAX_URL_CHARS, Canonicalizer, host_name_error,

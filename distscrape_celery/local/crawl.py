@@ -25,7 +25,8 @@ from ..job.spec import JobSpec
 from .processes import WorkerProcess, can_fork_workers
 from ..core.manager import CrawlManager
 from ..savers.shards import Joined
-from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings, crawl_worker_processes
+from ..settings import Settings
+from .shape import DEFAULT_CRAWL_CONCURRENCY, crawl_worker_processes
 from ..tracker import JobStats, RedisTracker
 from ..job.urls import url_host
 
@@ -286,7 +287,7 @@ def run_local_crawl(
     However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
     :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
     from ..worker.app import configure_app
-    from ..worker.tasks import publisher
+    from ..worker.publish import publisher
 
     if state_dir is not None and not embedded_redis:
         raise ValueError("state_dir is for the embedded Redis")
@@ -319,7 +320,7 @@ def run_local_crawl(
             # Threads, not prefork: the prefork parent costs a third of the CPU per page.
             # Time limits do not apply to threads; reserved_items gives up a task's lease
             # after task_time_limit instead. Where it can, one process imports everything
-            # once and forks the workers (worker_main --forks).
+            # once and forks the workers (worker.main --forks).
             shape = crawl_worker_processes(concurrency)
             if can_fork_workers():
                 workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",
@@ -402,7 +403,7 @@ def run_in_memory_crawl(
     from ..worker.agent import WorkerAgent
     from ..worker.app import app, configure_app
     from ..core.runtime import Runtime, install_runtime
-    from ..worker.tasks import publisher
+    from ..worker.publish import publisher
 
     settings = with_own_output_root(settings, spec)
     configure_app(settings, in_memory=True)

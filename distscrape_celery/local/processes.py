@@ -66,16 +66,16 @@ class WorkerProcess:
         self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="distscrape-worker-"), f"{name}.log")
         self.extra_env = extra_env or {}
         self.include = list(include)  # modules the worker imports (e.g. job_finished hooks)
-        # Several workers forked from one process, one per concurrency (worker_main --forks),
+        # Several workers forked from one process, one per concurrency (worker.main --forks),
         # named NAME-1, NAME-2, ...; the process started here supervises them.
         self.forks = list(forks) if forks else None
         self.proc: Optional[subprocess.Popen] = None
 
     def command(self) -> list[str]:
         # The same worker as `celery -A distscrape_celery worker`, started without Celery's
-        # command line and its plugins (see worker_main).
+        # command line and its plugins (see worker.main).
         return [
-            sys.executable, "-m", "distscrape_celery.worker_main",
+            sys.executable, "-m", "distscrape_celery.worker.main",
             "-Q", f"{self.settings.scrape_queue},{self.settings.save_queue}", "-P", self.pool,
             *(["--forks", ",".join(map(str, self.forks))] if self.forks
               else ["-c", str(self.concurrency)]),
@@ -123,7 +123,7 @@ class WorkerProcess:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the worker's whole process group (parent and pool processes), and
-        to each forked worker's own group (see worker_main), before their supervisor's."""
+        to each forked worker's own group (see worker.main), before their supervisor's."""
         if self.proc is None:
             return
         for pid in [*self.forked_pids(), self.proc.pid]:
@@ -162,7 +162,7 @@ class WorkerProcess:
 
 
 def can_fork_workers() -> bool:
-    """Whether workers may be forked from one supervisor here (worker_main ``--forks``): Linux
+    """Whether workers may be forked from one supervisor here (worker.main ``--forks``): Linux
     only, where a forked worker ends with its supervisor and the supervisor's children can be
     listed, so that :meth:`WorkerProcess.kill` reaches every one."""
     return sys.platform.startswith("linux") and child_pids(os.getpid()) is not None

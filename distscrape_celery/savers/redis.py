@@ -13,7 +13,7 @@ from ..errors import ConfigError, SaveError
 from ..web.fetch import Download
 from ..job.spec import SaverSpec
 from ..redaction import redact
-from ..settings import is_redis_url
+from ..redis_urls import is_redis_url
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")

@@ -26,7 +26,7 @@ import redis
 
 from ..core.runtime import Runtime
 from ..errors import JobNotFound, TrackerUnavailable
-from ..events import job_finished
+from .events import job_finished
 from .lost_saves import LostSaves
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK, save_pairs
 
@@ -103,11 +103,11 @@ def _snapshot(requests) -> list:
 
 def _merged(*by_job: dict[str, Iterable[tuple[str, int]]]) -> dict[str, set[tuple[str, int]]]:
     """The union, job by job, of (item, token) pairs."""
-    out: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    merged: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for pairs_by_job in by_job:
         for job, pairs in pairs_by_job.items():
-            out[job].update(pairs)
-    return out
+            merged[job].update(pairs)
+    return merged
 
 
 class WorkerAgent:
@@ -122,7 +122,7 @@ class WorkerAgent:
         held_items: HeldItems = reserved_items,
         interval: Optional[float] = None,
     ) -> None:
-        self.rt = runtime
+        self.runtime = runtime
         self.concurrency = concurrency
         self.publish = publish
         self.held_items = held_items
@@ -145,24 +145,25 @@ class WorkerAgent:
         self._received_saves: dict[str, set[tuple[str, int]]] = defaultdict(set)
 
     def register(self) -> str:
-        worker_id = self.rt.tracker.register_worker(socket.gethostname(), os.getpid(), self.concurrency)
-        self.rt.worker_id = worker_id
+        worker_id = self.runtime.tracker.register_worker(socket.gethostname(), os.getpid(),
+                                                         self.concurrency)
+        self.runtime.worker_id = worker_id
         log.info("registered as worker %s", worker_id)
         return worker_id
 
     def tick(self) -> Optional[float]:
         """One heartbeat: stay alive, keep held leases, recover expired ones, top up dispatch.
         Returns the seconds until dispatch can hand out more (None: not by time alone)."""
-        tracker = self.rt.tracker
-        tracker.heartbeat(self.rt.worker_id)
+        tracker = self.runtime.tracker
+        tracker.heartbeat(self.runtime.worker_id)
         with self._saves_lock:  # before the snapshot, so nothing falls between the two
             received, self._received_saves = self._received_saves, defaultdict(set)
         held_items = self.held_items()
         self._reserved_saves = _merged({job: held.saves for job, held in held_items.items()},
                                        received)
         for job, held in held_items.items():
-            tracker.extend(job, held.items, self.rt.worker_id, held.saves, held.running)
-        pruned = tracker.prune_workers(self.rt.settings.worker_prune_seconds)
+            tracker.extend(job, held.items, self.runtime.worker_id, held.saves, held.running)
+        pruned = tracker.prune_workers(self.runtime.settings.worker_prune_seconds)
         if pruned:
             log.info("pruned the records of dead worker(s) %s", ", ".join(pruned))
         self._ticks += 1
@@ -175,11 +176,11 @@ class WorkerAgent:
     def _expire_lost_saves(self, jobs: list[str]) -> None:
         """Items whose save message a dead worker took from the Redis broker wait a lease, not the
         save timeout (see :mod:`.lost_saves`); the maintenance that follows reclaims them."""
-        settings = self.rt.settings
-        if not self.rt.finds_lost_saves:
+        settings = self.runtime.settings
+        if not self.runtime.finds_lost_saves:
             return  # another broker's queue cannot be read: they wait out the save timeout
         if self._lost_saves is None:
-            tracker = self.rt.tracker
+            tracker = self.runtime.tracker
             broker = (tracker.client if settings.effective_broker_url == tracker.url
                       and not tracker.cluster else redis.Redis.from_url(
                           settings.effective_broker_url, socket_timeout=settings.redis_socket_timeout,
@@ -202,38 +203,39 @@ class WorkerAgent:
         """Maintain every active job (``jobs``, if the caller has just listed them); the soonest
         wake of any (see :meth:`tick`)."""
         wake: Optional[float] = None
-        for job in self.rt.tracker.active_jobs() if jobs is None else jobs:
+        for job in self.runtime.tracker.active_jobs() if jobs is None else jobs:
             try:
-                w = self._maintain(job)
+                job_wake = self._maintain(job)
             except Exception as exc:  # one broken job must not stop recovery of the others
-                why = f"{type(exc).__name__}: {exc}"
-                if self._failing.get(job) != why:
+                failure = f"{type(exc).__name__}: {exc}"
+                if self._failing.get(job) != failure:
                     log.exception("maintenance of job %s failed (logged again only if the "
                                   "failure changes)", job)
-                    self._failing[job] = why
+                    self._failing[job] = failure
                 continue
             if self._failing.pop(job, None) is not None:
                 log.warning("maintenance of job %s works again", job)
-            if w is not None and (wake is None or w < wake):
-                wake = w
+            if job_wake is not None and (wake is None or job_wake < wake):
+                wake = job_wake
         return wake
 
     def _maintain(self, job: str) -> Optional[float]:
-        res = self.rt.tracker.maintain(job, max_lost=self.rt.spec(job).max_lost)
-        if res.reclaimed or res.died:
-            log.warning("job %s: reclaimed %d expired item(s), %d dead", job, res.reclaimed, res.died)
-        if res.requeued:
+        outcome = self.runtime.tracker.maintain(job, max_lost=self.runtime.spec(job).max_lost)
+        if outcome.reclaimed or outcome.died:
+            log.warning("job %s: reclaimed %d expired item(s), %d dead", job, outcome.reclaimed,
+                        outcome.died)
+        if outcome.requeued:
             log.info("job %s: queued %d item(s) again whose scrape message did not start within "
-                     "a lease", job, res.requeued)
-        if res.dispatch:
-            self.publish(job, res.dispatch)
-        if res.finished:
-            info = self.rt.tracker.job_info(job)
+                     "a lease", job, outcome.requeued)
+        if outcome.dispatch:
+            self.publish(job, outcome.dispatch)
+        if outcome.finished:
+            info = self.runtime.tracker.job_info(job)
             log.warning("job %s finished: %s", job,
                         ", ".join(f"{n} {v}" for n, v in info.final.items()))
             # Receivers' exceptions are logged by the signal; they cannot stop the heartbeat.
             job_finished.send(sender=self, job=job, info=info)
-        return res.wake
+        return outcome.wake
 
     def _run(self) -> None:
         failing = False
@@ -282,9 +284,9 @@ class WorkerAgent:
             # from now; its reserved save messages go back to the broker.
             with self._saves_lock:
                 returning = _merged(self._reserved_saves, self._received_saves)
-            for job in self.rt.tracker.jobs():
+            for job in self.runtime.tracker.jobs():
                 try:
-                    released = self.rt.tracker.release(job, self.rt.worker_id,
+                    released = self.runtime.tracker.release(job, self.runtime.worker_id,
                                                        sorted(returning.get(job, ())))
                 except JobNotFound:  # being deleted
                     continue
@@ -292,7 +294,7 @@ class WorkerAgent:
                     log.warning("job %s: gave back %d unfinished item(s) (those it held, and "
                                 "the job's dispatched ones: any may be a message it never sent)",
                                 job, released)
-            self.rt.tracker.deregister_worker(self.rt.worker_id)
+            self.runtime.tracker.deregister_worker(self.runtime.worker_id)
         except Exception:
-            log.exception("could not deregister worker %s", self.rt.worker_id)
-        self.rt.close()
+            log.exception("could not deregister worker %s", self.runtime.worker_id)
+        self.runtime.close()

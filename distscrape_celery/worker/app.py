@@ -41,6 +41,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": broker_url,
         "broker_vhost": broker_vhost,
+        **_serialization_and_results(),
+        **_delivery(settings),
+        "broker_transport_options": _broker_transport_options(settings),
+        **_reconnection(),
+        "worker_hijack_root_logger": False,
+    }
+
+
+def _serialization_and_results() -> dict[str, Any]:
+    """What messages may carry, and what becomes of a task's result and events."""
+    return {
         # JSON only: a pickle payload from the broker would run code in the worker.
         "task_serializer": "json",
         "result_serializer": "json",
@@ -53,6 +64,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # are off unless asked for: the documented worker commands pass -E, and Flower turns them
         # on in every worker while it runs.
         "worker_send_task_events": False,
+    }
+
+
+def _delivery(settings: Settings) -> dict[str, Any]:
+    """How tasks reach a worker, and how long they may run there."""
+    return {
         # A task is acknowledged only after it ran, and re-delivered if its worker died, so the
         # broker backs up the tracker's own lease recovery.
         "task_acks_late": True,
@@ -70,29 +87,39 @@ def celery_config(settings: Settings) -> dict[str, Any]:
                         SAVE_BATCH_TASK: {"queue": settings.save_queue}},
         "task_soft_time_limit": settings.task_soft_time_limit,
         "task_time_limit": settings.task_time_limit,
+    }
+
+
+def _broker_transport_options(settings: Settings) -> dict[str, Any]:
+    """The Redis transport's options (other transports ignore them)."""
+    return {
         # The Redis transport re-delivers an unacknowledged message after this; it must exceed
         # every task's time limit or a running task would be handed to a second worker.
-        "broker_transport_options": {
-            "visibility_timeout": settings.visibility_timeout,
-            "ack_emulation": settings.broker_ack_emulation,
-            # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
-            # out, dead peers are found by keepalive and health checks, and the consumer then
-            # reconnects. Well above the BRPOP timeout (polling_interval, below).
-            "socket_timeout": settings.redis_socket_timeout,
-            "socket_connect_timeout": 10,
-            "socket_keepalive": True,
-            "health_check_interval": 25,
-            # How long an idle consumer's BRPOP blocks (kombu's brpop_timeout, 1 s by default).
-            # A worker stopping waits for the BRPOP in flight to answer, so this is how long a
-            # warm shutdown of an idle worker takes at most; an idle worker polls 4 times a second.
-            "polling_interval": BRPOP_SECONDS,
-            # One list per queue: nothing here publishes with a priority. kombu's default keeps
-            # four (priorities 0, 3, 6, 9), and every BRPOP then waits on 8 keys for our 2
-            # queues (what one list saves is within noise: docs/performance.md). A message with
-            # a priority still arrives (in the one list); one that another kombu left in a
-            # priority list is not taken by these workers (lost_saves still reads those lists).
-            "priority_steps": PRIORITY_STEPS,
-        },
+        "visibility_timeout": settings.visibility_timeout,
+        "ack_emulation": settings.broker_ack_emulation,
+        # A Redis that hangs (partition, SIGSTOP) must not block a worker forever: reads time
+        # out, dead peers are found by keepalive and health checks, and the consumer then
+        # reconnects. Well above the BRPOP timeout (polling_interval, below).
+        "socket_timeout": settings.redis_socket_timeout,
+        "socket_connect_timeout": 10,
+        "socket_keepalive": True,
+        "health_check_interval": 25,
+        # How long an idle consumer's BRPOP blocks (kombu's brpop_timeout, 1 s by default).
+        # A worker stopping waits for the BRPOP in flight to answer, so this is how long a
+        # warm shutdown of an idle worker takes at most; an idle worker polls 4 times a second.
+        "polling_interval": BRPOP_SECONDS,
+        # One list per queue: nothing here publishes with a priority. kombu's default keeps
+        # four (priorities 0, 3, 6, 9), and every BRPOP then waits on 8 keys for our 2
+        # queues (what one list saves is within noise: docs/performance.md). A message with
+        # a priority still arrives (in the one list); one that another kombu left in a
+        # priority list is not taken by these workers (lost_saves still reads those lists).
+        "priority_steps": PRIORITY_STEPS,
+    }
+
+
+def _reconnection() -> dict[str, Any]:
+    """What a worker does when it loses the broker."""
+    return {
         # Ride out any Redis outage: reconnect forever (Celery's default gives up after 100
         # tries), at start-up too. Nothing is lost meanwhile: the tracker holds the crawl's state.
         "broker_connection_retry": True,
@@ -102,12 +129,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # redelivered after the reconnect and that duplicate does nothing (the tracker's fencing
         # tokens). Cancelling it, as Celery 6 will by default, would throw the download away.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        "worker_hijack_root_logger": False,
     }
 
 
 # Celery imports the task modules and the worker's signal hooks when a worker starts, before
-# its worker_init signal; a process that only publishes imports worker.tasks itself.
+# its worker_init signal; a process that only publishes imports worker.publish itself.
 app = Celery(
     "distscrape_celery",
     include=["distscrape_celery.worker.tasks", "distscrape_celery.worker.signals"],

@@ -75,9 +75,18 @@ def apply() -> None:
     channel_cls = kombu_redis.Channel
     if getattr(channel_cls, _MARK, False):
         return
+    _remember_connection(channel_cls)
+    _keep_one_client(channel_cls)
+    _start_blmpop(channel_cls)
+    _read_blmpop(channel_cls)
+    setattr(channel_cls, _MARK, True)
+
+
+def _remember_connection(channel_cls) -> None:
+    """The crash: a channel keeps its connection's parameters from its creation, and uses them
+    when the transport has already forgotten them."""
     original_init = channel_cls.__init__
     original_connparams = channel_cls._connparams
-    original_create_client = channel_cls._create_client
 
     def __init__(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
@@ -94,6 +103,14 @@ def apply() -> None:
                 transport.client = None
         return original_connparams(self, asynchronous)
 
+    channel_cls.__init__ = __init__
+    channel_cls._connparams = _connparams
+
+
+def _keep_one_client(channel_cls) -> None:
+    """The cost: a channel keeps one synchronous client per connection pool."""
+    original_create_client = channel_cls._create_client
+
     def _create_client(self, asynchronous=False):
         if asynchronous:
             return original_create_client(self, asynchronous)
@@ -102,8 +119,14 @@ def apply() -> None:
             client = self._distscrape_client = original_create_client(self, asynchronous)
         return client
 
+    channel_cls._create_client = _create_client
+
+
+def _start_blmpop(channel_cls) -> None:
+    """The round trips, sending: a consumer with room for more than one message on Redis 7 or
+    later sends BLMPOP for up to that many, and marks the channel so that the read that follows
+    expects its reply (:func:`_read_blmpop`); otherwise BRPOP, as kombu would."""
     original_brpop_start = channel_cls._brpop_start
-    original_brpop_read = channel_cls._brpop_read
 
     def _brpop_start(self, timeout=None):
         self._distscrape_many = False
@@ -123,6 +146,14 @@ def apply() -> None:
         self._distscrape_many = True
         self.client.connection.send_command(
             "BLMPOP", timeout or 0, len(keys), *keys, "RIGHT", "COUNT", room)
+
+    channel_cls._brpop_start = _brpop_start
+
+
+def _read_blmpop(channel_cls) -> None:
+    """The round trips, reading: the reply of a BLMPOP that :func:`_start_blmpop` sent is read
+    and every message in it delivered; a BRPOP's reply is read as kombu would."""
+    original_brpop_read = channel_cls._brpop_read
 
     def _brpop_read(self, **options):
         if not getattr(self, "_distscrape_many", False):
@@ -145,25 +176,25 @@ def apply() -> None:
             if not reply:
                 raise Empty()
             key, items = reply
-            dest = bytes_to_str(key).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            for n, item in enumerate(items):
-                try:
-                    self.connection._deliver(loads(bytes_to_str(item)), dest)
-                except BaseException:
-                    # The messages not yet delivered go back where they were popped from, in
-                    # their order (stock kombu loses the one message it was delivering).
-                    if items[n + 1:]:
-                        self._create_client().rpush(key, *reversed(items[n + 1:]))
-                    raise
+            _deliver_popped(self, key, items)
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
 
-    channel_cls.__init__ = __init__
-    channel_cls._connparams = _connparams
-    channel_cls._create_client = _create_client
-    channel_cls._brpop_start = _brpop_start
     channel_cls._brpop_read = _brpop_read
-    setattr(channel_cls, _MARK, True)
+
+
+def _deliver_popped(channel, key, items) -> None:
+    """Deliver the messages one BLMPOP popped from the list ``key``, in their order."""
+    queue = bytes_to_str(key).rsplit(channel.sep, 1)[0]
+    channel._queue_cycle.rotate(queue)
+    for n, item in enumerate(items):
+        try:
+            channel.connection._deliver(loads(bytes_to_str(item)), queue)
+        except BaseException:
+            # The messages not yet delivered go back where they were popped from, in their
+            # order (stock kombu loses the one message it was delivering).
+            if items[n + 1:]:
+                channel._create_client().rpush(key, *reversed(items[n + 1:]))
+            raise

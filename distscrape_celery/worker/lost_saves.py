@@ -36,7 +36,7 @@ def queued_saves(client: redis.Redis, queue: str) -> set[tuple[str, str, int]]:
     pipe = client.pipeline(transaction=False)
     for p in PRIORITY_STEPS:
         pipe.lrange(f"{queue}{Channel.sep}{p}" if p else queue, 0, -1)
-    out: set[tuple[str, str, int]] = set()
+    saves: set[tuple[str, str, int]] = set()
     for raw in (m for messages in pipe.execute() for m in messages):
         try:
             message = json.loads(raw)
@@ -47,10 +47,10 @@ def queued_saves(client: redis.Redis, queue: str) -> set[tuple[str, str, int]]:
             if message.get("properties", {}).get("body_encoding") == "base64":
                 body = base64.b64decode(body)
             args = json.loads(body)[0]
-            out.update((args[0], item, token) for item, token in save_pairs(task, args))
+            saves.update((args[0], item, token) for item, token in save_pairs(task, args))
         except (ValueError, TypeError, KeyError, IndexError):
             continue
-    return out
+    return saves
 
 
 class LostSaves:
@@ -85,11 +85,11 @@ class LostSaves:
         self._missing[job] = {pair: n for pair, n in missing.items() if pair not in lost}
         if not lost:
             return 0
-        n = self.tracker.expire_saves(job, sorted(lost))
-        if n:
+        expired = self.tracker.expire_saves(job, sorted(lost))
+        if expired:
             log.warning("job %s: %d item(s) whose save message left the broker with a worker "
-                        "that died: queued again", job, n)
-        return n
+                        "that died: queued again", job, expired)
+        return expired
 
     def forget_others(self, jobs: Iterable[str]) -> None:
         """Drop what is remembered of jobs not in ``jobs`` (finished, cancelled, deleted)."""

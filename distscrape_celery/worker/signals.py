@@ -27,7 +27,8 @@ from ..tracker import checks as redis_checks
 from .agent import WorkerAgent, reserved_items
 from .app import current_settings
 from .names import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
-from .tasks import flush_saves, publisher
+from .publish import publisher
+from .tasks import flush_saves
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +43,14 @@ def _runtime_for_worker() -> Runtime:
 def _on_worker_init(sender, **_):
     """Register before the pool forks, so every pool process inherits the worker ID."""
     global _agent
-    rt = _runtime_for_worker()
-    if rt.in_memory:
+    worker_runtime = _runtime_for_worker()
+    if worker_runtime.in_memory:
         return
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else os.cpu_count() or 1
+    max_running = worker_runtime.settings.task_time_limit
     _agent = WorkerAgent(
-        rt, concurrency=concurrency, publish=publisher.scrape,
-        held_items=functools.partial(reserved_items, max_running=rt.settings.task_time_limit),
+        worker_runtime, concurrency=concurrency, publish=publisher.scrape,
+        held_items=functools.partial(reserved_items, max_running=max_running),
     )
     _agent.register()
     # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
@@ -62,15 +64,15 @@ def _on_worker_logging_ready(sender=None, **_):
     """Say where the worker went, and what its Redis weakens, once Celery has set up its logging:
     at ``worker_init`` a ``--logfile`` is not open yet, so a detached worker (``celery multi``)
     would send these lines to a closed stderr."""
-    rt = _runtime_for_worker()
-    tracker = rt.tracker
-    if rt.in_memory or not isinstance(tracker, RedisTracker):
+    worker_runtime = _runtime_for_worker()
+    tracker = worker_runtime.tracker
+    if worker_runtime.in_memory or not isinstance(tracker, RedisTracker):
         return
     # WARNING, Celery's default level for workers: an operator starting a worker sees where
     # it went whatever the log level (the URL's password is redacted).
-    log.warning("worker %s connected to Redis at %s", rt.worker_id, tracker.url)
+    log.warning("worker %s connected to Redis at %s", worker_runtime.worker_id, tracker.url)
     redis_checks.warn_about(tracker.client, tracker.url)
-    if rt.settings.output_roots is None:
+    if worker_runtime.settings.output_roots is None:
         log.warning(
             "%sOUTPUT_ROOTS is unset: this worker refuses every files, tar and warc output (their "
             "items end dead) until it names the directories the worker may write", ENV_PREFIX
@@ -113,7 +115,7 @@ def _guard_cold_shutdown(pool: object) -> None:
     that pool process, which waits for the rest of the task. Wrap Celery's handler: past
     COLD_SHUTDOWN_SECONDS such a worker gives back what it holds and ends, pool processes too
     (they were being cancelled anyway). Other pools are left to Celery."""
-    # Not imported here: a threads worker forked by worker_main must not load the prefork pool.
+    # Not imported here: a threads worker forked by worker.main must not load the prefork pool.
     prefork = sys.modules.get("celery.concurrency.prefork")
     if prefork is None or not isinstance(pool, prefork.TaskPool):
         return

@@ -28,7 +28,7 @@ from distscrape_celery.core.runtime import Runtime
 from distscrape_celery.savers import FileItemSaver
 from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.tracker import keys
 from tests.support.http import reply, serve

@@ -37,7 +37,8 @@ from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.worker.lost_saves import queued_saves
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.settings import Settings
-from distscrape_celery.worker.tasks import publisher, save as save_task
+from distscrape_celery.worker.publish import publisher
+from distscrape_celery.worker.tasks import save as save_task
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.job.urls import normalize_url
 

@@ -18,7 +18,7 @@ from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.tracker import Fault, RedisTracker
 from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.worker.app import configure_app
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 # The redirect target of the report, byte for byte: set the window title, then clear the screen.
 TITLE_AND_CLEAR = "x-a:///\x1b]0;PWNED\x07\x1b[2J"

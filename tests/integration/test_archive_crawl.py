@@ -24,7 +24,7 @@ from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, tar_index
 from distscrape_celery.savers.tar import TarShard, tar_shards
 from distscrape_celery.savers.warc import warc_shards
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.tracker.model import LeaseStatus
 

@@ -28,7 +28,7 @@ from distscrape_celery.job.spec import JobSpec, build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, tar_index
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import MAX_ADD_BATCH, RedisTracker
 from distscrape_celery.tracker.redis.items import ADD_STREAM_PIPELINE
 

@@ -27,7 +27,7 @@ from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker.redis.staging import RedisBodyStaging
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import Fault, JobAction, JobState, LeaseStatus, RedisTracker, SaveStart
 from distscrape_celery.tracker.model import CrawlLimits
 from distscrape_celery.tracker.redis import connect

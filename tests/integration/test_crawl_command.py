@@ -32,8 +32,8 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.local.processes import WorkerProcess, can_fork_workers, wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
-from distscrape_celery.worker.tasks import publisher
-from distscrape_celery.settings import crawl_worker_processes
+from distscrape_celery.worker.publish import publisher
+from distscrape_celery.local.shape import crawl_worker_processes
 from distscrape_celery.tracker import RedisTracker
 
 # Worker processes of `crawl --concurrency 2`: two per core, at most one per task.
@@ -124,7 +124,7 @@ def started_children(crawl: Crawl) -> dict[int, int]:
     def ready() -> bool:
         found = descendants(crawl.proc.pid)
         cmds = [_comm(p) for p in found]
-        # Forked workers have their supervisor beside them (worker_main --forks).
+        # Forked workers have their supervisor beside them (worker.main --forks).
         return (any("redis-server" in c for c in cmds)
                 and sum("celery" in c and "worker" in c for c in cmds)
                 >= CRAWL_WORKERS + can_fork_workers())
@@ -746,7 +746,7 @@ def test_crawl_splits_its_concurrency_over_two_worker_processes_per_core():
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "one-by-one"])
 def test_the_crawl_forks_its_workers_where_it_can_and_starts_them_one_by_one_elsewhere(
         forked, small_site, tmp_path, monkeypatch):
-    """Forked from one supervisor on Linux (worker_main --forks); one process each where that
+    """Forked from one supervisor on Linux (worker.main --forks); one process each where that
     cannot be done. Either way every page is saved."""
     from distscrape_celery.local import crawl as crawl_module
     from distscrape_celery.local.crawl import run_local_crawl

@@ -14,7 +14,7 @@ from distscrape_celery.worker.app import configure_app
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker
 
 

@@ -13,7 +13,7 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.core.runtime import Runtime, install_runtime
 from distscrape_celery.settings import Settings
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 
 @pytest.fixture(scope="module")

@@ -157,7 +157,7 @@ def test_a_job_seeded_again_after_delete_follows_its_new_spec(redis_url, workers
     from distscrape_celery.core.manager import CrawlManager
     from distscrape_celery.job.spec import build_spec
     from distscrape_celery.worker.app import configure_app
-    from distscrape_celery.worker.tasks import publisher
+    from distscrape_celery.worker.publish import publisher
 
     site = generate_site(n_pages=30, seed=5, unreachable=0)
     settings = crawl_settings(redis_url, lease_seconds=30)

@@ -214,7 +214,7 @@ def test_a_worker_follows_no_link_past_the_cap_or_the_hrefs_bound(redis_url, wor
     from distscrape_celery.local.processes import wait_for_workers
     from distscrape_celery.tracker import RedisTracker
     from distscrape_celery.worker.app import configure_app
-    from distscrape_celery.worker.tasks import publisher
+    from distscrape_celery.worker.publish import publisher
 
     cap, off_site = 100, MANY_HREFS
     links = lambda prefix, count: "".join(  # noqa: E731

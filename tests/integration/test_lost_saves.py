@@ -16,7 +16,7 @@ from distscrape_celery.worker.app import configure_app
 from distscrape_celery.tracker.keys import JobKeys
 from distscrape_celery.worker.lost_saves import LostSaves, queued_saves
 from distscrape_celery.core.pipeline import ItemPipeline
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from tests.support.pipeline import pipeline_env
 from tests.support.tracker_state import live_items
 

@@ -20,7 +20,7 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.cli.exporter import _DoneRate, crawl_registry, render
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker
 
 AUTH = "prom:s3cret-pw"

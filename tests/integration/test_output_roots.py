@@ -26,7 +26,7 @@ from distscrape_celery.savers import FileItemSaver
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.worker.app import configure_app
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 SEED = "http://127.0.0.1:9/"
 # What Python would run at the next start of the user whose user site receives it.

@@ -24,7 +24,7 @@ from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import FileItemSaver, TarItemSaver
 from distscrape_celery.settings import Settings
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import InMemoryTracker, RedisTracker
 
 SEED = "http://127.0.0.1:9/"

@@ -10,7 +10,7 @@ from tests.support.crawl import crawl_settings
 from distscrape_celery.tracker import Urgent
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.names import SAVE_QUEUE, SCRAPE_QUEUE, SCRAPE_TASK
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 
 
 def _queued(client) -> tuple[int, int]:
@@ -199,12 +199,12 @@ def test_a_thread_keeps_its_producer_between_batches(redis_url, redis_client, mo
 def test_a_failed_batch_leaves_the_next_one_a_fresh_connection(redis_url, redis_client):
     configure_app(crawl_settings(redis_url))
     publisher.scrape("j", ["warm"])
-    first = publisher._own().producer
+    first = publisher._kept_producer().producer
     with pytest.raises(RuntimeError):
         with publisher.batch():
             publisher.scrape("j", ["lost"])
             raise RuntimeError("the broker went away mid-batch")
-    assert publisher._own().producer is not first
+    assert publisher._kept_producer().producer is not first
     before = _queued(redis_client)
     publisher.scrape("j", ["after"])
     assert _queued(redis_client) == (before[0] + 1, before[1])
@@ -382,12 +382,12 @@ def test_a_redis_client_that_retries_keeps_kombus_own_publishing(redis_url, redi
         configure_app(crawl_settings(redis_url))
         app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                              "retry_on_timeout": True}
-        assert publisher._own().redis is None
+        assert publisher._kept_producer().redis is None
         publisher.scrape("j", ["a", "b"])
         assert [_fields(m)["body"][0][1] for m in _received(SCRAPE_QUEUE, 2)] == ["a", "b"]
     finally:
         configure_app(crawl_settings(redis_url))
-    assert publisher._own().redis is not None
+    assert publisher._kept_producer().redis is not None
 
 
 def test_a_batch_for_two_lists_goes_to_the_prefixed_lists(redis_url, redis_client):
@@ -414,9 +414,9 @@ def test_a_queue_that_expires_keeps_kombus_own_publishing(redis_url, redis_clien
 
     configure_app(crawl_settings(redis_url))
     monkeypatch.setattr(app.amqp.queues[SCRAPE_QUEUE], "expires", 600.0)
-    publisher._drop_own_producer()
+    publisher._drop_kept_producer()
     try:
-        assert publisher._own().redis is None
+        assert publisher._kept_producer().redis is None
         with publisher.batch():
             publisher.scrape("j", ["a"])
             publisher.save("j", "page", 7, {})
@@ -424,4 +424,4 @@ def test_a_queue_that_expires_keeps_kombus_own_publishing(redis_url, redis_clien
         assert 0 < redis_client.pttl(SCRAPE_QUEUE) <= 600_000
     finally:
         monkeypatch.undo()
-        publisher._drop_own_producer()
+        publisher._drop_kept_producer()

@@ -20,7 +20,7 @@ from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.savers import RedisItemSaver
 from distscrape_celery.settings import Settings
-from distscrape_celery.worker.tasks import publisher
+from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker
 
 

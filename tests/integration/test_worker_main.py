@@ -1,4 +1,4 @@
-"""The worker processes that `distscrape crawl` and the tests start (distscrape_celery.worker_main):
+"""The worker processes that `distscrape crawl` and the tests start (distscrape_celery.worker.main):
 the same worker as `celery -A distscrape_celery worker`, without Celery's command line."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from distscrape_celery.errors import EmbeddedServiceError
 from distscrape_celery.local.processes import WorkerProcess, wait_for_workers
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
-from distscrape_celery.worker_main import forked_name, parse_args
+from distscrape_celery.worker.main import forked_name, parse_args
 
 def wait_for_line(worker: WorkerProcess, pattern: str, timeout: float = 60) -> re.Match:
     deadline = time.monotonic() + timeout
@@ -64,7 +64,7 @@ def test_the_options_are_celery_workers_own():
 
 @contextlib.contextmanager
 def forked(redis_url: str, tmp_path, forks: list[int], include: str = "tests.plugins.loaded_modules"):
-    """``worker_main --forks FORKS`` on ``redis_url``, once every worker has registered: (its
+    """``worker.main --forks FORKS`` on ``redis_url``, once every worker has registered: (its
     WorkerProcess, the tracker, the forked workers' pids). Stopped on the way out."""
     settings = Settings(redis_url=redis_url)
     tracker = RedisTracker.from_settings(settings)
@@ -110,7 +110,7 @@ def test_forked_workers_are_named_apart_each_in_its_own_session_and_stop_togethe
         host = socket.gethostname()
         for n in (1, 2):
             wait_for_line(worker, re.escape(f"forked-{n}@{host} ready."))
-        # Each its own session (and process group), as a worker started alone: see worker_main.
+        # Each its own session (and process group), as a worker started alone: see worker.main.
         assert [os.getsid(p) for p in pids] == pids
         assert os.getsid(worker.proc.pid) not in pids
         # What a worker imports is imported before the fork, once.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from distscrape_celery.events import job_finished
+from distscrape_celery.worker.events import job_finished
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Loaded with ``-I tests.plugins.loaded_modules``: when the worker is ready it logs which
 modules of Celery's command line (and the plugins that loads) the process holds, and, in a worker
-forked by ``worker_main --forks``, which modules it imported itself after the fork."""
+forked by ``worker.main --forks``, which modules it imported itself after the fork."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def _report(**_):
 
 @worker_ready.connect
 def _report_after_fork(**_):
-    from distscrape_celery import worker_main
+    from distscrape_celery.worker import main
 
-    if worker_main.preloaded_modules:
-        late = sorted(set(sys.modules) - worker_main.preloaded_modules)
+    if main.preloaded_modules:
+        late = sorted(set(sys.modules) - main.preloaded_modules)
         log.warning("modules imported after the fork: %d %s", len(late), late)

@@ -39,7 +39,7 @@ class DyingScraper(_Controlled):
 def _die_before_publishing_save_of(item: str) -> None:
     """In this process, make the publisher kill the whole worker instead of sending the save
     message of ``item``, alone or in a batch (the pipeline sends it after ``tracker.scraped``)."""
-    from distscrape_celery.worker.tasks import publisher
+    from distscrape_celery.worker.publish import publisher
 
     send, send_batch = publisher.save, publisher.save_batch
 

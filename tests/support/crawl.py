@@ -41,7 +41,7 @@ def crawl_site_with_workers(settings: Settings, workers, site_server, out, job: 
     from distscrape_celery.job.spec import build_spec
     from distscrape_celery.local.processes import wait_for_workers
     from distscrape_celery.core.manager import CrawlManager
-    from distscrape_celery.worker.tasks import publisher
+    from distscrape_celery.worker.publish import publisher
 
     procs = [workers(settings, f"{job}-{i}") for i in range(n_workers)]
     tracker = RedisTracker.from_url(settings.redis_url)

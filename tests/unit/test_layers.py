@@ -12,14 +12,15 @@ PACKAGE = Path(distscrape_celery.__file__).parent
 # Lowest first. A module of one layer may import from its own layer and those before it.
 # The settings sit above the tracker: they take the tracker's defaults (tracker/defaults.py).
 LAYERS = [
-    {"errors", "redaction", "caches", "lifecycle", "events"},
+    {"errors", "redaction", "caches", "lifecycle", "redis_urls"},
     {"tracker"},
     {"settings"},
     {"job"},
     {"web"},
     {"scrapers", "savers"},
     {"core"},
-    {"worker", "worker_main"},
+    # events: the old import path of worker.events.job_finished, kept for users' hook modules.
+    {"worker", "events"},
     {"local"},
     {"cli"},
     # Tools for trying and testing the crawler (generated sites on loopback): on top, so that
@@ -72,4 +73,38 @@ def test_imports_never_climb_to_a_higher_layer():
             layer = top_name(target)
             if layer and RANK[layer] > RANK[own]:
                 climbs.append(f"{path.relative_to(PACKAGE)}:{line} imports {target}")
+    assert not climbs, "\n".join(climbs)
+
+
+# The worker's own floors, lowest first, the same rule inside worker/: the names and fixes that
+# everything agrees on, then the app (a leaf: its tasks and hooks import it, never the other way
+# round), the publisher and the agent, the tasks that use the publisher, the signal hooks that
+# wire them into a worker, and the entry point that starts one.
+WORKER_LAYERS = [
+    {"names", "kombu_fixes", "events", "lost_saves"},
+    {"app"},
+    {"publish", "agent"},
+    {"tasks"},
+    {"signals"},
+    {"main"},
+]
+WORKER_RANK = {name: rank for rank, names in enumerate(WORKER_LAYERS) for name in names}
+
+
+def test_every_worker_module_belongs_to_a_worker_layer():
+    names = {p.stem for p in (PACKAGE / "worker").glob("*.py")} - {"__init__"}
+    assert names == set(WORKER_RANK), "a module of worker/ is in no worker layer"
+
+
+def test_worker_modules_never_import_a_higher_worker_module():
+    climbs = []
+    for path in (PACKAGE / "worker").glob("*.py"):
+        if path.stem == "__init__":
+            continue
+        for line, target in imports_of(path):
+            parts = target.split(".")
+            if parts[1:2] != ["worker"] or len(parts) < 3:
+                continue
+            if WORKER_RANK[parts[2]] > WORKER_RANK[path.stem]:
+                climbs.append(f"worker/{path.name}:{line} imports {target}")
     assert not climbs, "\n".join(climbs)

@@ -14,7 +14,8 @@ import pytest
 from distscrape_celery.redaction import escape, escape_log_records, redact
 from distscrape_celery.tracker.redis.items import MAX_REASON, stored_reason
 from distscrape_celery.errors import ConfigError
-from distscrape_celery.settings import Settings, check_redis_url
+from distscrape_celery.redis_urls import check_redis_url
+from distscrape_celery.settings import Settings
 
 SECRET = "s3cret"
 

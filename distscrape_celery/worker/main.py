@@ -1,7 +1,7 @@
 """Start Celery workers of this app without Celery's command line, for the worker processes that
 ``distscrape crawl`` and the tests start themselves.
 
-``python -m distscrape_celery.worker_main -Q QUEUES -P POOL -c N -n NAME -l LEVEL
+``python -m distscrape_celery.worker.main -Q QUEUES -P POOL -c N -n NAME -l LEVEL
 [--without-gossip] [--without-mingle] [-I MODULES] [--forks C1,C2,...]`` runs the same worker as
 ``celery -A distscrape_celery worker`` with those options: the same ``app.Worker`` class, its signal
 handling and exit code. What it leaves out is Celery's command line, which loads every subcommand
@@ -28,10 +28,10 @@ import platform
 import signal
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Optional
 
-from .lifecycle import die_with_parent
+from ..lifecycle import die_with_parent
 
 # Signals the supervisor passes on to its workers, which act on them as Celery workers do.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -50,7 +50,7 @@ def _concurrencies(text: str) -> list[int]:
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m distscrape_celery.worker_main", description=__doc__.split("\n\n")[0]
+        prog="python -m distscrape_celery.worker.main", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("-Q", "--queues", required=True, help="comma-separated queue names")
     parser.add_argument("-P", "--pool", default="threads", help="prefork, threads or solo")
@@ -78,7 +78,7 @@ def run_worker(args: argparse.Namespace, hostname: Optional[str], concurrency: O
     """Run one worker in this process until it stops; its exit code."""
     from celery.utils.nodenames import default_nodename, host_format
 
-    from .worker.app import app
+    from .app import app
 
     worker = app.Worker(
         hostname=host_format(default_nodename(hostname)),
@@ -111,7 +111,7 @@ def _preload(pool: str) -> None:
     from celery.concurrency import get_implementation
 
     # The app's tasks and hooks, and through them the pipeline, components and savers.
-    from .worker import signals, tasks  # noqa: F401
+    from . import signals, tasks  # noqa: F401
 
     for name in WORKER_MODULES:
         try:
@@ -134,6 +134,73 @@ preloaded_modules: frozenset[str] = frozenset()
 """In a forked worker: the modules its supervisor had imported when it forked."""
 
 
+class _Supervisor:
+    """The forked workers' parent: it passes a stop signal on to every worker, and waits until
+    they have all exited."""
+
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+        self.stopping = 0  # the stop signal passed on, once there is one
+
+    def forward(self, signum: int, _frame: object) -> None:
+        """Signal handler: send ``signum`` to every worker, and remember it."""
+        self.stopping = signum
+        for pid in self.children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        """Wait until every worker has exited; the first failing one's exit code, else 0."""
+        result = 0
+        while self.children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            if pid not in self.children:
+                continue
+            self.children.remove(pid)
+            code = _exit_status(status)
+            result = result or code
+            if not self.stopping:
+                # A worker that stops on its own (a crash, a remote shutdown) stops the rest:
+                # the caller watches this one process.
+                self.forward(signal.SIGTERM, None)
+        return result
+
+
+def _be_forked_worker(args: argparse.Namespace, index: int, concurrency: int,
+                      handlers: dict, tie_to_us: Optional[Callable[[], None]]) -> NoReturn:
+    """In a child just forked: undo the supervisor's signal handling, run worker ``index``
+    until it stops, and exit with its code."""
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
+    # A session of its own, as a worker started by itself would have: Linux shares the CPU
+    # fairly between sessions (autogroups) first, and four workers in one session would get no
+    # more of it than the Redis server beside them (measured: 8-12 % fewer pages/s;
+    # docs/performance.md).
+    os.setsid()
+    if tie_to_us is not None:
+        tie_to_us()  # the supervisor SIGKILLed: a warm shutdown, as for a stop signal
+    code = 1
+    try:
+        code = run_worker(args, forked_name(args.hostname, index), concurrency)
+    except SystemExit as exc:  # a stop signal before Celery's own handlers (agent)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # Never back into the supervisor's loop; exit as a worker would, through its exit
+        # handlers (the agent's gives back what it holds and deregisters).
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_forked(args: argparse.Namespace) -> int:
     """Fork the workers, then supervise them until every one has exited."""
     global preloaded_modules
@@ -142,70 +209,21 @@ def run_forked(args: argparse.Namespace) -> int:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or each child would write the parent's buffered output again
     tie_to_us = die_with_parent(signal.SIGTERM)
-    children: set[int] = set()
-    stopping = 0  # the stop signal passed on, once there is one
-
-    def forward(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = signum
-        for pid in children:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    supervisor = _Supervisor()
+    previous = {sig: signal.signal(sig, supervisor.forward) for sig in FORWARDED_SIGNALS}
     for index, concurrency in enumerate(args.forks, 1):
-        if stopping:
+        if supervisor.stopping:
             break
         # Held back across the fork, so that a child never runs the supervisor's handler.
         signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
         pid = os.fork()
         if pid == 0:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-            # A session of its own, as a worker started by itself would have: Linux shares
-            # the CPU fairly between sessions (autogroups) first, and four workers in one
-            # session would get no more of it than the Redis server beside them (measured:
-            # 8-12 % fewer pages/s; docs/performance.md).
-            os.setsid()
-            if tie_to_us is not None:
-                tie_to_us()  # the supervisor SIGKILLed: a warm shutdown, as for a stop signal
-            code = 1
-            try:
-                code = run_worker(args, forked_name(args.hostname, index), concurrency)
-            except SystemExit as exc:  # a stop signal before Celery's own handlers (agent)
-                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                # Never back into the supervisor's loop; exit as a worker would, through its
-                # exit handlers (the agent's gives back what it holds and deregisters).
-                atexit._run_exitfuncs()
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        children.add(pid)
+            _be_forked_worker(args, index, concurrency, previous, tie_to_us)
+        supervisor.children.add(pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
-    if stopping:
-        forward(stopping, None)  # for a child forked as the signal came
-    result = 0
-    while children:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            break
-        if pid not in children:
-            continue
-        children.remove(pid)
-        code = _exit_status(status)
-        result = result or code
-        if not stopping:
-            # A worker that stops on its own (a crash, a remote shutdown) stops the rest: the
-            # caller watches this one process.
-            forward(signal.SIGTERM, None)
-    return result
+    if supervisor.stopping:
+        supervisor.forward(supervisor.stopping, None)  # for a child forked as the signal came
+    return supervisor.wait()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -216,8 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as distscrape_celery.worker_main, not as __main__, so that a worker's modules see the
+    # Run as distscrape_celery.worker.main, not as __main__, so that a worker's modules see the
     # one module (preloaded_modules).
-    from distscrape_celery.worker_main import main as _main
+    from distscrape_celery.worker.main import main as _main
 
     sys.exit(_main())
