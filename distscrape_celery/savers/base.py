@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Union
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 
 
 class ItemSaver(ABC):

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError, SaveError
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 from .base import ItemSaver
 
 

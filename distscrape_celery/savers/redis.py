@@ -11,7 +11,7 @@ import redis
 
 from ..errors import ConfigError, SaveError
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 from ..redaction import redact
 from ..settings import is_redis_url
 from .base import ItemSaver

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 from .files import DEFAULT_NAME_SCHEME, FileItemSaver
 from .shards import (
     CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,

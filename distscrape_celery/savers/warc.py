@@ -20,7 +20,7 @@ from warcio.timeutils import datetime_to_iso_date
 from warcio.warcwriter import WARCWriter
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 from .shards import (
     CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
 )

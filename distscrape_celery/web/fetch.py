@@ -27,7 +27,8 @@ from urllib3.util import make_headers, parse_url
 
 from .deadline import Deadline, total_deadline, watched_pool_classes
 from ..errors import FetchError
-from ..job.spec import FetchSpec, JobSpec
+from ..job.sections import FetchSpec
+from ..job.spec import JobSpec
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
 from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
 

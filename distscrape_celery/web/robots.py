@@ -49,7 +49,8 @@ from ..settings import DEFAULT_ROBOTS_CACHE_BYTES
 from ..caches import ByteBoundedCache, text_bytes
 from ..errors import FetchError
 from .fetch import Fetcher
-from ..job.spec import FetchSpec, JobSpec
+from ..job.sections import FetchSpec
+from ..job.spec import JobSpec
 from .ssrf import AddressGuard, AddressRefused
 
 log = logging.getLogger(__name__)

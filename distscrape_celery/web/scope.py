@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ..job.spec import DEFAULT_DENY_EXTENSIONS, JobSpec
+from ..job.scraper_spec import DEFAULT_DENY_EXTENSIONS
+from ..job.spec import JobSpec
 from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, compile_pattern
 from ..job.urls import DEFAULT_MAX_URL_LENGTH, Canonicalizer, url_host
 

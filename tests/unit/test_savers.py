@@ -13,7 +13,7 @@ import pytest
 
 from distscrape_celery.errors import ConfigError, SaveError
 from distscrape_celery.web.fetch import Download
-from distscrape_celery.job.spec import SaverSpec
+from distscrape_celery.job.saver_spec import SaverSpec
 from distscrape_celery.savers import FileItemSaver, ItemSaver
 
 SEGMENT_RE = re.compile(r"^(?:[A-Za-z0-9._~!$&'()+,;=@-]|%[0-9A-Fa-f%])+$")
