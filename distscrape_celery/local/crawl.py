@@ -24,7 +24,7 @@ from ..errors import ConfigError
 from ..job.spec import JobSpec
 from .processes import WorkerProcess, can_fork_workers
 from ..core.manager import CrawlManager
-from ..savers.shards import Joined
+from ..savers.joining import Joined
 from ..settings import DEFAULT_CRAWL_CONCURRENCY, Settings, crawl_worker_processes
 from ..tracker import JobStats, RedisTracker
 from ..job.urls import url_host

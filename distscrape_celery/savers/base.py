@@ -1,9 +1,12 @@
-"""The saver interface: store what was downloaded, idempotently."""
+"""The saver interface: store what was downloaded, idempotently; and the one disk step every
+saver that writes files shares."""
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Union
 
 from ..web.fetch import Download
@@ -54,3 +57,13 @@ class ItemSaver(ABC):
             except Exception as exc:
                 out.append(exc)
         return out
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the entries of directory ``path`` durable (a file created, renamed or removed in it
+    survives a power cut only once its directory is flushed too)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

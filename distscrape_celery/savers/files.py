@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from ..errors import ConfigError, SaveError
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
-from .base import ItemSaver
+from .base import ItemSaver, fsync_directory
 
 
 NAME_FIELDS = ("host", "port", "path", "query", "qhash", "sha1", "shard", "job")
@@ -345,7 +345,7 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
     _rename_into_place(tmp, target)
     if fsync:
         try:
-            _fsync_dir(target.parent)
+            fsync_directory(target.parent)
         except OSError as exc:
             raise _file_error(target, exc) from exc
 
@@ -432,12 +432,3 @@ def _load_syncfs() -> Optional[Callable[[str], None]]:
 
 
 _syncfs = _load_syncfs()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable: the directory entry must reach the disk too."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -17,9 +17,8 @@ from typing import BinaryIO, Optional
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
 from .files import DEFAULT_NAME_SCHEME, FileItemSaver
-from .shards import (
-    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
-)
+from .joining import CompleteUnits, Joined, NotAUnit, join_shards
+from .shards import ShardedItemSaver, ShardNames, ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class TarItemSaver(ShardedItemSaver):
     ) -> None:
         self._names = ShardNames(output, tuple(EXTENSIONS), "tar")
         self.output = self._names.output
-        self.compression = EXTENSIONS[self._names.ext]
+        self.compression = EXTENSIONS[self._names.extension]
         self.compresslevel = compresslevel
         # Names members exactly as the files saver names files; never writes anything.
         self._namer = FileItemSaver(self._names.directory, name_scheme, job=job, fsync=False)
@@ -368,14 +367,14 @@ def tar_index(output: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
 
 def join_tar(output: str | os.PathLike, *, max_unit: int) -> Joined:
     """Join the shards of the tar archive ``output`` into ``output`` itself, each item once,
-    and remove them (see :func:`~distscrape_celery.savers.shards.join_shards`).
+    and remove them (see :func:`~distscrape_celery.savers.joining.join_shards`).
 
     A compressed member is copied as the gzip member or bz2 stream it is in its shard, not
     compressed again; only the shards' end-of-archive markers are left out, and one ends the
     joined archive, which tarfile (``r:gz``) and ``tar -tzf`` read whole. ``max_unit`` bounds
     one member (a bigger one means the file is not what a saver wrote)."""
     names = ShardNames(output, tuple(EXTENSIONS), "tar")
-    compression = EXTENSIONS[names.ext]
+    compression = EXTENSIONS[names.extension]
 
     def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[str]]]:
         shard = TarShard(path)

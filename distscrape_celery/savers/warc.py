@@ -21,9 +21,8 @@ from warcio.warcwriter import WARCWriter
 
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
-from .shards import (
-    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
-)
+from .joining import CompleteUnits, Joined, NotAUnit, join_shards
+from .shards import ShardedItemSaver, ShardNames, ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +158,7 @@ RecordKey = tuple[str, str]
 
 def join_warc(output: str | os.PathLike, *, max_unit: int, job: str = "") -> Joined:
     """Join the shards of the WARC file ``output`` into ``output`` itself and remove them (see
-    :func:`~distscrape_celery.savers.shards.join_shards`): one ``warcinfo`` record naming it,
+    :func:`~distscrape_celery.savers.joining.join_shards`): one ``warcinfo`` record naming it,
     then every request and response record once, each the gzip member it is in its shard (not
     compressed again). The shards' own ``warcinfo`` records, which name the shards, are left
     out. ``max_unit`` bounds one record."""
