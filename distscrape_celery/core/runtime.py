@@ -16,7 +16,8 @@ from typing import Optional
 
 from .components import build_saver, build_scraper
 from ..job.spec import JobSpec
-from ..web.robots import MemoryRobotsStore, RedisRobotsStore, RobotsCache, RobotsStore
+from ..web.robots import RobotsCache
+from ..web.robots_stores import MemoryRobotsStore, RedisRobotsStore, RobotsStore
 from ..web.scope import HostScope
 from ..savers import ItemSaver
 from ..scrapers import Scraper
