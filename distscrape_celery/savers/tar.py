@@ -16,7 +16,8 @@ from typing import BinaryIO, Optional
 
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
-from .files import DEFAULT_NAME_SCHEME, FileItemSaver
+from .file_names import DEFAULT_NAME_SCHEME
+from .files import FileItemSaver
 from .joining import CompleteUnits, Joined, NotAUnit, join_shards
 from .shards import ShardedItemSaver, ShardNames, ShardWriter
 
