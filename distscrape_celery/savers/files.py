@@ -160,14 +160,15 @@ class FileItemSaver(ItemSaver):
         """Write each entry's body to a temporary file beside its target, not yet synced; an
         entry that fails gets its exception in ``results``."""
         group = _StagedGroup()
-        device_of: dict[Path, int] = {}
+        device_by_directory: dict[Path, int] = {}
         for index, (item, download) in enumerate(entries):
             try:
                 target = self.output / self.name_for(item)
                 temporary = _write_temp(target, download.body, real_output, False)
-                if temporary.parent not in device_of:
-                    device_of[temporary.parent] = _device_of(temporary, target)
-                    group.devices.setdefault(device_of[temporary.parent], str(temporary.parent))
+                directory = temporary.parent
+                if directory not in device_by_directory:
+                    device_by_directory[directory] = _device_of(temporary, target)
+                    group.devices.setdefault(device_by_directory[directory], str(directory))
                 group.staged.append((index, temporary, target))
             except _ShapeConflict:
                 group.alone.append(index)
