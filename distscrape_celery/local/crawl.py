@@ -211,9 +211,10 @@ def run_local_crawl(
     pool (``concurrency`` threads in all, see :func:`crawl_worker_processes`), and wait until it
     is finished. Without output roots in ``settings``, its own output is the workers' root.
 
-    With ``state_dir`` (embedded Redis only; see :func:`.state.state_directory`) the crawl's state is
-    kept there, and a job found in it is resumed: what the previous run had in flight is put back
-    at once. A job found finished is not crawled again (``already_finished`` in the result).
+    With ``state_dir`` (embedded Redis only; see :func:`.state.state_directory`) the crawl's
+    state is kept there, and a job found in it is resumed: what the previous run had in flight
+    is put back at once. A job found finished is not crawled again (``already_finished`` in the
+    result).
     However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
     :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
     from ..worker.app import configure_app

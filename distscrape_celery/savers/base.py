@@ -50,13 +50,13 @@ class ItemSaver(ABC):
         raises itself). The default saves them one at a time; a saver that can make a group
         durable at once (one disk flush instead of one per item) overrides it and
         :meth:`commits_groups`."""
-        out: list[Union[str, Exception]] = []
+        results: list[Union[str, Exception]] = []
         for item, download in entries:
             try:
-                out.append(self.save(item, download))
+                results.append(self.save(item, download))
             except Exception as exc:
-                out.append(exc)
-        return out
+                results.append(exc)
+        return results
 
 
 def fsync_directory(path: Path) -> None:

@@ -188,7 +188,9 @@ class ShardWriter:
             self._sequence += 1
             path = self.names.path_for(self.worker_id, pid, self._sequence)
             try:
-                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
+                descriptor = os.open(
+                    path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666
+                )
             except FileExistsError:
                 continue  # a shard of an earlier process with our pid (or a re-used saver)
             except OSError as exc:

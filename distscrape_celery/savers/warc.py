@@ -78,8 +78,8 @@ class WarcItemSaver(ShardedItemSaver):
         })
 
     def _encode(self, item: str, download: Download) -> bytes:
-        buf = io.BytesIO()
-        writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
+        buffer = io.BytesIO()
+        writer = WARCWriter(buffer, gzip=True, warc_version=WARC_VERSION)
         url = download.url
         date = datetime_to_iso_date(
             datetime.fromtimestamp(download.fetched_at, timezone.utc).replace(tzinfo=None),
@@ -115,7 +115,7 @@ class WarcItemSaver(ShardedItemSaver):
             warc_headers_dict=_warc_fields("request", date, item_value),
         )
         writer.write_request_response_pair(request, response)
-        return buf.getvalue()
+        return buffer.getvalue()
 
     def _location(self, shard: str, item: str) -> str:
         return f"{shard}#{item}"
@@ -123,15 +123,15 @@ class WarcItemSaver(ShardedItemSaver):
 
 def _warcinfo_record(filename: str, fields: dict[str, str]) -> bytes:
     """A gzipped ``warcinfo`` record for the file ``filename``, with ``fields`` after ours."""
-    buf = io.BytesIO()
-    writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
+    buffer = io.BytesIO()
+    writer = WARCWriter(buffer, gzip=True, warc_version=WARC_VERSION)
     writer.write_record(writer.create_warcinfo_record(filename, {
         "software": SOFTWARE,
         "format": "WARC File Format 1.1",
         "conformsTo": WARC_1_1_SPEC,
         **fields,
     }))
-    return buf.getvalue()
+    return buffer.getvalue()
 
 
 def _warc_fields(record_type: str, date: str, item: str) -> dict[str, str]:
