@@ -8,7 +8,8 @@ import json
 import click
 
 from ..errors import ConfigError
-from ..job.spec import FetchSpec, saver_kind_for
+from ..job.saver_spec import saver_kind_for
+from ..job.sections import FetchSpec
 from ..redaction import escape
 from .group import cli
 

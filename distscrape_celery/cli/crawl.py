@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import click
 
@@ -19,6 +22,9 @@ from ..tracker.keys import check_job_name
 from .group import EXIT_DEAD_ITEMS, EXIT_ERROR, cli, redis_tracker, settings_for
 from .progress import CrawlProgress
 from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
+
+if TYPE_CHECKING:
+    from ..local.crawl import CrawlResult
 
 
 @cli.command()
@@ -57,10 +63,31 @@ def crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_secon
 
 def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seconds, state_dir,
            fresh, quiet) -> None:
-    from ..local.crawl import (
-        archive_shards, check_local_output, default_job_name, join_archive, run_in_memory_crawl,
-        run_local_crawl, state_dir_path, state_directory, with_own_output_root,
-    )
+    plan = _plan(seeds, job, spec_flags, redis_url, in_memory, lease_seconds, state_dir, fresh)
+    progress = CrawlProgress(quiet)
+    result, output, join_failed = _run(plan, progress, concurrency=concurrency, fresh=fresh)
+    _report(plan, result, output, join_failed, progress.say)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one ``distscrape crawl`` runs, checked before anything is started."""
+
+    job: str
+    spec: JobSpec
+    settings: Settings
+    in_memory: bool
+    embedded: bool  # on a Redis of its own: neither --in-memory nor --redis-url
+    # The embedded Redis's state directory; None with --in-memory or --redis-url.
+    state: Optional[Path]
+
+
+def _plan(seeds, job, spec_flags, redis_url, in_memory, lease_seconds, state_dir,
+          fresh) -> _Plan:
+    """Check the command line and build the crawl's spec, settings and job name; reach a Redis
+    named by --redis-url, and the output directory, before anything is made on disk."""
+    from ..local.crawl import check_local_output, default_job_name, with_own_output_root
+    from ..local.state import state_dir_path
 
     data, names = spec_data(seeds, spec_flags)
     spec = spec_from_data(data, names)
@@ -88,22 +115,33 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         click.echo(f"distscrape: note: crawl does not use ${ENV_PREFIX}REDIS_URL; it runs on a "
                    "Redis of its own (give --redis-url to crawl on that one)", err=True)
     state = state_dir_path(state_dir, spec, job) if embedded else None
+    return _Plan(job, spec, settings, in_memory, embedded, state)
 
-    progress = CrawlProgress(quiet)
+
+def _run(
+    plan: _Plan, progress: CrawlProgress, *, concurrency: int, fresh: bool
+) -> tuple[CrawlResult, str, Optional[SaveError]]:
+    """Crawl ``plan`` to its end, holding its state directory, then join its archive shards
+    into the output. Returns the crawl's result, where its output is, and the join's error (the
+    shards are then kept). An interruption says where the state and the saved pages are."""
+    from ..local.crawl import archive_shards, join_archive, run_in_memory_crawl, run_local_crawl
+    from ..local.state import state_directory
+
+    job, spec, settings, state = plan.job, plan.spec, plan.settings, plan.state
     say = progress.say
     with contextlib.ExitStack() as stack:
         if state is not None:
             stack.enter_context(state_directory(state, fresh=fresh))
         try:
             with progress as on_progress:
-                if in_memory:
+                if plan.in_memory:
                     result = run_in_memory_crawl(job, spec, settings, concurrency=concurrency,
                                                  on_progress=on_progress)
                     # This process ends soon: leave the stopped worker's objects to the exit,
                     # not to the collection on the way out (about 0.6 s for a small crawl).
                     gc.freeze()
                 else:
-                    result = run_local_crawl(job, spec, settings, embedded_redis=embedded,
+                    result = run_local_crawl(job, spec, settings, embedded_redis=plan.embedded,
                                              state_dir=state, concurrency=concurrency,
                                              on_progress=on_progress, say=say)
         except JobConflict as exc:
@@ -129,27 +167,37 @@ def _crawl(seeds, job, spec_flags, redis_url, concurrency, in_memory, lease_seco
         except SaveError as exc:
             join_failed = exc
             output = _shard_list(archive_shards(spec)) or output
-    s = result.stats
+    return result, output, join_failed
+
+
+def _report(
+    plan: _Plan, result: CrawlResult, output: str, join_failed: Optional[SaveError],
+    say: Callable[[str], None],
+) -> None:
+    """Print how the crawl ended, and exit with its status: 2 when the join failed, 1 with
+    dead items."""
+    job, stats = plan.job, result.stats
     if result.already_finished:
         click.echo(
-            f"job {job} is already finished: {s.done} saved, {s.dead} dead, {s.seen} seen; "
-            f"output in {redact(output)}"
+            f"job {job} is already finished: {stats.done} saved, {stats.dead} dead, "
+            f"{stats.seen} seen; output in {redact(output)}"
         )
-        if state is not None:
-            say(f"(its state is in {state}; --fresh crawls it again)")
+        if plan.state is not None:
+            say(f"(its state is in {plan.state}; --fresh crawls it again)")
     else:
         click.echo(
-            f"job {job}: {s.done} saved, {s.dead} dead, {s.seen} seen in {result.seconds:.1f}s "
-            f"({result.pages_per_second:.1f} pages/s); output in {redact(output)}"
+            f"job {job}: {stats.done} saved, {stats.dead} dead, {stats.seen} seen in "
+            f"{result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
+            f"output in {redact(output)}"
         )
-    if s.dead:
+    if stats.dead:
         for item, reason in list(result.dead.items())[:10]:
             # Both quote what a site sent: escaped, so no control character reaches the terminal.
             click.echo(f"  dead: {escape(item)}: {escape(reason)}", err=True)
     if join_failed is not None:
         click.echo(f"distscrape: error: {join_failed}; the shards are kept", err=True)
         sys.exit(EXIT_ERROR)
-    if s.dead:
+    if stats.dead:
         sys.exit(EXIT_DEAD_ITEMS)
 
 
@@ -169,6 +217,6 @@ def _shard_list(shards: list[Path], show: int = 10) -> str:
     """``shards`` for a message: how many, and the names of the first ``show``."""
     if not shards:
         return ""
-    names = ", ".join(str(p) for p in shards[:show])
+    names = ", ".join(str(shard) for shard in shards[:show])
     more = f" and {len(shards) - show} more beside them" if len(shards) > show else ""
     return f"{len(shards)} shard(s): {names}{more}"

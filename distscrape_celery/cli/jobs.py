@@ -150,22 +150,23 @@ def workers(as_json, redis_url) -> None:
     tracker = redis_tracker(settings_for(redis_url))
     held: dict[str, dict[str, int]] = {}
     for job in tracker.active_jobs():
-        for wid, n in tracker.leased_by_worker(job).items():
-            held.setdefault(wid, {})[job] = n
+        for worker_id, count in tracker.leased_by_worker(job).items():
+            held.setdefault(worker_id, {})[job] = count
     rows = [
-        {"worker": w.id, "host": w.host, "pid": w.pid, "concurrency": w.concurrency,
-         "leased": held.get(w.id, {}), "last_seen": w.last_seen}
-        for w in tracker.workers() if w.alive
+        {"worker": worker.id, "host": worker.host, "pid": worker.pid,
+         "concurrency": worker.concurrency, "leased": held.get(worker.id, {}),
+         "last_seen": worker.last_seen}
+        for worker in tracker.workers() if worker.alive
     ]
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
         return
     table = Table("worker", "host", "pid", "concurrency", "leased", "last seen")
-    for r in rows:
-        leased = ", ".join(f"{j}: {n}" for j, n in r["leased"].items()) or "-"
-        table.add_row(r["worker"], r["host"], str(r["pid"]), str(r["concurrency"]), leased,
-                      when(r["last_seen"]))
+    for shown in rows:
+        leased = ", ".join(f"{j}: {count}" for j, count in shown["leased"].items()) or "-"
+        table.add_row(shown["worker"], shown["host"], str(shown["pid"]),
+                      str(shown["concurrency"]), leased, when(shown["last_seen"]))
     Console().print(table)
 
 

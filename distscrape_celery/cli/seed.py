@@ -59,28 +59,28 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
         spec = spec_from_data(data, names)
         check_spec_components(spec, settings, names)
         tracker, manager = runtime or redis_runtime(settings)
-        live = [w for w in tracker.workers() if w.alive]
-        if live and all(w.host == socket.gethostname() for w in live):
+        live = [worker for worker in tracker.workers() if worker.alive]
+        if live and all(worker.host == socket.gethostname() for worker in live):
             # The output is written on this machine: a bad one is refused before anything is
             # fetched. Workers elsewhere write on their own hosts, which cannot be checked here.
             from ..local.crawl import check_local_output
 
             check_local_output(spec)
         with progress:
-            res = manager.seed(job, spec, more, on_progress=progress.update)
-    verb = "created" if res.created else "exists; seeds added"
+            seeded = manager.seed(job, spec, more, on_progress=progress.update)
+    verb = "created" if seeded.created else "exists; seeds added"
     click.echo(
-        f"job {job} {verb}: {res.added} new item(s), {res.already_seen} already seen; "
-        f"{res.dispatched} sent to workers now"
+        f"job {job} {verb}: {seeded.added} new item(s), {seeded.already_seen} already seen; "
+        f"{seeded.dispatched} sent to workers now"
     )
-    if res.off_host:
+    if seeded.off_host:
         click.echo(
-            f"distscrape: {res.off_host} seed(s) are on none of the job's seeds' hosts: they are "
+            f"distscrape: {seeded.off_host} seed(s) are on none of the job's seeds' hosts: they are "
             "downloaded, but their links are not followed (the job stays on its seeds' hosts)",
             err=True,
         )
     _note_output_roots(spec, settings)
-    if not any(w.alive for w in tracker.workers()):
+    if not any(worker.alive for worker in tracker.workers()):
         click.echo("no worker is alive yet: the job waits in Redis until one starts", err=True)
     if ids_file is not None and reader.bad:
         click.echo(f"distscrape: {reader.bad} malformed line(s) of {ids_file} skipped", err=True)

@@ -87,13 +87,13 @@ SPEC_FLAGS = {
 FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
 
 
-def with_spec_options(fn):
+def with_spec_options(wrapped):
     """Give a command the spec's options; they reach it as one ``spec_flags`` dict."""
 
-    @functools.wraps(fn)
+    @functools.wraps(wrapped)
     def command(*args: Any, **kwargs: Any) -> Any:
         flags = {param: kwargs.pop(param) for param in (*SPEC_FLAGS, "config")}
-        return fn(*args, spec_flags=flags, **kwargs)
+        return wrapped(*args, spec_flags=flags, **kwargs)
 
     for option in reversed(
         spec_options + scraper_saver_options + policy_options + politeness_options

@@ -6,7 +6,7 @@ import random
 from collections.abc import Callable
 from typing import Optional
 
-from ..job.spec import PolitenessSpec
+from ..job.sections import PolitenessSpec
 
 
 class Backoff:

@@ -46,12 +46,12 @@ class SeedFile:
 
     def __iter__(self) -> Iterator[str]:
         kind = self.scraper_kind
-        for number, raw in enumerate(self._lines(), 1):
-            if raw is None:
+        for number, line in enumerate(self._lines(), 1):
+            if line is None:
                 self._bad(number, f"longer than {MAX_LINE_BYTES} bytes")
                 continue
             try:
-                text = raw.decode("utf-8").strip()
+                text = line.decode("utf-8").strip()
                 if not text:
                     continue
                 item = seed_item(text, kind, self.canonicalizer)
@@ -69,16 +69,17 @@ class SeedFile:
         # Room for the longest line and a CRLF: a piece this long without "\n" is too long.
         limit = MAX_LINE_BYTES + 2
         while True:
-            raw = read(limit)
-            self.bytes_read += len(raw)
-            if not raw:
+            piece = read(limit)
+            self.bytes_read += len(piece)
+            if not piece:
                 return
-            if len(raw) < limit or raw.endswith(b"\n"):
-                yield raw if len(raw.rstrip(b"\r\n")) <= MAX_LINE_BYTES else None
+            if len(piece) < limit or piece.endswith(b"\n"):
+                yield piece if len(piece.rstrip(b"\r\n")) <= MAX_LINE_BYTES else None
                 continue
-            while raw and not raw.endswith(b"\n"):  # skip the rest of the line, a piece at a time
-                raw = read(limit)
-                self.bytes_read += len(raw)
+            # Skip the rest of the line, a piece at a time.
+            while piece and not piece.endswith(b"\n"):
+                piece = read(limit)
+                self.bytes_read += len(piece)
             yield None
 
     def _bad(self, number: int, reason: str) -> None:

@@ -6,8 +6,6 @@ import contextlib
 import logging
 import os
 import re
-import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -18,13 +16,12 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from .. import lifecycle
-from .embedded import PASSWORD_FILE, EmbeddedRedis
-from .private import absolute_path, open_private_file, private_directory
+from .embedded import EmbeddedRedis
 from ..errors import ConfigError
 from ..job.spec import JobSpec
 from .processes import WorkerProcess, can_fork_workers
 from ..core.manager import CrawlManager
-from ..savers.shards import Joined
+from ..savers.joining import Joined
 from ..settings import Settings
 from .shape import DEFAULT_CRAWL_CONCURRENCY, crawl_worker_processes
 from ..tracker import JobStats, RedisTracker
@@ -47,11 +44,6 @@ class CrawlResult:
         return self.stats.done / self.seconds if self.seconds > 0 else 0.0
 
 
-STATE_SUFFIX = ".distscrape-state"
-_STATE_MARKER = PASSWORD_FILE  # written by EmbeddedRedis into every state directory
-_STATE_LOCK = "distscrape.lock"
-
-
 def default_job_name(spec: JobSpec) -> str:
     """The same name for the same seeds, so that running the same command again resumes the
     job: ``crawl-`` and the first seed's host and port (``crawl-example.org``,
@@ -63,23 +55,6 @@ def default_job_name(spec: JobSpec) -> str:
     else:  # an ID (the ids scraper)
         host = seed
     return ("crawl-" + re.sub(r"[^A-Za-z0-9_.-]", "_", host))[:100]
-
-
-def default_state_dir(spec: JobSpec, job: str) -> Path:
-    """Beside the output: ``<output>.distscrape-state``; for an output that is a URL (the redis
-    saver), ``<job>.distscrape-state`` in the current directory."""
-    output = spec.saver.output
-    if "://" in output:
-        return Path.cwd() / f"{job}{STATE_SUFFIX}"
-    out = Path(output).expanduser().resolve()
-    return out.with_name(out.name + STATE_SUFFIX)
-
-
-def state_dir_path(given: Optional[str], spec: JobSpec, job: str) -> Path:
-    """The state directory's absolute path: ``given`` (``--state-dir``) or the default, with
-    the symlinks of its parents resolved but not its own (a symlink there is refused, not
-    followed: see :func:`state_directory`)."""
-    return absolute_path(given if given else default_state_dir(spec, job))
 
 
 def check_local_output(spec: JobSpec) -> None:
@@ -97,8 +72,8 @@ def check_local_output(spec: JobSpec) -> None:
         raise ConfigError(f"cannot write the output to {directory}: it is not a directory")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".~distscrape-probe-", dir=directory)
-        os.close(fd)
+        descriptor, probe = tempfile.mkstemp(prefix=".~distscrape-probe-", dir=directory)
+        os.close(descriptor)
         os.unlink(probe)
     except OSError as exc:
         raise ConfigError(
@@ -120,50 +95,6 @@ def with_own_output_root(settings: Settings, spec: JobSpec) -> Settings:
         return settings  # a saver the settings refuse: the spec's check names it as it should
     root = str(Path(spec.saver.output).expanduser().resolve())
     return Settings.model_validate({**settings.model_dump(), "output_roots": (root,)})
-
-
-@contextlib.contextmanager
-def state_directory(path: Path, *, fresh: bool = False) -> Iterator[Path]:
-    """Hold ``path`` as the crawl's state directory for the block: locked against a second
-    crawl on it, and emptied first if ``fresh``. A directory that holds other files but no crawl
-    state is refused, so neither Redis nor ``--fresh`` touches it. So is one that is not the
-    user's own, private one (see :func:`~.private.private_directory`): a symlink, another
-    user's, or open to group or others; one made here is made mode 0700."""
-    import fcntl
-
-    _refuse_other_files(path)  # first: no advice to chmod a directory that is not for a crawl
-    path = private_directory(path)
-    lock = open_private_file(path / _STATE_LOCK, os.O_RDWR)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(f"another distscrape crawl is using the state directory {path}") from None
-        _refuse_other_files(path)
-        contents = [p for p in path.iterdir() if p.name != _STATE_LOCK]
-        if fresh:
-            for p in contents:
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-        yield path
-    finally:
-        os.close(lock)
-
-
-def _refuse_other_files(path: Path) -> None:
-    """Raise :class:`ConfigError` if ``path`` is a directory of the user's (not a symlink) that
-    holds files, but no crawl state. Anything else is left to :func:`private_directory`."""
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return
-        contents = [p for p in path.iterdir() if p.name != _STATE_LOCK]
-    except OSError:
-        return
-    if contents and not os.path.lexists(path / _STATE_MARKER):
-        raise ConfigError(f"{path} is not empty and holds no crawl state; give another --state-dir")
 
 
 @contextlib.contextmanager
@@ -281,9 +212,10 @@ def run_local_crawl(
     pool (``concurrency`` threads in all, see :func:`crawl_worker_processes`), and wait until it
     is finished. Without output roots in ``settings``, its own output is the workers' root.
 
-    With ``state_dir`` (embedded Redis only; see :func:`state_directory`) the crawl's state is
-    kept there, and a job found in it is resumed: what the previous run had in flight is put back
-    at once. A job found finished is not crawled again (``already_finished`` in the result).
+    With ``state_dir`` (embedded Redis only; see :func:`.state.state_directory`) the crawl's
+    state is kept there, and a job found in it is resumed: what the previous run had in flight
+    is put back at once. A job found finished is not crawled again (``already_finished`` in the
+    result).
     However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
     :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
     from ..worker.app import configure_app
@@ -296,75 +228,110 @@ def run_local_crawl(
         tracker = RedisTracker.from_settings(settings)
         configure_app(settings)
         manager = CrawlManager(tracker, publisher.scrape, settings=settings)
-        resumed = job in tracker.jobs()
-        released = 0
-        if resumed:
-            # A different spec: JobConflict, nothing changed.
-            tracker.create_job(job, spec.to_json(), spec.crawl_limits())
-        if state_dir is not None:
-            _check_no_other_unfinished_job(tracker, job, state_dir)
-            if resumed:
-                released = _forget_previous_run(tracker, job)
-        manager.seed(job, spec)
-        if resumed:
-            stats = tracker.stats(job)
-            if stats.finished:
-                return CrawlResult(job, stats, 0.0, tracker.dead_items(job), already_finished=True)
-            say(
-                f"resuming job {job}: {stats.done} done, {stats.queued} queued"
-                + (f" ({released} interrupted item(s) put back)" if released else "")
-            )
-        workers: list[WorkerProcess] = []
-        interrupted: Optional[str] = None  # how a second stop request is made, once stopping
-        try:
-            # Threads, not prefork: the prefork parent costs a third of the CPU per page.
-            # Time limits do not apply to threads; reserved_items gives up a task's lease
-            # after task_time_limit instead. Where it can, one process imports everything
-            # once and forks the workers (worker.main --forks).
-            shape = crawl_worker_processes(concurrency)
-            if can_fork_workers():
-                workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",
-                                             forks=shape).start())
-            else:
-                for i, threads in enumerate(shape):
-                    workers.append(WorkerProcess(settings, name=f"distscrape-{job}-{i + 1}",
-                                                 concurrency=threads, pool="threads").start())
-            started = time.monotonic()
+        resumed, finished = _seed_or_resume(manager, tracker, job, spec, state_dir, say)
+        if finished is not None:
+            return finished
+        return _crawl_with_workers(
+            manager, tracker, job, settings, resumed=resumed, concurrency=concurrency,
+            on_progress=on_progress, timeout=timeout, say=say, stop_timeout=stop_timeout,
+        )
 
-            def check() -> None:
-                for w in workers:
-                    w.check()
 
-            stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
-            seconds = time.monotonic() - started
-            return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed)
-        except KeyboardInterrupt:
-            interrupted = "another Ctrl-C"
-            raise
-        except lifecycle.Terminated as exc:
-            interrupted = f"another {exc.signal_name} (or Ctrl-C)"
-            raise
-        finally:
-            if workers:
-                if interrupted and any(w.alive for w in workers):
-                    say(
-                        f"distscrape: stopping: the worker finishes its running downloads "
-                        f"(up to {stop_timeout:.0f}s; {interrupted} stops it at once)"
-                    )
-                with lifecycle.shielded():
-                    _stop_all(workers, stop_timeout)
+def _seed_or_resume(
+    manager: CrawlManager, tracker: RedisTracker, job: str, spec: JobSpec,
+    state_dir: Optional[Path], say: Callable[[str], None],
+) -> tuple[bool, Optional[CrawlResult]]:
+    """Seed ``job``, resuming it if the tracker holds it already (see :func:`run_local_crawl`).
+    Returns whether it was resumed, and its result if it had finished before."""
+    resumed = job in tracker.jobs()
+    released = 0
+    if resumed:
+        # A different spec: JobConflict, nothing changed.
+        tracker.create_job(job, spec.to_json(), spec.crawl_limits())
+    if state_dir is not None:
+        _check_no_other_unfinished_job(tracker, job, state_dir)
+        if resumed:
+            released = _forget_previous_run(tracker, job)
+    manager.seed(job, spec)
+    if resumed:
+        stats = tracker.stats(job)
+        if stats.finished:
+            return True, CrawlResult(job, stats, 0.0, tracker.dead_items(job),
+                                     already_finished=True)
+        say(
+            f"resuming job {job}: {stats.done} done, {stats.queued} queued"
+            + (f" ({released} interrupted item(s) put back)" if released else "")
+        )
+    return resumed, None
+
+
+def _crawl_with_workers(
+    manager: CrawlManager, tracker: RedisTracker, job: str, settings: Settings, *, resumed: bool,
+    concurrency: int, on_progress: Optional[Progress], timeout: Optional[float],
+    say: Callable[[str], None], stop_timeout: float,
+) -> CrawlResult:
+    """Start the crawl's workers, wait until ``job`` is finished, and stop the workers however
+    the wait ends (see :func:`run_local_crawl`)."""
+    workers: list[WorkerProcess] = []
+    interrupted: Optional[str] = None  # how a second stop request is made, once stopping
+    try:
+        _start_workers(workers, settings, job, concurrency)
+        started = time.monotonic()
+
+        def check() -> None:
+            for worker in workers:
+                worker.check()
+
+        stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
+        seconds = time.monotonic() - started
+        return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed)
+    except KeyboardInterrupt:
+        interrupted = "another Ctrl-C"
+        raise
+    except lifecycle.Terminated as exc:
+        interrupted = f"another {exc.signal_name} (or Ctrl-C)"
+        raise
+    finally:
+        if workers:
+            if interrupted and any(worker.alive for worker in workers):
+                say(
+                    f"distscrape: stopping: the worker finishes its running downloads "
+                    f"(up to {stop_timeout:.0f}s; {interrupted} stops it at once)"
+                )
+            with lifecycle.shielded():
+                _stop_all(workers, stop_timeout)
+
+
+def _start_workers(
+    workers: list[WorkerProcess], settings: Settings, job: str, concurrency: int
+) -> None:
+    """Start the crawl's worker processes, each added to ``workers`` as soon as it runs (so
+    that a failure to start the next one still stops it)."""
+    # Threads, not prefork: the prefork parent costs a third of the CPU per page.
+    # Time limits do not apply to threads; reserved_items gives up a task's lease
+    # after task_time_limit instead. Where it can, one process imports everything
+    # once and forks the workers (worker.main --forks).
+    shape = crawl_worker_processes(concurrency)
+    if can_fork_workers():
+        workers.append(WorkerProcess(settings, name=f"distscrape-{job}", pool="threads",
+                                     forks=shape).start())
+    else:
+        for number, threads in enumerate(shape, start=1):
+            workers.append(WorkerProcess(settings, name=f"distscrape-{job}-{number}",
+                                         concurrency=threads, pool="threads").start())
 
 
 def _stop_all(workers: list[WorkerProcess], timeout: float) -> None:
     """Warm-stop every worker at once (each may wait for its running downloads)."""
     stoppers = [
-        threading.Thread(target=w.stop, kwargs={"timeout": timeout, "hurry": lifecycle.hurry})
-        for w in workers
+        threading.Thread(target=worker.stop,
+                         kwargs={"timeout": timeout, "hurry": lifecycle.hurry})
+        for worker in workers
     ]
-    for t in stoppers:
-        t.start()
-    for t in stoppers:
-        t.join()
+    for stopper in stoppers:
+        stopper.start()
+    for stopper in stoppers:
+        stopper.join()
 
 
 # What the in-process worker logs when run_in_memory_crawl stops it: not news to its user.

@@ -47,22 +47,22 @@ def check_parents(path: Path) -> None:
     """Raise :class:`ConfigError` unless no other user can swap ``path`` for a directory of
     theirs: each existing parent belongs to the user or root, and is writable only by its owner
     or sticky (as /tmp is, where no one may rename another's entry)."""
-    me = os.geteuid()
+    my_uid = os.geteuid()
     for parent in path.parents:
         try:
-            st = os.lstat(parent)
+            status = os.lstat(parent)
         except FileNotFoundError:
             continue  # yet to be made, by us
-        if st.st_uid not in (me, 0):
+        if status.st_uid not in (my_uid, 0):
             raise ConfigError(
                 f"the state directory {path} lies in {parent}, which belongs to "
-                f"{_user_name(st.st_uid)}, who could swap it for theirs: choose a --state-dir "
+                f"{_user_name(status.st_uid)}, who could swap it for theirs: choose a --state-dir "
                 "in a directory of yours"
             )
-        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        if status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX:
             raise ConfigError(
                 f"the state directory {path} lies in {parent}, which other users can write to "
-                f"(mode {stat.S_IMODE(st.st_mode):04o}, not sticky), so they could swap it for "
+                f"(mode {stat.S_IMODE(status.st_mode):04o}, not sticky), so they could swap it for "
                 "theirs: choose a --state-dir in a directory only you can write to"
             )
 
@@ -72,24 +72,24 @@ def check_private_directory(path: Path) -> None:
     followed if a symlink) is a directory of the user's that no one else can enter (no group or
     other bits: mode 0700)."""
     try:
-        st = os.lstat(path)
+        status = os.lstat(path)
     except OSError as exc:
         raise ConfigError(f"cannot use the state directory {path}: {exc.strerror or exc}") from None
-    if stat.S_ISLNK(st.st_mode):
+    if stat.S_ISLNK(status.st_mode):
         raise ConfigError(
             f"the state directory {path} is a symbolic link, which is not followed (whoever made "
             "it chooses where the crawl's Redis keeps its password and data): give the real "
             "directory as --state-dir, or remove the link"
         )
-    if not stat.S_ISDIR(st.st_mode):
+    if not stat.S_ISDIR(status.st_mode):
         raise ConfigError(f"the state directory {path} is not a directory: give another --state-dir")
-    if st.st_uid != os.geteuid():
+    if status.st_uid != os.geteuid():
         raise ConfigError(
-            f"the state directory {path} belongs to {_user_name(st.st_uid)}, not to you "
+            f"the state directory {path} belongs to {_user_name(status.st_uid)}, not to you "
             f"({_user_name(os.geteuid())}): it may hold their Redis password or data; "
             "give another --state-dir"
         )
-    mode = stat.S_IMODE(st.st_mode)
+    mode = stat.S_IMODE(status.st_mode)
     if mode & 0o077:
         raise ConfigError(
             f"the state directory {path} has mode {mode:04o}, so other users can reach into it "
@@ -123,14 +123,14 @@ def private_directory(path: Path) -> Path:
     return path
 
 
-def _refuse_unless_owner_only(path: Path, st: os.stat_result, fix: str) -> None:
-    """Raise :class:`ConfigError` unless ``st`` is a regular file of the user's that no one
+def _refuse_unless_owner_only(path: Path, status: os.stat_result, fix: str) -> None:
+    """Raise :class:`ConfigError` unless ``status`` is a regular file of the user's that no one
     else may read or write; ``fix`` is the way out, for the message."""
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(status.st_mode):
         raise ConfigError(f"{path} is not a regular file: {fix}")
-    if st.st_uid != os.geteuid():
-        raise ConfigError(f"{path} belongs to {_user_name(st.st_uid)}, not to you: {fix}")
-    mode = stat.S_IMODE(st.st_mode)
+    if status.st_uid != os.geteuid():
+        raise ConfigError(f"{path} belongs to {_user_name(status.st_uid)}, not to you: {fix}")
+    mode = stat.S_IMODE(status.st_mode)
     if mode & 0o077:
         raise ConfigError(f"{path} has mode {mode:04o}, so others may read or change it: {fix}")
 
@@ -140,16 +140,16 @@ def read_private_file(path: Path, fix: str) -> Optional[str]:
     way out) if it is a symlink, not a regular file, another user's, or open to group or
     others. Opened without following a symlink, so what is checked is what is read."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        descriptor = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if os.path.islink(path):
             raise ConfigError(f"{path} is a symbolic link, which is not followed: {fix}") from None
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "r") as fh:
-        _refuse_unless_owner_only(path, os.fstat(fd), fix)
-        return fh.read()
+    with os.fdopen(descriptor, "r") as opened:
+        _refuse_unless_owner_only(path, os.fstat(descriptor), fix)
+        return opened.read()
 
 
 def write_private_file(path: Path, text: str) -> None:
@@ -158,12 +158,14 @@ def write_private_file(path: Path, text: str) -> None:
     replaced, never written through, and a reader never sees half of it."""
     temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, PRIVATE_FILE_MODE)
+        descriptor = os.open(
+            temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, PRIVATE_FILE_MODE
+        )
         try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
+            with os.fdopen(descriptor, "w") as opened:
+                opened.write(text)
+                opened.flush()
+                os.fsync(opened.fileno())
             os.replace(temp, path)
         except BaseException:
             _unlink_if_there(temp)
@@ -180,24 +182,24 @@ def open_private_file(path: Path, flags: int) -> int:
     flags |= os.O_CREAT | _NOFOLLOW
     try:
         try:
-            fd = os.open(path, flags, PRIVATE_FILE_MODE)
+            descriptor = os.open(path, flags, PRIVATE_FILE_MODE)
         except OSError:
             if not os.path.islink(path):
                 raise
             os.unlink(path)
-            fd = os.open(path, flags | os.O_EXCL, PRIVATE_FILE_MODE)
+            descriptor = os.open(path, flags | os.O_EXCL, PRIVATE_FILE_MODE)
     except OSError as exc:
         raise ConfigError(f"cannot use {path}: {exc.strerror or exc}") from None
     try:
-        st = os.fstat(fd)
-        if st.st_uid == os.geteuid() and stat.S_ISREG(st.st_mode):
-            os.fchmod(fd, PRIVATE_FILE_MODE)
-            st = os.fstat(fd)
-        _refuse_unless_owner_only(path, st, "remove it, or give another --state-dir")
+        status = os.fstat(descriptor)
+        if status.st_uid == os.geteuid() and stat.S_ISREG(status.st_mode):
+            os.fchmod(descriptor, PRIVATE_FILE_MODE)
+            status = os.fstat(descriptor)
+        _refuse_unless_owner_only(path, status, "remove it, or give another --state-dir")
     except BaseException:
-        os.close(fd)
+        os.close(descriptor)
         raise
-    return fd
+    return descriptor
 
 
 def _unlink_if_there(path: Path) -> None:

@@ -1,13 +1,16 @@
-"""The saver interface: store what was downloaded, idempotently."""
+"""The saver interface: store what was downloaded, idempotently; and the one disk step every
+saver that writes files shares."""
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Union
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 
 
 class ItemSaver(ABC):
@@ -47,10 +50,20 @@ class ItemSaver(ABC):
         raises itself). The default saves them one at a time; a saver that can make a group
         durable at once (one disk flush instead of one per item) overrides it and
         :meth:`commits_groups`."""
-        out: list[Union[str, Exception]] = []
+        results: list[Union[str, Exception]] = []
         for item, download in entries:
             try:
-                out.append(self.save(item, download))
+                results.append(self.save(item, download))
             except Exception as exc:
-                out.append(exc)
-        return out
+                results.append(exc)
+        return results
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the entries of directory ``path`` durable (a file created, renamed or removed in it
+    survives a power cut only once its directory is flushed too)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,48 +1,30 @@
-"""FileItemSaver: one file per item, under a name built from the item by a name scheme."""
+"""FileItemSaver: one file per item, under a name built from the item by a name scheme
+(:mod:`.file_names`), each written atomically; a save batch's files made durable together."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
-import hashlib
 import os
-import re
 import secrets
-import string
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Optional, Union
-from urllib.parse import urlsplit
 
-from ..errors import ConfigError, SaveError
+from ..errors import SaveError
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
-from .base import ItemSaver
+from ..job.saver_spec import SaverSpec
+from .base import ItemSaver, fsync_directory
+from .file_names import (
+    DEFAULT_NAME_SCHEME, escape_name, field_values, finish_segment, parse_scheme, sha1_hex,
+)
 
 
-NAME_FIELDS = ("host", "port", "path", "query", "qhash", "sha1", "shard", "job")
-DEFAULT_NAME_SCHEME = "{host}/{path}"
 CONFLICTS_DIR = "_conflicts"
 
-_ALLOWED_FIELDS = " ".join("{" + name + "}" for name in NAME_FIELDS)
-# A "%XX" escape, or one character that may not appear as is in a file name.
-_ESCAPE_OR_UNSAFE = re.compile(r"%([0-9A-Fa-f]{2})|[^A-Za-z0-9._~!$&'()+,;=@-]")
-# Bytes a URL cannot carry raw (controls, space, non-ASCII, "<>\"\\^`{|}"): "%XX" and the raw
-# character fetch the same resource, so both get the same name. Any other escape ("%2F", "%3F",
-# "%26", "%2E", ...) means something else than its raw character, so its "%" is escaped in turn.
-_RAW_ILLEGAL = frozenset(range(0x21)) | frozenset(range(0x7F, 0x100)) | frozenset(b'"<>\\^`{|}')
-# urlsplit silently drops these; an item holding them is named as a non-URL, whole, so that it
-# cannot share a name with the URL it would be mangled into.
-_MANGLED_BY_URLSPLIT = re.compile(r"[\t\r\n]|^[\x00-\x20]")
-# The tokens below never come out of _escape for a path segment ("." and "~" stay raw, raw "/"
-# never occurs inside one), so names built with them cannot equal any other item's name.
-_EMPTY_SEGMENT = "%2F"
-_DOT = "%2E"
-_CUT_MARK = "%7E"
-_MAX_SEGMENT_BYTES = 200  # names are ASCII once escaped, so characters are bytes
-_CUT_KEEP = 150
-# No name ever holds "#" (_escape encodes it), so no item can land on a temporary file.
+# No name ever holds "#" (escape_name encodes it), so no item can land on a temporary file.
 _TMP_PREFIX = ".~tmp-#"
 # Failures that depend only on the tree's shape (a file where a directory is needed, a directory
 # at the target, a path too long): the item goes to its fallback name instead.
@@ -69,7 +51,7 @@ class FileItemSaver(ItemSaver):
         self.fsync = fsync
         self.group_commit = group_commit
         self.job = job
-        self._parts = _parse_scheme(name_scheme)
+        self._parts = parse_scheme(name_scheme)
         used = {field for _, field in self._parts}
         self._query_in_path = "path" in used and "query" not in used
         self._real_output: Optional[str] = None
@@ -107,13 +89,13 @@ class FileItemSaver(ItemSaver):
         host, a byte that a URL cannot carry raw (space, non-ASCII, ...) written raw or escaped,
         or in being "/a", "/a/" or "/a/index.html".
         """
-        fields = _field_values(item, query_in_path=self._query_in_path)
-        fields["job"] = _escape(self.job)
+        fields = field_values(item, query_in_path=self._query_in_path)
+        fields["job"] = escape_name(self.job)
         rendered = "".join(
             literal + (fields[field] if field else "") for literal, field in self._parts
         )
         # Empty segments here come from the scheme (an empty {port}, say), not from the item.
-        return Path(*(_finish_segment(segment) for segment in rendered.split("/") if segment))
+        return Path(*(finish_segment(segment) for segment in rendered.split("/") if segment))
 
     def save(self, item: str, download: Download) -> str:
         """Atomically write ``download.body`` to ``output / name_for(item)``; return that
@@ -129,7 +111,7 @@ class FileItemSaver(ItemSaver):
         try:
             _write_atomically(target, download.body, real_output, self.fsync)
         except _ShapeConflict as first:
-            target = self.output / CONFLICTS_DIR / _sha1(item)
+            target = self.output / CONFLICTS_DIR / sha1_hex(item)
             try:
                 _write_atomically(target, download.body, real_output, self.fsync)
             except _ShapeConflict as second:
@@ -156,64 +138,43 @@ class FileItemSaver(ItemSaver):
         which has no flush to share."""
         if len(entries) < 2 or not self.fsync or not self.commits_groups():
             return super().save_many(entries)
-        out: list[Union[str, Exception, None]] = [None] * len(entries)
+        results: list[Union[str, Exception, None]] = [None] * len(entries)
         try:
             real_output = self._opened_output()
         except SaveError as exc:
             return [exc] * len(entries)
-        staged: list[tuple[int, Path, Path]] = []  # (entry, temporary file, target)
-        alone: list[int] = []  # entries whose name the tree's shape forbids: saved as save does
-        # A directory of each file system written to: one under the output may be another mount.
-        devices: dict[int, str] = {}
-        device_of: dict[Path, int] = {}
-        for i, (item, download) in enumerate(entries):
+        group = self._stage(entries, real_output, results)
+        if group.staged:
+            _commit(group, real_output, results)
+        for index in group.alone:
+            try:
+                results[index] = FileItemSaver.save(self, *entries[index])
+            except Exception as exc:
+                results[index] = exc
+        return results  # type: ignore[return-value]
+
+    def _stage(
+        self, entries: Sequence[tuple[str, Download]], real_output: str,
+        results: list[Union[str, Exception, None]],
+    ) -> _StagedGroup:
+        """Write each entry's body to a temporary file beside its target, not yet synced; an
+        entry that fails gets its exception in ``results``."""
+        group = _StagedGroup()
+        device_by_directory: dict[Path, int] = {}
+        for index, (item, download) in enumerate(entries):
             try:
                 target = self.output / self.name_for(item)
-                tmp = _write_temp(target, download.body, real_output, False)
-                if tmp.parent not in device_of:
-                    try:
-                        device_of[tmp.parent] = os.stat(tmp.parent).st_dev
-                    except OSError as exc:
-                        with contextlib.suppress(OSError):
-                            os.unlink(tmp)
-                        raise _file_error(target, exc) from exc
-                    devices.setdefault(device_of[tmp.parent], str(tmp.parent))
-                staged.append((i, tmp, target))
+                temporary = _write_temp(target, download.body, real_output, False)
+                directory = temporary.parent
+                if directory not in device_by_directory:
+                    device_by_directory[directory] = _device_of(temporary, target)
+                    group.devices.setdefault(device_by_directory[directory], str(directory))
+                group.staged.append((index, temporary, target))
             except _ShapeConflict:
-                alone.append(i)
+                group.alone.append(index)
             except Exception as exc:
-                out[i] = exc
-        if staged:
-            try:
-                for directory in devices.values():  # the new contents are on disk before any
-                    _syncfs(directory)              # file is replaced
-                for i, tmp, target in staged:
-                    try:
-                        _rename_into_place(tmp, target)
-                        out[i] = str(target)
-                    except _ShapeConflict:
-                        alone.append(i)
-                    except SaveError as exc:
-                        out[i] = exc
-                for directory in devices.values():  # and the renames before any item counts
-                    _syncfs(directory)              # as saved
-            except OSError as exc:
-                error = SaveError(
-                    f"cannot make {len(staged)} files under {real_output!r} durable: "
-                    f"{exc.strerror or exc}"
-                )
-                error.__cause__ = exc
-                for i, tmp, _ in staged:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)  # gone already if it was renamed
-                    if not isinstance(out[i], Exception):
-                        out[i] = error
-        for i in alone:
-            try:
-                out[i] = FileItemSaver.save(self, *entries[i])
-            except Exception as exc:
-                out[i] = exc
-        return out  # type: ignore[return-value]
+                results[index] = exc
+        return group
 
     def _opened_output(self) -> str:
         if self._real_output is None:
@@ -227,111 +188,60 @@ class FileItemSaver(ItemSaver):
         return self._real_output
 
 
-def _parse_scheme(scheme: str) -> list[tuple[str, Optional[str]]]:
-    """Split ``scheme`` into (escaped literal text, field name or None) pairs, or raise
-    :class:`ConfigError` naming what is wrong."""
+@dataclasses.dataclass
+class _StagedGroup:
+    """A save batch's files on their way to disk (see :meth:`FileItemSaver.save_many`)."""
 
-    def invalid(reason: str) -> ConfigError:
-        return ConfigError(
-            f"invalid saver name_scheme {scheme!r}: {reason}; allowed fields: {_ALLOWED_FIELDS}"
-        )
+    # (entry, temporary file, target), for the entries written to their temporary file.
+    staged: list[tuple[int, Path, Path]] = dataclasses.field(default_factory=list)
+    # Entries whose name the tree's shape forbids: saved as save does.
+    alone: list[int] = dataclasses.field(default_factory=list)
+    # A directory of each file system written to: one under the output may be another mount.
+    devices: dict[int, str] = dataclasses.field(default_factory=dict)
 
+
+def _device_of(temporary: Path, target: Path) -> int:
+    """The device of ``temporary``'s directory; when it cannot be read the temporary file is
+    dropped and the error is ``target``'s."""
     try:
-        parsed = list(string.Formatter().parse(scheme))
-    except ValueError as exc:
-        raise invalid(f"malformed format string ({exc})") from None
-    parts: list[tuple[str, Optional[str]]] = []
-    for literal, field, format_spec, conversion in parsed:
-        if field is not None:
-            if field == "" or field.isdigit():
-                raise invalid(f"positional field {{{field}}} is not allowed")
-            if field not in NAME_FIELDS:
-                raise invalid(f"unknown field {{{field}}}")
-            if format_spec or conversion:
-                raise invalid(f"field {{{field}}} takes no conversion or format spec")
-        parts.append(("/".join(_escape(piece) for piece in literal.split("/")), field))
-    if not {"path", "sha1"} & {field for _, field in parts}:
-        raise invalid("it must use {path} or {sha1}, or different items would share one file")
-    return parts
+        return os.stat(temporary.parent).st_dev
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise _file_error(target, exc) from exc
 
 
-def _field_values(item: str, *, query_in_path: bool) -> dict[str, str]:
-    """The escaped value of every name field for ``item``; {path} is "/"-separated segments."""
-    host, port, path, query = _split_item(item)
-    sha1 = _sha1(item)
-    if host == "_":
-        # Not a URL (an ID, say): the whole item is one name, "/" and all escaped.
-        segments = [path]
-    else:
-        segments = path.split("/")
-        if not segments[-1]:
-            segments[-1] = "index.html"
-        elif "." not in segments[-1]:
-            # "/a" becomes a/index.html so that it can coexist with "/a/b".
-            segments.append("index.html")
-    if query and query_in_path:
-        segments[-1] += "?" + query
-    return {
-        # The port is part of the host's name so that two servers on one host never share files;
-        # ":" is escaped, and no host name contains it.
-        "host": _escape(f"{host}:{port}" if port else host),
-        "port": port,
-        "path": "/".join(_escape(segment) if segment else _EMPTY_SEGMENT for segment in segments),
-        "query": _escape(query),
-        "qhash": _sha1(query)[:16] if query else "",
-        "sha1": sha1,
-        "shard": f"{sha1[:2]}/{sha1[2:4]}",
-    }
-
-
-def _split_item(item: str) -> tuple[str, str, str, str]:
-    """(host, port, path relative to the root, query) of ``item``; ("_", "", item, "") for an
-    item that is not an absolute URL."""
-    if not _MANGLED_BY_URLSPLIT.search(item):
-        try:
-            parts = urlsplit(item)
-            port = parts.port
-        except ValueError:  # a bad port or IPv6 literal: not a URL we can take apart
-            pass
-        else:
-            if parts.scheme and parts.hostname:
-                port_text = "" if port is None else str(port)
-                return parts.hostname.lower(), port_text, parts.path[1:], parts.query
-    return "_", "", item, ""
-
-
-def _escape(text: str) -> str:
-    """``text`` as part of one name segment: only [A-Za-z0-9._~!$&'()+,;=@-] and "%XX" escapes,
-    so no "/" or control character; distinct texts stay distinct except as _RAW_ILLEGAL allows."""
-
-    def replace(match: re.Match[str]) -> str:
-        hex_digits = match.group(1)
-        if hex_digits is None:
-            raw = match.group().encode("utf-8", "surrogatepass")
-            return "".join(f"%{byte:02X}" for byte in raw)
-        if int(hex_digits, 16) in _RAW_ILLEGAL:
-            return "%" + hex_digits.upper()
-        return "%25" + hex_digits
-
-    return _ESCAPE_OR_UNSAFE.sub(replace, text)
-
-
-def _finish_segment(segment: str) -> str:
-    """Make one escaped segment safe to join: never "." or "..", never starting with ".", at
-    most 200 bytes."""
-    if segment in (".", ".."):
-        return _DOT * len(segment)
-    if segment.startswith("."):
-        # Dot names are what programs of the output's owner read on their own (.bashrc,
-        # .ssh/authorized_keys, .local/lib/.../site-packages): no item may choose one.
-        segment = _DOT + segment[1:]
-    if len(segment) > _MAX_SEGMENT_BYTES:
-        return segment[:_CUT_KEEP] + _CUT_MARK + _sha1(segment)[:16]
-    return segment
-
-
-def _sha1(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+def _commit(
+    group: _StagedGroup, real_output: str, results: list[Union[str, Exception, None]]
+) -> None:
+    """Make ``group``'s staged files durable, rename each into place and make the renames
+    durable, one ``syncfs`` a file system each time. An entry whose target the tree's shape
+    forbids joins ``group.alone``; when a flush fails, every staged entry not failed already
+    gets that error and its temporary file is removed."""
+    try:
+        for directory in group.devices.values():  # the new contents are on disk before any
+            _syncfs(directory)                    # file is replaced
+        for index, temporary, target in group.staged:
+            try:
+                _rename_into_place(temporary, target)
+                results[index] = str(target)
+            except _ShapeConflict:
+                group.alone.append(index)
+            except SaveError as exc:
+                results[index] = exc
+        for directory in group.devices.values():  # and the renames before any item counts
+            _syncfs(directory)                    # as saved
+    except OSError as exc:
+        error = SaveError(
+            f"cannot make {len(group.staged)} files under {real_output!r} durable: "
+            f"{exc.strerror or exc}"
+        )
+        error.__cause__ = exc
+        for index, temporary, _ in group.staged:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)  # gone already if it was renamed
+            if not isinstance(results[index], Exception):
+                results[index] = error
 
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # and close-on-exec, as every os.open
@@ -341,11 +251,11 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
     """Replace ``target`` with ``body`` so that readers see the old file or the new one, never a
     part; with ``fsync``, durably (the file and the rename reach the disk before we return).
     Raises _ShapeConflict when the tree's shape forbids ``target``, SaveError otherwise."""
-    tmp = _write_temp(target, body, real_output, fsync)
-    _rename_into_place(tmp, target)
+    temporary = _write_temp(target, body, real_output, fsync)
+    _rename_into_place(temporary, target)
     if fsync:
         try:
-            _fsync_dir(target.parent)
+            fsync_directory(target.parent)
         except OSError as exc:
             raise _file_error(target, exc) from exc
 
@@ -360,15 +270,15 @@ def _write_temp(target: Path, body: bytes, real_output: str, fsync: bool) -> Pat
             f"refusing to write {str(target)!r}: it resolves to {real_target!r}, "
             f"outside the output directory {real_output!r}"
         )
-    tmp = target.parent / (_TMP_PREFIX + secrets.token_hex(8))
+    temporary = target.parent / (_TMP_PREFIX + secrets.token_hex(8))
     try:
         # Not mkstemp: its mode is 0o600, and saved files should get the umask's usual mode.
         # The directory usually exists: make it only when the open says it does not.
         try:
-            fd = os.open(tmp, _TMP_FLAGS, 0o666)
+            descriptor = os.open(temporary, _TMP_FLAGS, 0o666)
         except FileNotFoundError:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, _TMP_FLAGS, 0o666)
+            descriptor = os.open(temporary, _TMP_FLAGS, 0o666)
     except OSError as exc:
         raise _file_error(target, exc) from exc
     try:
@@ -377,27 +287,27 @@ def _write_temp(target: Path, body: bytes, real_output: str, fsync: bool) -> Pat
             # calls per page (fstat, ioctl, two lseek), each a GIL hand-off under load.
             view = memoryview(body)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(descriptor, view):]
             if fsync:
-                os.fsync(fd)
+                os.fsync(descriptor)
         finally:
-            os.close(fd)
+            os.close(descriptor)
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(temporary)
         if isinstance(exc, OSError):
             raise _file_error(target, exc) from exc
         raise
-    return tmp
+    return temporary
 
 
-def _rename_into_place(tmp: Path, target: Path) -> None:
+def _rename_into_place(temporary: Path, target: Path) -> None:
     """Move a temporary file of _write_temp to ``target`` (dropping it if that fails)."""
     try:
-        os.replace(tmp, target)
+        os.replace(temporary, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(temporary)
         raise _file_error(target, exc) from exc
 
 
@@ -413,31 +323,22 @@ def _load_syncfs() -> Optional[Callable[[str], None]]:
     C library has none. Since Linux 5.8 it reports a writeback error of any file written
     since the directory was opened, as fsync does for one file."""
     try:
-        fn = ctypes.CDLL(None, use_errno=True).syncfs
+        library_syncfs = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
+    library_syncfs.argtypes = [ctypes.c_int]
+    library_syncfs.restype = ctypes.c_int
 
     def syncfs(directory: str) -> None:
-        fd = os.open(directory, os.O_RDONLY)
+        descriptor = os.open(directory, os.O_RDONLY)
         try:
-            if fn(fd) != 0:  # ctypes lets go of the GIL for the call
-                err = ctypes.get_errno()
-                raise OSError(err, os.strerror(err))
+            if library_syncfs(descriptor) != 0:  # ctypes lets go of the GIL for the call
+                error_number = ctypes.get_errno()
+                raise OSError(error_number, os.strerror(error_number))
         finally:
-            os.close(fd)
+            os.close(descriptor)
 
     return syncfs
 
 
 _syncfs = _load_syncfs()
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable: the directory entry must reach the disk too."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -11,7 +11,7 @@ import redis
 
 from ..errors import ConfigError, SaveError
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
+from ..job.saver_spec import SaverSpec
 from ..redaction import redact
 from ..redis_urls import is_redis_url
 from .base import ItemSaver
@@ -79,18 +79,18 @@ class RedisItemSaver(ItemSaver):
     def save_many(self, entries: Sequence[tuple[str, Download]]) -> list[Union[str, Exception]]:
         """The entries' hashes in one transaction (one round trip) per GROUP_BYTES of bodies:
         each group is written whole or not at all."""
-        out: list[Union[str, Exception]] = []
+        results: list[Union[str, Exception]] = []
         start, size = 0, 0
         for end, (_, download) in enumerate(entries, 1):
             size += len(download.body)
             if size >= GROUP_BYTES or end == len(entries):
                 group = entries[start:end]
                 try:
-                    out.extend(self._write(group, what=f"a group of {len(group)} item(s)"))
+                    results.extend(self._write(group, what=f"a group of {len(group)} item(s)"))
                 except SaveError as exc:
-                    out.extend([exc] * len(group))
+                    results.extend([exc] * len(group))
                 start, size = end, 0
-        return out
+        return results
 
     def _write(self, entries: Sequence[tuple[str, Download]], what: str) -> list[str]:
         if self._client is None:

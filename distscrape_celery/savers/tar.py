@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import BinaryIO, Optional
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
-from .files import DEFAULT_NAME_SCHEME, FileItemSaver
-from .shards import (
-    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
-)
+from ..job.saver_spec import SaverSpec
+from .file_names import DEFAULT_NAME_SCHEME
+from .files import FileItemSaver
+from .joining import CompleteUnits, Joined, NotAUnit, join_shards
+from .shards import ShardedItemSaver, ShardNames, ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TarItemSaver(ShardedItemSaver):
     ) -> None:
         self._names = ShardNames(output, tuple(EXTENSIONS), "tar")
         self.output = self._names.output
-        self.compression = EXTENSIONS[self._names.ext]
+        self.compression = EXTENSIONS[self._names.extension]
         self.compresslevel = compresslevel
         # Names members exactly as the files saver names files; never writes anything.
         self._namer = FileItemSaver(self._names.directory, name_scheme, job=job, fsync=False)
@@ -160,19 +160,19 @@ class TarShard:
 
     def records(self, bodies: bool = True) -> Iterator[TarRecord]:
         self.torn = self.finished = False
-        with open(self.path, "rb") as fh:
-            stream = CompleteUnits(fh, self.compression)
+        with open(self.path, "rb") as shard_file:
+            stream = CompleteUnits(shard_file, self.compression)
             try:
                 tar = tarfile.open(fileobj=stream, mode="r|", errorlevel=2)
             except tarfile.ReadError:
                 # Nothing complete in it: an empty shard, or an empty archive (its end marker
                 # alone) is fine, anything else is torn.
-                self.finished = _starts_with_end_marker(fh, stream)
+                self.finished = _starts_with_end_marker(shard_file, stream)
                 self.torn = not self.finished and (
-                    stream.torn or os.fstat(fh.fileno()).st_size > 0
+                    stream.torn or os.fstat(shard_file.fileno()).st_size > 0
                 )
                 return
-            size = os.fstat(fh.fileno()).st_size
+            size = os.fstat(shard_file.fileno()).st_size
             for info in self._stream_members(tar):
                 if not info.isfile():
                     continue
@@ -199,8 +199,8 @@ class TarShard:
                 self.torn = stream.torn
                 self.finished = stream.last_unit == _END_OF_ARCHIVE
             else:
-                fh.seek(tar.offset)
-                rest = fh.read(len(_END_OF_ARCHIVE))
+                shard_file.seek(tar.offset)
+                rest = shard_file.read(len(_END_OF_ARCHIVE))
                 self.finished = rest == _END_OF_ARCHIVE
                 self.torn = bool(rest) and not self.finished
 
@@ -244,16 +244,16 @@ class TarShard:
             self.torn = stream.torn
 
     def _plain_units(self, max_unit: Optional[int]) -> Iterator[tuple[bytes, Optional[str]]]:
-        with open(self.path, "rb") as fh:
-            fd = fh.fileno()
-            size = os.fstat(fd).st_size
+        with open(self.path, "rb") as shard_file:
+            descriptor = shard_file.fileno()
+            size = os.fstat(descriptor).st_size
             if size == 0:
                 return
-            if os.pread(fd, len(_END_OF_ARCHIVE), 0) == _END_OF_ARCHIVE:
+            if os.pread(descriptor, len(_END_OF_ARCHIVE), 0) == _END_OF_ARCHIVE:
                 self.finished = True  # an empty archive
                 return
             try:
-                tar = tarfile.open(fileobj=fh, mode="r|", errorlevel=2)
+                tar = tarfile.open(fileobj=shard_file, mode="r|", errorlevel=2)
             except tarfile.ReadError:
                 self.torn = True
                 return
@@ -265,10 +265,10 @@ class TarShard:
                 if max_unit is not None and end - info.offset > max_unit:
                     raise NotAUnit(f"a member larger than {max_unit} bytes")
                 item = info.pax_headers.get(PAX_ITEM) if info.isfile() else None
-                yield os.pread(fd, end - info.offset, info.offset), item
+                yield os.pread(descriptor, end - info.offset, info.offset), item
             if self.torn:
                 return
-            rest = os.pread(fd, len(_END_OF_ARCHIVE), tar.offset)
+            rest = os.pread(descriptor, len(_END_OF_ARCHIVE), tar.offset)
             self.finished = rest == _END_OF_ARCHIVE
             self.torn = bool(rest) and not self.finished
 
@@ -368,14 +368,14 @@ def tar_index(output: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
 
 def join_tar(output: str | os.PathLike, *, max_unit: int) -> Joined:
     """Join the shards of the tar archive ``output`` into ``output`` itself, each item once,
-    and remove them (see :func:`~distscrape_celery.savers.shards.join_shards`).
+    and remove them (see :func:`~distscrape_celery.savers.joining.join_shards`).
 
     A compressed member is copied as the gzip member or bz2 stream it is in its shard, not
     compressed again; only the shards' end-of-archive markers are left out, and one ends the
     joined archive, which tarfile (``r:gz``) and ``tar -tzf`` read whole. ``max_unit`` bounds
     one member (a bigger one means the file is not what a saver wrote)."""
     names = ShardNames(output, tuple(EXTENSIONS), "tar")
-    compression = EXTENSIONS[names.ext]
+    compression = EXTENSIONS[names.extension]
 
     def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[str]]]:
         shard = TarShard(path)

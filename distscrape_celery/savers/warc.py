@@ -20,10 +20,9 @@ from warcio.timeutils import datetime_to_iso_date
 from warcio.warcwriter import WARCWriter
 
 from ..web.fetch import Download
-from ..job.spec import SaverSpec
-from .shards import (
-    CompleteUnits, Joined, NotAUnit, ShardedItemSaver, ShardNames, ShardWriter, join_shards,
-)
+from ..job.saver_spec import SaverSpec
+from .joining import CompleteUnits, Joined, NotAUnit, join_shards
+from .shards import ShardedItemSaver, ShardNames, ShardWriter
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +78,8 @@ class WarcItemSaver(ShardedItemSaver):
         })
 
     def _encode(self, item: str, download: Download) -> bytes:
-        buf = io.BytesIO()
-        writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
+        buffer = io.BytesIO()
+        writer = WARCWriter(buffer, gzip=True, warc_version=WARC_VERSION)
         url = download.url
         date = datetime_to_iso_date(
             datetime.fromtimestamp(download.fetched_at, timezone.utc).replace(tzinfo=None),
@@ -116,7 +115,7 @@ class WarcItemSaver(ShardedItemSaver):
             warc_headers_dict=_warc_fields("request", date, item_value),
         )
         writer.write_request_response_pair(request, response)
-        return buf.getvalue()
+        return buffer.getvalue()
 
     def _location(self, shard: str, item: str) -> str:
         return f"{shard}#{item}"
@@ -124,15 +123,15 @@ class WarcItemSaver(ShardedItemSaver):
 
 def _warcinfo_record(filename: str, fields: dict[str, str]) -> bytes:
     """A gzipped ``warcinfo`` record for the file ``filename``, with ``fields`` after ours."""
-    buf = io.BytesIO()
-    writer = WARCWriter(buf, gzip=True, warc_version=WARC_VERSION)
+    buffer = io.BytesIO()
+    writer = WARCWriter(buffer, gzip=True, warc_version=WARC_VERSION)
     writer.write_record(writer.create_warcinfo_record(filename, {
         "software": SOFTWARE,
         "format": "WARC File Format 1.1",
         "conformsTo": WARC_1_1_SPEC,
         **fields,
     }))
-    return buf.getvalue()
+    return buffer.getvalue()
 
 
 def _warc_fields(record_type: str, date: str, item: str) -> dict[str, str]:
@@ -159,7 +158,7 @@ RecordKey = tuple[str, str]
 
 def join_warc(output: str | os.PathLike, *, max_unit: int, job: str = "") -> Joined:
     """Join the shards of the WARC file ``output`` into ``output`` itself and remove them (see
-    :func:`~distscrape_celery.savers.shards.join_shards`): one ``warcinfo`` record naming it,
+    :func:`~distscrape_celery.savers.joining.join_shards`): one ``warcinfo`` record naming it,
     then every request and response record once, each the gzip member it is in its shard (not
     compressed again). The shards' own ``warcinfo`` records, which name the shards, are left
     out. ``max_unit`` bounds one record."""

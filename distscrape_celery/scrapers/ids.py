@@ -10,9 +10,9 @@ from urllib.parse import quote
 from ..web.encoding import decode_html
 from ..errors import FetchError
 from ..web.fetch import Download, Fetcher
-from ..job.spec import (
-    DEFAULT_MAX_LINKS_PER_PAGE, DOT_IDS, HREFS_LOOKED_AT_PER_LINK, MAX_ID_CHARS, FetchSpec, JobSpec,
-)
+from ..job.scraper_spec import DEFAULT_MAX_LINKS_PER_PAGE, HREFS_LOOKED_AT_PER_LINK
+from ..job.sections import FetchSpec
+from ..job.spec import DOT_IDS, MAX_ID_CHARS, JobSpec
 from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, PatternTimeout, compile_pattern
 from ..job.urls import is_url
 from .base import FoundItems, Scraper

@@ -15,9 +15,9 @@ import lxml.html
 from ..caches import ByteBoundedCache, text_bytes
 from ..web.encoding import decode_html
 from ..web.fetch import Download, Fetcher, media_type_of
-from ..job.spec import (
-    DEFAULT_MAX_LINKS_PER_PAGE, HREFS_LOOKED_AT_PER_LINK, FetchSpec, JobSpec,
-)
+from ..job.scraper_spec import DEFAULT_MAX_LINKS_PER_PAGE, HREFS_LOOKED_AT_PER_LINK
+from ..job.sections import FetchSpec
+from ..job.spec import JobSpec
 from ..job.patterns import Budget, PatternTimeout
 from ..web.scope import LinkScope
 from ..job.urls import PLAIN_SEGMENT, is_plain_url

@@ -133,7 +133,7 @@ WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
 
 
 # The robots.txt cache: one hash tag, so that the script that stores a record and keeps the
-# cache within its bound (web/robots.py) touches one cluster slot.
+# cache within its bound (web/robots_stores.py) touches one cluster slot.
 ROBOTS_RECORD_PREFIX = f"{PREFIX}:{{robots}}:r:"
 ROBOTS_INDEX = f"{PREFIX}:{{robots}}:index"
 ROBOTS_SIZES = f"{PREFIX}:{{robots}}:sizes"

@@ -27,7 +27,8 @@ from urllib3.util import make_headers, parse_url
 
 from .deadline import Deadline, total_deadline, watched_pool_classes
 from ..errors import FetchError
-from ..job.spec import FetchSpec, JobSpec
+from ..job.sections import FetchSpec
+from ..job.spec import JobSpec
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
 from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
 
@@ -190,10 +191,10 @@ class Fetcher:
         parsing the URL and building a pool key, two steps that were about a fifth of a
         download's CPU."""
         _, manager, direct = self._state()
-        kw = self._request_kw
+        request_options = self._request_kw
         plain = _PLAIN_TARGET.match(url)
         if plain is None or (plain[3] and int(plain[3]) > 65535):
-            return manager.urlopen("GET", url, **kw)
+            return manager.urlopen("GET", url, **request_options)
         scheme, host, port, path = plain.groups()
         origin = (scheme, host, port)
         pool = direct.get(origin)
@@ -205,7 +206,8 @@ class Fetcher:
             if len(direct) >= POOLS:
                 direct.clear()
             direct[origin] = pool
-        return pool.urlopen("GET", path, assert_same_host=False, headers=manager.headers, **kw)
+        return pool.urlopen("GET", path, assert_same_host=False, headers=manager.headers,
+                            **request_options)
 
     def get(self, url: str) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;

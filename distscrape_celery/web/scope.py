@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from typing import Optional
 from urllib.parse import urlsplit
 
-from ..job.spec import DEFAULT_DENY_EXTENSIONS, JobSpec
+from ..job.scraper_spec import DEFAULT_DENY_EXTENSIONS
+from ..job.spec import JobSpec
 from ..job.patterns import DEFAULT_REGEX_SECONDS, Budget, compile_pattern
 from ..job.urls import DEFAULT_MAX_URL_LENGTH, Canonicalizer, url_host
 
@@ -89,13 +90,14 @@ class LinkScope:
     @classmethod
     def from_spec(cls, spec: JobSpec) -> "LinkScope":
         """The scope ``spec.scraper`` describes; by default, the hosts of the job's seeds."""
-        s = spec.scraper
+        scraper = spec.scraper
         hosts, domains = scope_hosts(spec)
-        allow = ([s.link_regex] if s.link_regex is not None else []) + s.allow_regex
+        allow = ([scraper.link_regex] if scraper.link_regex is not None else [])
+        allow += scraper.allow_regex
         return cls(
-            Canonicalizer(s.strip_params), hosts=hosts, domains=domains, allow=allow,
-            deny=s.deny_regex, deny_extensions=s.deny_extensions,
-            max_url_length=s.max_url_length, regex_seconds=s.regex_seconds,
+            Canonicalizer(scraper.strip_params), hosts=hosts, domains=domains, allow=allow,
+            deny=scraper.deny_regex, deny_extensions=scraper.deny_extensions,
+            max_url_length=scraper.max_url_length, regex_seconds=scraper.regex_seconds,
         )
 
     def page_budget(self) -> Budget:

@@ -15,7 +15,8 @@ from distscrape_celery.errors import FetchError
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.tracker import keys
 from distscrape_celery.tracker.keys import JobKeys, domain_of
-from distscrape_celery.web.robots import MAX_CRAWL_DELAY, RedisRobotsStore, RobotsCache
+from distscrape_celery.web.robots import MAX_CRAWL_DELAY, RobotsCache
+from distscrape_celery.web.robots_stores import RedisRobotsStore
 from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings
 from tests.support.guard import public_test_hooks

@@ -17,10 +17,9 @@ from distscrape_celery.job.spec import build_spec
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.tracker import keys
 from distscrape_celery.web.fetch import Fetcher
-from distscrape_celery.web.robots import (
-    DISALLOWED, MAX_ROBOTS_RECORD_BYTES, MemoryRobotsStore, RedisRobotsStore, RobotsCache,
-    robots_origin,
-)
+from distscrape_celery.web.robots import DISALLOWED, RobotsCache, robots_origin
+from distscrape_celery.web.robots_record import MAX_ROBOTS_RECORD_BYTES
+from distscrape_celery.web.robots_stores import MemoryRobotsStore, RedisRobotsStore
 from distscrape_celery.web.scope import LinkScope
 from tests.support.pipeline import crawl_inline
 from tests.support.crawl import crawl_settings

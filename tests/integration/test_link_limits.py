@@ -342,7 +342,8 @@ def test_parsed_robots_files_are_kept_by_their_size_not_their_number() -> None:
     """Five hosts of a job with a 512 KiB robots.txt each: protego's rules of one take some 30 MB,
     so the process keeps two or three of them, not 1,024 (over 30 GB, were there that many)."""
     from distscrape_celery.web.fetch import FetchSpec, Fetcher
-    from distscrape_celery.web.robots import MemoryRobotsStore, RobotsCache
+    from distscrape_celery.web.robots import RobotsCache
+    from distscrape_celery.web.robots_stores import MemoryRobotsStore
 
     rules = "User-agent: *\n" + "".join(f"Disallow: /p{i}/x*y$\n" for i in range(30_000))
     rules = rules[:512 * 1024]

@@ -19,7 +19,8 @@ from distscrape_celery.errors import FetchError
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.processes import wait_for_workers
 from distscrape_celery.core.manager import CrawlManager
-from distscrape_celery.web.robots import DISALLOWED, MemoryRobotsStore, RedisRobotsStore, RobotsCache
+from distscrape_celery.web.robots import DISALLOWED, RobotsCache
+from distscrape_celery.web.robots_stores import MemoryRobotsStore, RedisRobotsStore
 from distscrape_celery.worker.publish import publisher
 from distscrape_celery.tracker import RedisTracker, keys
 from tests.support.http import reply, serve

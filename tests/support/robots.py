@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from distscrape_celery.web.robots import MemoryRobotsStore, RedisRobotsStore
+from distscrape_celery.web.robots_stores import MemoryRobotsStore, RedisRobotsStore
 
 
 @pytest.fixture(params=["redis", "memory"])

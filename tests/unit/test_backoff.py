@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distscrape_celery.core.backoff import Backoff
-from distscrape_celery.job.spec import PolitenessSpec
+from distscrape_celery.job.sections import PolitenessSpec
 
 
 def test_exponential_with_equal_jitter_and_a_cap():

@@ -14,7 +14,7 @@ import pytest
 
 from distscrape_celery.errors import FetchError
 from distscrape_celery.web.fetch import Download, Fetcher
-from distscrape_celery.job.spec import FetchSpec
+from distscrape_celery.job.sections import FetchSpec
 from tests.support.http import Route, nested_gzip_bomb, reply, serve
 from tests.support.ops import closed_port as _closed_port
 from tests.support import REPO_ROOT

@@ -16,7 +16,8 @@ import pytest
 from distscrape_celery.web.encoding import decode_html
 from distscrape_celery.errors import ConfigError, FetchError
 from distscrape_celery.web.fetch import Download, Fetcher, retry_after
-from distscrape_celery.job.spec import FetchSpec, build_spec
+from distscrape_celery.job.sections import FetchSpec
+from distscrape_celery.job.spec import build_spec
 from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.web.ssrf import AddressGuard, AddressRefused, address_kind

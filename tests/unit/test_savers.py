@@ -12,7 +12,7 @@ import pytest
 
 from distscrape_celery.errors import ConfigError, SaveError
 from distscrape_celery.web.fetch import Download
-from distscrape_celery.job.spec import SaverSpec
+from distscrape_celery.job.saver_spec import SaverSpec
 from distscrape_celery.savers import FileItemSaver, ItemSaver
 from tests.support.saving import sha1
 

@@ -12,7 +12,8 @@ import pytest
 
 from distscrape_celery.errors import FetchError
 from distscrape_celery.web.fetch import Download, Fetcher
-from distscrape_celery.job.spec import FetchSpec, build_spec
+from distscrape_celery.job.sections import FetchSpec
+from distscrape_celery.job.spec import build_spec
 from distscrape_celery.web.scope import LinkScope
 from distscrape_celery.scrapers import SimpleScraper
 from distscrape_celery.scrapers.simple import _FEED_CHARS

@@ -1,0 +1,156 @@
+"""The sections of a job spec that set limits (fetch, politeness, tracker), and what every
+section shares: a strict model, and the checks of a ``kind`` and of a field's name in errors.
+
+The two sections that choose a class by ``kind`` and check their options against it have their own
+modules: :mod:`.scraper_spec` and :mod:`.saver_spec`; :mod:`.spec` joins them all into the job's
+spec."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from ..tracker.model import DomainLimits
+
+
+class StrictModel(BaseModel):
+    """A part of a job spec: an unknown key is an error, and a validated spec never changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def check_kind(value: str, builtin: tuple[str, ...]) -> str:
+    """``value`` if it names one of the ``builtin`` kinds or a class as ``package.module:Class``;
+    else ValueError listing the choices."""
+    if value in builtin or _DOTTED.match(value):
+        return value
+    raise ValueError(
+        f"unknown kind {value!r}: use one of {', '.join(builtin)} or a class as 'package.module:Class'"
+    )
+
+
+def field_label(info: ValidationInfo, field: str, default: Optional[str] = None) -> str:
+    """How the person who wrote the spec calls ``field`` (an option such as ``--id-regex``)."""
+    names = (info.context or {}).get("names") or {}
+    return names.get(field, default or field)
+
+
+class FetchSpec(StrictModel):
+    """Limits on every download; a fetch never runs without a timeout."""
+
+    connect_timeout: float = Field(10.0, gt=0, le=600)
+    read_timeout: float = Field(30.0, gt=0, le=3600)
+    total_timeout: float = Field(60.0, gt=0, le=3600, description="Whole download, body included.")
+    max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Largest body kept, after decoding.")
+    max_redirects: int = Field(5, ge=0, le=30)
+    user_agent: str = Field(
+        "distscrape-celery/0.1",
+        min_length=1, description="Sent with every request, and matched against robots.txt.",
+    )
+    obey_robots: bool = Field(True, description="Fetch nothing robots.txt disallows.")
+    robots_cache_seconds: float = Field(
+        86400.0, gt=0, description="How long a host's robots.txt is kept (in Redis) before it "
+        "is fetched again.",
+    )
+    robots_retry_seconds: float = Field(
+        10.0, gt=0, le=86400,
+        description="A host whose robots.txt could not be read (a 5xx, a timeout, a refused "
+        "connection) is asked again after this long, not after robots_cache_seconds; its items "
+        "retry then, so a dead host's items end after about max_retries x this long.",
+    )
+    allow_private: bool = Field(
+        False,
+        description="Let the job reach private, loopback, link-local and reserved addresses. "
+        "Without it only the address and port a seed URL gives literally (an IP address, or "
+        "localhost) are allowed, and only through URLs that name them literally too; a name's "
+        "DNS answer never is.",
+    )
+
+    @field_validator("user_agent")
+    @classmethod
+    def _one_line(cls, value: str) -> str:
+        if not value.isprintable():
+            raise ValueError("must be one line of printable characters")
+        return value
+
+
+# A key of domain_overrides: a domain as keys.domain_of gives it, an authority without user info.
+_HOST_PORT = re.compile(r"(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
+
+
+class DomainOverride(StrictModel):
+    """One domain's own limits; an unset one is the job's."""
+
+    max_rate: Optional[float] = Field(None, gt=0, le=10000)
+    concurrency: Optional[int] = Field(None, ge=1, le=100000)
+
+
+class PolitenessSpec(StrictModel):
+    """How hard the whole cluster may hit each domain, how far the job may grow, how failed
+    downloads back off. A domain is a URL's host, with ``:port`` if the URL names one."""
+
+    max_rate: Optional[float] = Field(
+        None, gt=0, le=10000,
+        description="Most requests per second to one domain, across all workers; None: no limit.",
+    )
+    per_domain_concurrency: int = Field(
+        8, ge=1, le=100000, description="Most requests in flight to one domain, across all workers."
+    )
+    domain_overrides: dict[str, DomainOverride] = Field(
+        default_factory=dict, max_length=1000,
+        description='Per-domain max_rate and concurrency, e.g. {"example.org:8080" = {max_rate = 1}}.',
+    )
+    max_pages: Optional[int] = Field(
+        None, ge=1, description="Most items the job ever holds (seeds and dead items count)."
+    )
+    max_pages_per_domain: Optional[int] = Field(None, ge=1, description="The same, per domain.")
+    backoff_base: float = Field(
+        1.0, gt=0, le=3600,
+        description="A retried download waits about base x 2^(failed attempts) seconds (with jitter).",
+    )
+    backoff_max: float = Field(
+        600.0, gt=0, le=86400, description="Longest wait before a retry, Retry-After included."
+    )
+
+    @field_validator("domain_overrides")
+    @classmethod
+    def _domains(cls, value: dict[str, DomainOverride]) -> dict[str, DomainOverride]:
+        overrides = {}
+        for domain, override in value.items():
+            key = domain.lower()
+            if not _HOST_PORT.fullmatch(key):
+                raise ValueError(f"{domain!r} is not a host or host:port")
+            overrides[key] = override
+        return overrides
+
+    @property
+    def smallest_concurrency(self) -> int:
+        """The lowest in-flight cap of any domain: the job's, or a domain override's."""
+        return min([self.per_domain_concurrency,
+                    *(o.concurrency for o in self.domain_overrides.values() if o.concurrency)])
+
+    def limits_for(self, override: Optional[DomainOverride] = None) -> DomainLimits:
+        """The tracker's limits for a domain with ``override`` (None: any domain without one):
+        each value the override leaves unset is the job's."""
+        rate = override.max_rate if override and override.max_rate else self.max_rate
+        concurrency = override.concurrency if override and override.concurrency else None
+        return DomainLimits(
+            interval=1.0 / rate if rate else 0.0,
+            concurrency=concurrency or self.per_domain_concurrency,
+        )
+
+
+class TrackerSpec(StrictModel):
+    """How the job's state is laid out in the tracker's Redis."""
+
+    shards: int = Field(
+        1, ge=1, le=1024,
+        description="Hash-tag shards the job's frontier and seen set are spread over (by domain), "
+        "so that on Redis Cluster the job uses several masters; 1 keeps it in one slot. "
+        "max_pages is split evenly over the shards.",
+    )
