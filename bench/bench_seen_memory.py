@@ -14,7 +14,7 @@ ways: MEMORY USAGE (SAMPLES 0, exact) of each of the job's keys, split into the 
 live-item buckets, the frontier (domain queues and the domain schedule) and the rest; and INFO
 memory's used_memory before the job and after.
 
-tests/integration/test_seen_memory.py imports :func:`measure` and asserts the bounds at 100,000
+tests/integration/tracker/test_seen_memory.py imports :func:`measure` and asserts the bounds at 100,000
 items.
 """
 

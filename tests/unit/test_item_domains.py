@@ -1,6 +1,6 @@
 """The domain rule in Python: an http(s) URL is its host's; anything else is an ID, fetched from the
 job's download host, and so counts against that host's politeness. (The Lua twin of the rule is
-checked against this one in tests/integration/test_id_politeness.py.)"""
+checked against this one in tests/integration/scrapers/test_id_politeness.py.)"""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ COMMAND_LINE = re.compile(
 
 # Lines run by other tests (their text is checked there against the docs).
 ELSEWHERE = {
-    # tests/integration/test_deploy_files.py runs the documented celery multi line.
+    # tests/integration/deploy/test_deploy_files.py runs the documented celery multi line.
     "celery multi start",
     # .ci/run runs the README's test command verbatim (checked below).
     "-m pytest",
