@@ -12,6 +12,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from ..tracker.defaults import DOMAIN_CONCURRENCY
 from ..tracker.model import DomainLimits
 
 
@@ -99,7 +100,8 @@ class PolitenessSpec(StrictModel):
         description="Most requests per second to one domain, across all workers; None: no limit.",
     )
     per_domain_concurrency: int = Field(
-        8, ge=1, le=100000, description="Most requests in flight to one domain, across all workers."
+        DOMAIN_CONCURRENCY, ge=1, le=100000,
+        description="Most requests in flight to one domain, across all workers.",
     )
     domain_overrides: dict[str, DomainOverride] = Field(
         default_factory=dict, max_length=1000,
