@@ -3,7 +3,6 @@ with distinct node names: its API shows both workers and tasks naming their job 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import socket
@@ -12,6 +11,7 @@ import sys
 
 from tests.support.crawl import crawl_settings
 from tests.support.ops import free_port, http_get, wait_for
+from tests.support.sockets import listening
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from tests.support import REPO_ROOT as ROOT
 
@@ -51,7 +51,7 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
         wait_for_workers(tracker, 2, procs=procs)
         wait_for("Flower to answer", lambda: http_get(f"{base}/healthcheck")[0] == 200)
         # Started as documented, without --address: the config file keeps it on loopback.
-        assert listening_addresses(port) == {"127.0.0.1"}
+        assert listening(flower.pid).addresses_on(port) == {"127.0.0.1"}
 
         for path in ("/api/workers", "/api/tasks", "/metrics", "/"):
             assert http_get(base + path)[0] == 401, path
@@ -102,21 +102,3 @@ def test_flower_shows_two_workers_and_tasks_with_job_and_url(redis_url, tmp_path
         flower_log.close()
         for p in procs:
             p.stop(timeout=10)
-
-
-def listening_addresses(port: int) -> set[str]:
-    """The local addresses of every socket listening on TCP ``port`` (from /proc/net)."""
-    found = set()
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        with open(table) as fh:
-            next(fh)
-            for line in fh:
-                local, state = line.split()[1], line.split()[3]
-                addr, _, hexport = local.partition(":")
-                if state != "0A" or int(hexport, 16) != port:  # 0A: LISTEN
-                    continue
-                raw = bytes.fromhex(addr)
-                # /proc prints each 32-bit word in host (little-endian) order.
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-                found.add(str(ipaddress.ip_address(raw)))
-    return found
