@@ -56,7 +56,6 @@ def tracker_factory(request):
 
 # -- crawls with real worker processes --------------------------------------------------------
 
-from distscrape_celery.local.processes import WorkerProcess  # noqa: E402
 from distscrape_celery.settings import Settings  # noqa: E402
 from tests.support.crawl import PluginWorker, kill_all, plugins_path  # noqa: E402
 from tests.support.http import RouteServer  # noqa: E402
@@ -82,42 +81,34 @@ def site_server(site):
 
 
 @pytest.fixture
-def workers(tmp_path):
-    """Start real `celery worker` processes; every one is killed (its whole group) at the end."""
-    started: list[WorkerProcess] = []
-
-    def start(settings: Settings, name: str, concurrency: int = 3, **kw) -> WorkerProcess:
-        w = WorkerProcess(settings, name=name, concurrency=concurrency, log_dir=str(tmp_path),
-                          loglevel="INFO", **kw)
-        started.append(w.start())
-        return w
-
-    yield start
-    kill_all(started)
-
-
-@pytest.fixture
 def start_worker(tmp_path):
     """Start real `celery worker` processes that can import ``tests.plugins`` (the repository
     root on their PYTHONPATH, after ``path_first``), logging into ``tmp_path/logs``, each
-    consuming ``queues`` (default: both) with ``env`` added to its environment. Every one is
+    consuming ``queues`` (default: both) with ``env`` added to its environment (``options``:
+    more of WorkerProcess's, such as ``include``). Every one is
     killed, whole process group, at the end: frozen ones too."""
     started: list[PluginWorker] = []
     logs = tmp_path / "logs"
     logs.mkdir()
 
-    def start(settings: Settings, name: str, *, concurrency: int = 3, queues=None,
-              pool: str = "prefork", path_first=(), env=None) -> PluginWorker:
+    def start(settings: Settings, name: str, concurrency: int = 3, *, queues=None,
+              pool: str = "prefork", path_first=(), env=None, **options) -> PluginWorker:
         worker = PluginWorker(
             settings, name=name, concurrency=concurrency, log_dir=str(logs), loglevel="INFO",
             extra_env={"PYTHONPATH": plugins_path(*map(str, path_first)), **(env or {})},
-            queues=queues, pool=pool,
+            queues=queues, pool=pool, **options,
         )
         started.append(worker.start())
         return worker
 
     yield start
     kill_all(started)
+
+
+@pytest.fixture
+def workers(start_worker):
+    """:func:`start_worker` under the name most crawl tests use."""
+    return start_worker
 
 
 @pytest.fixture

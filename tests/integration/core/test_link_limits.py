@@ -87,19 +87,26 @@ def runtime_of(kind: str, request) -> Runtime:
     return Runtime.for_redis(crawl_settings(redis_url, save_batch_size=1))
 
 
-@pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_a_page_gives_at_most_the_cap_and_status_counts_the_rest(kind, request, tmp_path, caplog):
-    links = "".join(f'<a href="/p/{n}">{n}</a>' for n in range(LINKS_ON_PAGE))
-    page = f"<html><body>{links}</body></html>".encode()
+def scrape_one_page(kind, request, tmp_path, caplog, job: str, page: bytes):
+    """Seed ``job`` with a site whose one page is ``page`` and scrape it through the pipeline,
+    on a tracker of ``kind``, its warnings in ``caplog``: the runtime, to read the job from."""
     with RouteServer({"/": (200, page)}) as server:
         rt = runtime_of(kind, request)
         rt.tracker.register_worker("test", 1, 4)
         spec = build_spec({"seeds": [server.base + "/"], "saver": {"output": str(tmp_path / "out")}})
-        rt.tracker.create_job("cap", spec.to_json(), spec.crawl_limits())
-        rt.tracker.add("cap", spec.seeds)
+        rt.tracker.create_job(job, spec.to_json(), spec.crawl_limits())
+        rt.tracker.add(job, spec.seeds)
         pipe = ItemPipeline(rt, Recorder())
         with caplog.at_level(logging.WARNING, logger="distscrape_celery.core.pipeline"):
-            assert pipe.scrape("cap", server.base + "/") == "scraped"
+            assert pipe.scrape(job, server.base + "/") == "scraped"
+    return rt
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_page_gives_at_most_the_cap_and_status_counts_the_rest(kind, request, tmp_path, caplog):
+    links = "".join(f'<a href="/p/{n}">{n}</a>' for n in range(LINKS_ON_PAGE))
+    page = f"<html><body>{links}</body></html>".encode()
+    rt = scrape_one_page(kind, request, tmp_path, caplog, "cap", page)
     stats = rt.tracker.stats("cap")
     assert stats.seen == 1 + DEFAULT_CAP  # the seed and the first 10,000 links, in page order
     assert stats.links_cut == LINKS_ON_PAGE - DEFAULT_CAP
@@ -182,15 +189,7 @@ def test_a_page_past_the_hrefs_bound_is_cut_and_status_counts_the_rest(kind, req
     off_site = "".join(f'<a href="http://off{n}.invalid/">o</a>' for n in range(MANY_HREFS))
     tail = "".join(f'<a href="/tail/{n}">t</a>' for n in range(50))
     page = f"<html><body>{off_site}{tail}</body></html>".encode()
-    with RouteServer({"/": (200, page)}) as server:
-        rt = runtime_of(kind, request)
-        rt.tracker.register_worker("test", 1, 4)
-        spec = build_spec({"seeds": [server.base + "/"], "saver": {"output": str(tmp_path / "out")}})
-        rt.tracker.create_job("bound", spec.to_json(), spec.crawl_limits())
-        rt.tracker.add("bound", spec.seeds)
-        pipe = ItemPipeline(rt, Recorder())
-        with caplog.at_level(logging.WARNING, logger="distscrape_celery.core.pipeline"):
-            assert pipe.scrape("bound", server.base + "/") == "scraped"
+    rt = scrape_one_page(kind, request, tmp_path, caplog, "bound", page)
     cut = MANY_HREFS + 50 - HREFS_BOUND
     stats = rt.tracker.stats("bound")
     assert stats.seen == 1, stats  # the seed only: no link of the site's tail was added

@@ -114,17 +114,15 @@ def test_a_save_message_of_a_killed_worker_is_redelivered_and_saved_without_a_do
     check of the save queue is needed (none runs on RabbitMQ), and the page is not downloaded
     again."""
     from tests.plugins.savers import instruct, paused_pid
-    from tests.support.crawl import plugins_path
     from distscrape_celery.settings import Settings
 
     settings = amqp_settings.model_copy(update={"lease_seconds": 5.0,
                                                 "plugin_modules": "tests.plugins"})
-    env = {"PYTHONPATH": plugins_path()}
     with RouteServer({"/": (200, b"<html>one page</html>", 0.0)}) as site:
         out = tmp_path / "out"
         page = site.base + "/"
         instruct(out, "pause", [f"60 {page}"])  # the first save of the page hangs
-        first = workers(settings, "amqp-saver-doomed", concurrency=1, extra_env=env)
+        first = workers(settings, "amqp-saver-doomed", concurrency=1)
         tracker = RedisTracker.from_url(settings.redis_url)
         wait_for_workers(tracker, 1, procs=[first])
         configure_app(settings)
@@ -144,7 +142,7 @@ def test_a_save_message_of_a_killed_worker_is_redelivered_and_saved_without_a_do
         while queue_depth(settings.broker_url, settings.save_queue) != 1:
             assert time.monotonic() < deadline, "the broker did not redeliver the save message"
             time.sleep(0.05)
-        second = workers(settings, "amqp-saver-rescuer", concurrency=1, extra_env=env)
+        second = workers(settings, "amqp-saver-rescuer", concurrency=1)
         stats = manager.wait("save-kill", timeout=60, check=second.check)
         assert (stats.done, stats.dead) == (1, 0)
         assert len(saved_files(out)) == 1
