@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from tests.support.crawl import crawl_settings, expected_files, plugins_path, saved_files
+from tests.support.crawl import crawl_settings, expected_files, saved_files
 from redis.cluster import RedisCluster
 from tests.support.redis_cluster import RedisClusterProcess
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
@@ -290,8 +290,8 @@ def test_crawl_on_a_three_master_cluster(cluster, workers, tmp_path):
                 servers.append(SiteServer(site).__enter__())
             settings = crawl_settings(cluster.url, redis_cluster=True, broker_url=broker.url,
                                       lease_seconds=30)
-            procs = [workers(settings, f"cluster-{i}", include=["tests.plugins.hooks"],
-                             extra_env={"PYTHONPATH": plugins_path()}) for i in range(2)]
+            procs = [workers(settings, f"cluster-{i}", include=["tests.plugins.hooks"])
+                     for i in range(2)]
             tracker = RedisTracker.from_url(cluster.url, cluster=True)
             wait_for_workers(tracker, 2, procs=procs)
             configure_app(settings)

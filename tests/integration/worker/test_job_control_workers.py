@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from tests.support.crawl import crawl_settings, plugins_path, wait_until
+from tests.support.crawl import crawl_settings, wait_until
 from tests.support.http import RouteServer
 from tests.support.cli import run
 
@@ -39,12 +39,10 @@ def fan_out(delay: float):
 @pytest.fixture
 def two_workers(redis_url, workers):
     settings = crawl_settings(redis_url, lease_seconds=5, worker_prune_seconds=6)
-    path = plugins_path()
     tracker = RedisTracker.from_url(redis_url)
     ghost = tracker.register_worker("ghost.invalid", 1, 1)  # never beats again
     procs = [
-        workers(settings, f"jc{i}", concurrency=2, include=["tests.plugins.hooks"],
-                extra_env={"PYTHONPATH": path})
+        workers(settings, f"jc{i}", concurrency=2, include=["tests.plugins.hooks"])
         for i in range(2)
     ]
     wait_for_workers(tracker, 2, procs=procs)
