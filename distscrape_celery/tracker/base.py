@@ -33,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Optional
 
 from .defaults import DISPATCH_FACTOR, LEASE_SECONDS, SAVE_BACKLOG_FACTOR
+from .revisits import RevisitUpdate
 from .model import (
     AddResult,
     Checkout,
@@ -41,6 +42,7 @@ from .model import (
     CrawlLimits,
     FailResult,
     Fault,
+    GenerationResult,
     JobAction,
     JobInfo,
     JobStats,
@@ -251,15 +253,36 @@ class Tracker(ABC):
         another ``save_timeout``, counting nothing. False if ``token`` is stale."""
 
     @abstractmethod
-    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
+    def complete(
+        self, job: str, item: str, token: Optional[int] = None,
+        revisit: Optional[RevisitUpdate] = None,
+    ) -> CompleteResult:
         """Mark ``item`` done after it was saved, whoever holds it now. Idempotent; a done item
         is never leased again, and a dead one stays dead. With ``token``, the body staged for
-        the save of lease ``token`` is dropped in the same step, whatever the item's state."""
+        the save of lease ``token`` is dropped in the same step, whatever the item's state.
+        With ``revisit`` (a job that revisits), the item is known from now on with its record,
+        and due again by its interval (or, DROPPED, forgotten); the outcome is counted."""
 
-    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
-        """:meth:`complete` of each (item, token), in order; in one round trip where the tracker
-        can. Each is atomic on its own."""
-        return [self.complete(job, item, token) for item, token in saves]
+    def complete_many(
+        self, job: str, saves: Sequence[tuple[str, int]],
+        revisits: Optional[Sequence[Optional[RevisitUpdate]]] = None,
+    ) -> list[CompleteResult]:
+        """:meth:`complete` of each (item, token), with ``revisits[i]`` if given, in order; in
+        one round trip where the tracker can. Each is atomic on its own."""
+        return [self.complete(job, item, token, revisits[i] if revisits else None)
+                for i, (item, token) in enumerate(saves)]
+
+    @abstractmethod
+    def start_generation(
+        self, job: str, seeds: Sequence[str], *, generation: int, due: Optional[str] = None,
+        next_due: Optional[str] = None,
+    ) -> GenerationResult:
+        """Start ``job``'s generation ``generation`` (its current one + 1) if the job is idle
+        (finished or expired): its counts begin again, every seed is queued again, the items
+        given up on are tried again and (a job that revisits) its known items that are due are
+        queued. Exactly one of racing callers starts it. With ``due`` (the text of the job's
+        next due time as read), only if that is still the job's next due time and has come;
+        ``next_due`` is recorded as the next one. Raises JobNotFound for a job never created."""
 
     @abstractmethod
     def fail(

@@ -114,6 +114,7 @@ PREFIX = "ds"
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 JOBS = f"{PREFIX}:jobs"
+SCHEDULES = f"{PREFIX}:schedules"
 ACTIVE_JOBS = f"{PREFIX}:active-jobs"
 # The authority of an http(s) URL, the scheme in any case; the same pattern as domain_of in
 # _lib_politeness.lua. Spelled out letter by letter: re.IGNORECASE would also take non-ASCII

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .defaults import DOMAIN_CONCURRENCY
 from .keys import NO_DOMAIN
+from .revisits import Record
 
 
 class ItemState(str, enum.Enum):
@@ -87,7 +88,8 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     PAUSED = "paused"  # nothing is dispatched; what is in flight goes on
     CANCELLED = "cancelled"  # as paused, for good (until resumed); the job counts as ended
-    FINISHED = "finished"  # nothing was left to do; new items make it run again
+    FINISHED = "finished"  # nothing was left to do; new items (or a next generation) run it
+    EXPIRED = "expired"  # past its max_duration: nothing more was dispatched
 
 
 class JobAction(str, enum.Enum):
@@ -106,10 +108,18 @@ class JobInfo:
     started: Optional[float] = None
     ended: Optional[float] = None
     final: Mapping[str, int] = field(default_factory=dict)
+    # Which run of the job this is (1 until it first runs again), and when its schedule next
+    # starts one (Unix seconds on the tracker's clock; None without a schedule, or paused).
+    generation: int = 1
+    next_due: Optional[float] = None
+    schedule: Optional[str] = None  # the schedule's text (see core/schedules.py)
+    schedule_paused: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"state": self.state.value, "started": self.started, "ended": self.ended,
-                "final": dict(self.final) or None}
+                "final": dict(self.final) or None, "generation": self.generation,
+                "schedule": self.schedule, "schedule_paused": self.schedule_paused,
+                "next_due": self.next_due}
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,9 @@ class Checkout:
     # Which creation of the job answered ('' if unknown): a job deleted and seeded again under
     # its name is another creation, and what a worker built from the first must not serve it.
     created: str = ""
+    # A job that revisits: what fetching the item again needs, if it is known from an earlier
+    # generation (tracker/revisits.py); None otherwise.
+    record: Optional[Record] = None
 
 
 class Urgent(str):
@@ -163,6 +176,20 @@ class SaveBegin(Dispatchable):
 @dataclass(frozen=True)
 class CompleteResult(Dispatchable):
     changed: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationResult(Dispatchable):
+    """How a call to start a job's next generation went: ``started`` (or why not: ``current``,
+    ``moved``, ``early``, or the job's state), the job's generation now and its next due time."""
+
+    status: str = "started"
+    generation: int = 1
+    next_due: Optional[float] = None
+
+    @property
+    def started(self) -> bool:
+        return self.status == "started"
 
 
 @dataclass(frozen=True)
@@ -241,7 +268,9 @@ class JobStats:
     wait for their save; ``delayed`` items wait out a backoff before they are queued again.
     ``links_cut`` counts the links pages had past the job's max_links_per_page (or past twice
     that many hrefs looked at), which were not added: counted, not resolved, so some may have
-    been repeats.
+    been repeats. A job that revisits counts, among ``done``, the pages found ``unchanged`` (not
+    saved) and ``gone`` (a 404 or 410), and ``known`` the items it keeps a record of.
+    Every count but ``known`` is the current generation's.
 
     :meth:`to_dict` (``distscrape status --json``) names ``save_pending`` ``saving``, as it
     always has: scripts and dashboards read that name."""
@@ -255,6 +284,9 @@ class JobStats:
     save_pending: int = 0
     delayed: int = 0
     links_cut: int = 0
+    unchanged: int = 0
+    gone: int = 0
+    known: int = 0
 
     @property
     def queued(self) -> int:
@@ -283,6 +315,9 @@ class JobStats:
             "done": self.done,
             "dead": self.dead,
             "links_cut": self.links_cut,
+            "unchanged": self.unchanged,
+            "gone": self.gone,
+            "known": self.known,
             "finished": self.finished,
         }
 

@@ -6,7 +6,7 @@ RedisTracker is made of one class per kind of call, each built on the state they
   on each thread's own connection, with redis-py's errors turned into the tracker's;
 * :mod:`.scripts`: the Lua scripts in ``lua/``, read once, and their function library;
 * :mod:`.shards`: which shard holds an item, the active-jobs mirror, finishing sharded jobs;
-* :mod:`.workers`, :mod:`.jobs`, :mod:`.items`, :mod:`.saves`: the calls of the
+* :mod:`.workers`, :mod:`.jobs`, :mod:`.items`, :mod:`.saves`, :mod:`.generations`: the calls of the
   :class:`~distscrape_celery.tracker.base.Tracker` contract on each;
 * :mod:`.staging`: where a downloaded body waits for its save, beside the scripts that stage
   and drop it.
@@ -15,6 +15,7 @@ RedisTracker is made of one class per kind of call, each built on the state they
 from __future__ import annotations
 
 from .connection import connect
+from .generations import GenerationCalls
 from .items import ItemCalls
 from .jobs import JobCalls
 from .saves import SaveCalls
@@ -24,5 +25,5 @@ from .workers import WorkerCalls
 __all__ = ["RedisTracker", "connect", "shard_policy"]
 
 
-class RedisTracker(WorkerCalls, JobCalls, ItemCalls, SaveCalls):
+class RedisTracker(WorkerCalls, JobCalls, ItemCalls, SaveCalls, GenerationCalls):
     """Tracker state in Redis; safe for any number of worker processes on any number of hosts."""

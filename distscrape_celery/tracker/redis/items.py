@@ -19,6 +19,7 @@ from ..model import (
     MaintainResult,
     ScrapedResult,
 )
+from ..revisits import Record
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import ShardLayout, chunks
@@ -134,7 +135,7 @@ class ItemCalls(ShardLayout):
         return Checkout(
             status=LeaseStatus(reply[0]), depth=int(reply[1]), failed_attempts=int(reply[2]),
             token=int(reply[3]), wait=float(reply[4]), created=reply[5],
-            dispatch=dispatched(reply[6:]),
+            record=Record.from_hex(reply[6]), dispatch=dispatched(reply[7:]),
         )
 
     @converts_redis_errors

@@ -123,7 +123,7 @@ class JobCalls(ShardLayout):
             head = {"state": state, "started": head.get("started")}
             if state in ("finished", "cancelled") and ended:
                 head["ended"] = str(max(ended))
-                for n in ("seen", "done", "dead"):
+                for n in ("seen", "done", "dead", "unchanged", "gone"):
                     head[f"final_{n}"] = str(sum(int(c.get(f"final_{n}", 0)) for c in controls))
 
         def number(name: str) -> Optional[float]:
@@ -131,8 +131,15 @@ class JobCalls(ShardLayout):
 
         final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead")
                  if f"final_{n}" in head}
+        # A job that revisits counts these too; the others never have any.
+        final.update({n: int(head[f"final_{n}"]) for n in ("unchanged", "gone")
+                      if int(head.get(f"final_{n}", 0))})
+        own = controls[0]  # the schedule and generation are shard 0's
         return JobInfo(job=job, state=JobState(head.get("state", "running")),
-                       started=number("started"), ended=number("ended"), final=final)
+                       started=number("started"), ended=number("ended"), final=final,
+                       generation=int(own.get("generation", 1)),
+                       next_due=float(own["next_due"]) if own.get("next_due") else None,
+                       schedule=own.get("schedule"), schedule_paused=own.get("schedule_paused") == "1")
 
     @converts_redis_errors
     def control(self, job: str, action: JobAction) -> ControlResult:
@@ -250,13 +257,14 @@ class JobCalls(ShardLayout):
         total = Counter()
         for s in range(shards):
             counters, dispatched, leased, pending, delayed = replies[5 * s : 5 * s + 5]
-            for name in ("seen", "queued", "done", "dead", "links_cut"):
+            for name in ("seen", "queued", "done", "dead", "links_cut", "unchanged", "gone", "kn"):
                 total[name] += int(counters.get(name, 0))
             total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
         return JobStats(
             seen=total["seen"], frontier=total["queued"], dispatched=total["dispatched"],
             leased=total["leased"], done=total["done"], dead=total["dead"],
             save_pending=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
+            unchanged=total["unchanged"], gone=total["gone"], known=total["kn"],
         )
 
     def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:

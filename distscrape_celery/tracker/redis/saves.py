@@ -85,22 +85,27 @@ class SaveCalls(ShardLayout):
         return bool(self._run_item("defer_save", job, item, [item, token, self.save_timeout]))
 
     def _complete_call(
-        self, job: str, item: str, token: Optional[int]
+        self, job: str, item: str, token: Optional[int], revisit: Optional[RevisitUpdate] = None,
     ) -> tuple[list[str], list[Any], list[str]]:
         """The keys and arguments of complete.lua for one item, and its body keys among them:
         the body key only if the token is of the item's shard (another's body is dropped on its
         own, see complete)."""
         home = self._shard_of(job, item)
         body_keys = self._body_keys(job, token, home) if token is not None else []
-        return [*self._item_keys(job, home), *body_keys], [item, *self._top_up_args(job)], body_keys
+        args = [item, *self._top_up_args(job), *(revisit.args() if revisit else ())]
+        return [*self._item_keys(job, home), *body_keys], args, body_keys
 
     @converts_redis_errors
-    def complete_many(self, job: str, saves: Sequence[tuple[str, int]]) -> list[CompleteResult]:
+    def complete_many(
+        self, job: str, saves: Sequence[tuple[str, int]],
+        revisits: Optional[Sequence[Optional[RevisitUpdate]]] = None,
+    ) -> list[CompleteResult]:
         if not self._batched(job, saves):
-            return super().complete_many(job, saves)
+            return super().complete_many(job, saves, revisits)
         out: list[Any] = [None] * len(saves)
         for places in self._places_by_shard(job, saves):
-            calls = [self._complete_call(job, *saves[i])[:2] for i in places]
+            calls = [self._complete_call(job, *saves[i], revisits[i] if revisits else None)[:2]
+                     for i in places]
             replies, _ = self._eval_many([("complete", *call) for call in calls], undecoded=True)
             for i, res in zip(places, replies):
                 out[i] = CompleteResult(dispatch=dispatched(res[1:]),
@@ -108,8 +113,11 @@ class SaveCalls(ShardLayout):
         return out
 
     @converts_redis_errors
-    def complete(self, job: str, item: str, token: Optional[int] = None) -> CompleteResult:
-        script_keys, args, body_keys = self._complete_call(job, item, token)
+    def complete(
+        self, job: str, item: str, token: Optional[int] = None,
+        revisit: Optional[RevisitUpdate] = None,
+    ) -> CompleteResult:
+        script_keys, args, body_keys = self._complete_call(job, item, token, revisit)
         res = self._eval("complete", script_keys, args)
         if token is not None and not body_keys:
             # A token of another shard (none can hold the item): its body is dropped on its own.

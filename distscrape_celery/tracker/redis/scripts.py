@@ -30,6 +30,7 @@ from ..model import Urgent
 ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
+    "generation",
 )
 # The item scripts whose calls go together in one call of BATCH: what a save batch calls for all
 # its pages, and what threads of a process call at the same time (combine.py).
@@ -44,9 +45,11 @@ LIBRARY = (
     "_lib_job",  # the job's counters and state
     "_lib_politeness",  # domains: limits, turns, head starts, in-flight counts
     "_lib_seen",  # fingerprints, bucketed sets, the seen set
+    "_lib_known",  # the known items of a job that revisits, and their records
     "_lib_live",  # the live items' states
     "_lib_frontier",  # adding items, dispatch
     "_lib_failures",  # leaving flight, failure counts, retry or dead
+    "_lib_generation",  # a job's next generation, and its refill
     "_lib_batch",  # a batch of calls as one
 )
 

@@ -232,8 +232,10 @@ class ShardLayout(RedisCore):
 
     @staticmethod
     def _idle(controls: list[dict[str, str]]) -> bool:
-        """Every shard finished or never given an item, and at least one item seen."""
-        return sum(int(c["seen"]) for c in controls) > 0 and all(
+        """Every shard finished or never given an item, and at least one item seen (or a
+        generation after the first begun: it may find nothing due)."""
+        started = sum(int(c["seen"]) for c in controls) > 0 or "generation" in controls[0]
+        return started and all(
             c.get("state") == JobState.FINISHED.value
             or (c.get("state", "running") == "running" and c["seen"] == "0")
             for c in controls

@@ -18,6 +18,9 @@ fails_empty, lost_empty = nil, nil
 limits_cache, head_starts, texts, caching_items = {}, {}, {}, true
 seen = bucketed(K_SEEN, SEEN_LEVEL, SEEN_SPLIT)
 live = bucketed(K_ITEMS, LIVE_LEVEL, LIVE_SPLIT)
+-- The known items' keys share the job's prefix (and hash tag) with the live items' buckets.
+known = bucketed(str_sub(K_ITEMS, 1, -3) .. "k:", KNOWN_LEVEL, KNOWN_SPLIT)
+known.names = str_sub(K_ITEMS, 1, -3) .. "u:"
 STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
 if redis_call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)

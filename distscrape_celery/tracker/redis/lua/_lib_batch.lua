@@ -1,4 +1,4 @@
--- The item scripts' library, part 8 of 8 (scripts.LIBRARY): a batch of item-script calls run as
+-- The item scripts' library, part 10 of 10 (scripts.LIBRARY): a batch of item-script calls run as
 -- one call.
 
 -- -- batches ----------------------------------------------------------------------------------

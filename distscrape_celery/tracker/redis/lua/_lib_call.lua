@@ -1,4 +1,4 @@
--- The item scripts' library, part 1 of 8: what every call shares (its keys, its caches, Redis's
+-- The item scripts' library, part 1 of 10: what every call shares (its keys, its caches, Redis's
 -- clock, numbers as text). scripts.LIBRARY names the library's files in the order they are joined,
 -- each section needing only those before it; a script runs the library, then _begin.lua, then its
 -- own file, with the call's KEYS and ARGV (scripts.py). The item scripts all take the same KEYS:
@@ -114,6 +114,10 @@ end
 -- and has yet to write, as a set and in order.
 local lease_means, job_mean, means_unwritten, means_unwritten_order
 local seen, live, seen_count, STATE_SET
+-- The known items (_lib_known.lua): their bucketed set (with `names`, the prefix of their
+-- names' lists, and `count`, their number, read with the others' geometry). One table: a Lua
+-- function has at most 60 upvalues, and begin (_begin.lua) sets nearly that many.
+local known
 -- Set while a batch runs its calls: the batch tops up dispatch once, at its end, with the last
 -- top-up any call asked for (deferred_topup: bound, max_batch, deadline).
 local topup_deferred, deferred_topup

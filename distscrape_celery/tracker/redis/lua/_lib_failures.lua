@@ -1,4 +1,4 @@
--- The item scripts' library, part 7 of 8 (scripts.LIBRARY): an item leaving flight (queued again,
+-- The item scripts' library, part 8 of 10 (scripts.LIBRARY): an item leaving flight (queued again,
 -- delayed, done or dead), its failure counts, and the one retry-or-dead rule.
 
 -- The deadline set that holds an item in each state (a live item's name is kept only where its
@@ -77,13 +77,14 @@ local function forget_failures(item)
 end
 
 -- `item` (in `state`) is done: it leaves every per-item key and lives on only in the seen set
--- (so it is never added again); `done` counts it.
-local function finish(item, state)
+-- (so it is never added again in this generation), or with `record` among the known items (so
+-- a later generation fetches it again when it is due); `done` counts it.
+local function finish(item, state, record)
   if state == 'q' then count('queued', -1) end
   clear_inflight(item, state)
   live_del(item)
   forget_failures(item)
-  remember_done(item)
+  if record then remember_known(item, record) else remember_done(item) end
   count('done', 1)
 end
 

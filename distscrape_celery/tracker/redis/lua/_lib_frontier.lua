@@ -1,4 +1,4 @@
--- The item scripts' library, part 6 of 8 (scripts.LIBRARY): the frontier and dispatch. New items
+-- The item scripts' library, part 7 of 10 (scripts.LIBRARY): the frontier and dispatch. New items
 -- added to their domains' queues, and queued items handed out within the broker's bound.
 
 -- Queue the new items among args[first..] (a script's ARGV) at `depth`, deduplicated, within the
@@ -24,7 +24,7 @@ local function add_items(args, first, depth)
       -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
       -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
-      if not is_done(item) and redis_call('HSETNX', key, fp, value) == 1 then
+      if not is_finished(item) and redis_call('HSETNX', key, fp, value) == 1 then
         if per_domain then redis_call('HINCRBY', K_DSEEN, domain, '1') end
         local new_items = new_by_domain[domain]
         if not new_items then

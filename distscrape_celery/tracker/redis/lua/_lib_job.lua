@@ -1,4 +1,4 @@
--- The item scripts' library, part 2 of 8 (scripts.LIBRARY names the files in the order they are
+-- The item scripts' library, part 2 of 10 (scripts.LIBRARY names the files in the order they are
 -- joined): the job's counters and fencing tokens, and the job's state.
 
 -- -- the job's counters ------------------------------------------------------------------------
@@ -7,8 +7,12 @@
 -- short names (keys.JOB_FORMAT 4), so the stored names stay; the locals say what each holds.
 local SEEN_SIZE, SEEN_LEVEL, SEEN_SPLIT = 'fn', 'fl', 'fs'
 local LIVE_LEVEL, LIVE_SPLIT = 'il', 'is'
--- The counters in stats that calls add to; a batch writes them in this order.
-local COUNTERS = {'seen', 'queued', 'done', 'dead', SEEN_SIZE, 'links_cut'}
+-- The known items' size, level and split pointer (_lib_known.lua).
+local KNOWN_SIZE, KNOWN_LEVEL, KNOWN_SPLIT = 'kn', 'kl', 'ks'
+-- The counters in stats that calls add to; a batch writes them in this order. unchanged and gone
+-- count the revisits of this generation that found the page as it was, or gone (404, 410).
+local COUNTERS = {'seen', 'queued', 'done', 'dead', SEEN_SIZE, 'links_cut', KNOWN_SIZE,
+  'unchanged', 'gone'}
 
 -- Add `n` (a number) to the job's counter `field`.
 local function count(field, n)
@@ -68,10 +72,11 @@ end
 -- reads of every shard's state and epoch agree (redis/shards.py), so no shard finished again in
 -- between unseen.
 local function record_end(state)
-  local c = counters('seen', 'done', 'dead')
+  local c = counters('seen', 'done', 'dead', 'unchanged', 'gone')
   local ended = str_format('%.6f', redis_now() / 1000000)
   redis_call('HSET', K_CONTROL, 'state', state, 'ended', ended,
-    'final_seen', int_text(c[1]), 'final_done', int_text(c[2]), 'final_dead', int_text(c[3]))
+    'final_seen', int_text(c[1]), 'final_done', int_text(c[2]), 'final_dead', int_text(c[3]),
+    'final_unchanged', int_text(c[4]), 'final_gone', int_text(c[5]))
   job_state_now = state
   redis_call('HINCRBY', K_CONTROL, 'epoch', '1')
   if job_name then redis_call('SREM', K_ACTIVE, job_name) end

@@ -1,4 +1,4 @@
--- The item scripts' library, part 5 of 8 (scripts.LIBRARY): the live items, each one's state and
+-- The item scripts' library, part 6 of 10 (scripts.LIBRARY): the live items, each one's state and
 -- depth by its fingerprint.
 
 -- -- live items -------------------------------------------------------------------------------
@@ -89,12 +89,12 @@ local function grow_live()
   end
 end
 
--- The state of `item`: its state letter and depth if live, 'D0' if done (in the seen set only:
--- its depth is forgotten), nil if never added (or taken for a fingerprint collision's twin).
+-- The state of `item`: its state letter and depth if live, 'D0' if done (in the seen set or
+-- known: its depth is not looked up), nil if never added (or taken for a fingerprint collision's twin).
 local function item_value(item)
   local v = live_get(item)
   if v then return v end
-  if is_done(item) then return 'D0' end
+  if is_finished(item) then return 'D0' end
   return nil
 end
 

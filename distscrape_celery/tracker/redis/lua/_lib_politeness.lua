@@ -1,4 +1,4 @@
--- The item scripts' library, part 3 of 8 (scripts.LIBRARY): politeness, by domain. An item's
+-- The item scripts' library, part 3 of 10 (scripts.LIBRARY): politeness, by domain. An item's
 -- domain, the domain's limits, its turns for dispatch (with head starts from its lease times) and
 -- its count of items in flight.
 

@@ -1,4 +1,4 @@
--- The item scripts' library, part 4 of 8 (scripts.LIBRARY): fingerprints, the bucketed sets that
+-- The item scripts' library, part 4 of 10 (scripts.LIBRARY): fingerprints, the bucketed sets that
 -- keep them (linear hashing), and the seen set of done items.
 
 -- -- fingerprints -----------------------------------------------------------------------------
@@ -98,15 +98,17 @@ end
 -- SEEN_SIZE.
 local SEEN_FILL = 160
 
--- The geometry of both bucketed sets and the seen set's size, read in one HMGET once a call
+-- The geometry of the bucketed sets (seen, live, known) and the sizes of seen and known, read in one HMGET once a call
 -- (an item is looked up in both, or finished from one to the other).
 local function bucket_geometry()
   if not seen_count then
     local geometry = redis_call('HMGET', K_STATS, SEEN_LEVEL, SEEN_SPLIT, SEEN_SIZE, LIVE_LEVEL,
-      LIVE_SPLIT)
+      LIVE_SPLIT, KNOWN_LEVEL, KNOWN_SPLIT, KNOWN_SIZE)
     set_geometry(seen, tonumber(geometry[1] or '0'), tonumber(geometry[2] or '0'))
     seen_count = tonumber(geometry[3] or '0')
     set_geometry(live, tonumber(geometry[4] or '0'), tonumber(geometry[5] or '0'))
+    set_geometry(known, tonumber(geometry[6] or '0'), tonumber(geometry[7] or '0'))
+    known.count = tonumber(geometry[8] or '0')
   end
 end
 

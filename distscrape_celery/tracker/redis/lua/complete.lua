@@ -6,16 +6,33 @@
 --                 state: the save is over) to spare the saver a round trip
 -- ARGV[1] item
 -- ARGV[2] bound, ARGV[3] max_batch, ARGV[4] lease   dispatch top-up, as in add.lua
+-- ARGV[5] revisit  '' (the job keeps no record of the item), or how its fetch went in a job that
+--                  revisits: 'saved' (new or changed, and saved), 'unchanged' (not saved), 'gone'
+--                  (a 404 or 410), each with ARGV[6]; or 'dropped' (gone for good: the item is
+--                  known no more, and done for this generation only)
+-- ARGV[6] record   the item's record (tracker/revisits.py) in hex, all but its due time, which
+--                  is the generation's start plus the record's interval
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
+local revisit = ARGV[5] or ''
 local changed = 0
 if KEYS[22] then redis_call('UNLINK', KEYS[22]) end
 local v = live_get(item)
 if v then
   local state = split_state(v)
   if state ~= 'X' then
-    finish(item, state)
+    local record = nil
+    if revisit == 'dropped' then
+      forget_known(item)
+      count('gone', 1)
+    elseif revisit ~= '' then
+      local rest = string.gsub(ARGV[6], '..', function(h) return string.char(tonumber(h, 16)) end)
+      local started = math.floor(tonumber(redis_call('HGET', K_CONTROL, 'started') or '0'))
+      record = u32_bytes(started + read_u32(rest, 3)) .. rest
+      if revisit ~= 'saved' then count(revisit, 1) end
+    end
+    finish(item, state, record)
     changed = 1
   end
 end

@@ -47,9 +47,15 @@ reclaimed, died = reclaim_saving(now, max_reclaim, max_lost, lease)
 reclaimed = reclaimed + reclaim(K_LEASED, 'l', 'lost', 'its worker vanished')
 reclaimed = reclaimed + reclaim(K_PENDING, 's', 'lost', 'its save message was lost')
 requeued = reclaim(K_DISPATCHED, 'd', 'free', '')
+-- A new generation's refill goes on a slice per call (a larger one than reclaims: it only
+-- queues), and the caller is woken soon for the next.
+local refilling = refill(5 * max_reclaim)
 -- Completion, detected once: only the call that sees a running job with nothing left ends it.
+-- A job's first generation has work once its first items come; a later one from its start.
 local finished = 0
-if job_state() == 'running' and tonumber(redis_call('HGET', K_STATS, 'seen') or '0') > 0
+if job_state() == 'running' and not refilling
+    and (tonumber(redis_call('HGET', K_STATS, 'seen') or '0') > 0
+      or redis_call('HEXISTS', K_CONTROL, 'generation') == 1)
     and tonumber(redis_call('HGET', K_STATS, 'queued') or '0') == 0
     and redis_call('ZCARD', K_DISPATCHED) + redis_call('ZCARD', K_LEASED)
       + redis_call('ZCARD', K_PENDING) + redis_call('ZCARD', K_DELAYED) == 0 then
@@ -69,5 +75,6 @@ end
 -- short backoff after the room it frees was filled by the call that freed it.
 local fetching = redis_call('ZCARD', K_LEASED) + redis_call('ZCARD', K_DISPATCHED) > 0
 if fetching and (not wake or now + poll < wake) then wake = now + poll end
+if refilling then wake = now end
 if wake then out[3] = str_format('%.3f', math.max(wake - now, 0) / 1000000) end
 return out

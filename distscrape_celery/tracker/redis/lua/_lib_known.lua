@@ -1,0 +1,112 @@
+-- The item scripts' library, part 5 of 10 (scripts.LIBRARY): the known items of a job that
+-- revisits, each with what fetching it again needs.
+
+-- -- known items ------------------------------------------------------------------------------
+-- A job with a revisit policy keeps its done items here instead of in the seen set: bucket n is
+-- a hash `P k:<n>`, fingerprint -> the item's record, with the items' names in a list
+-- `P u:<n>` (keys.py; the generation that revisits them reads the names from there; a record holds
+-- no name, so it stays short enough for Redis's listpack encoding, whose values end at 64
+-- bytes). A record is binary, written by the worker that saved the item (tracker/revisits.py
+-- packs it) but for its first four bytes, when it is due again (Unix seconds, big-endian), which
+-- complete computes from the generation's start; then two bytes of depth. Level and split
+-- pointer: stats KNOWN_LEVEL and KNOWN_SPLIT; size: KNOWN_SIZE. A known item is done for the
+-- generation that fetched it and for every later one until it is due; it is queued again by the
+-- generation it is due in (_lib_generation.lua).
+local KNOWN_FILL = 36
+
+local function names_key(bucket)
+  return known.names .. str_sub(bucket, #known.prefix + 1)
+end
+
+-- Unsigned big-endian integers of 2 and 4 bytes, as records hold them.
+local function read_u16(s, at)
+  local a, b = string.byte(s, at, at + 1)
+  return a * 256 + b
+end
+
+local function read_u32(s, at)
+  local a, b, c, d = string.byte(s, at, at + 3)
+  return ((a * 256 + b) * 256 + c) * 256 + d
+end
+
+local function u32_bytes(n)
+  n = math.floor(n)
+  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
+    math.floor(n / 256) % 256, n % 256)
+end
+
+-- A record's due time and depth.
+local function record_due(record)
+  return read_u32(record, 1)
+end
+
+local function record_depth(record)
+  return read_u16(record, 5)
+end
+
+local function known_slot(item)
+  bucket_geometry()
+  local fp, a = fingerprint(item)
+  return bucket_of(known, a), fp
+end
+
+-- The record of known `item`; nil if it is not known (no command at all for a job without any).
+local function known_record(item)
+  bucket_geometry()
+  if known.count == 0 then return nil end
+  local key, fp = known_slot(item)
+  return redis_call('HGET', key, fp) or nil  -- a missing field is false in Redis's Lua
+end
+
+local function known_rehash(from, to, moves)
+  local keep, moving = {}, {}
+  for _, item in ipairs(redis_call('LRANGE', names_key(from), '0', '-1')) do
+    local fp = fingerprint(item)
+    if moves(fp) then
+      moving[#moving + 1] = item
+    else
+      keep[#keep + 1] = item
+    end
+  end
+  if #moving == 0 then return end
+  local records = {}
+  for _, item in ipairs(moving) do
+    local fp = fingerprint(item)
+    local record = redis_call('HGET', from, fp)
+    redis_call('HDEL', from, fp)
+    records[#records + 1] = fp
+    records[#records + 1] = record
+  end
+  redis_call('DEL', names_key(from))
+  in_slices('RPUSH', names_key(from), keep, 256)
+  in_slices('RPUSH', names_key(to), moving, 256)
+  in_slices('HSET', to, records, 256)
+end
+
+-- Keep `record` for `item` (known from now on, if it was not).
+local function remember_known(item, record)
+  local key, fp = known_slot(item)
+  if redis_call('HSET', key, fp, record) == 0 then return end  -- known already: record updated
+  redis_call('RPUSH', names_key(key), item)
+  known.count = known.count + 1
+  count(KNOWN_SIZE, 1)
+  if known.count > KNOWN_FILL * (known.span + known.split) and known.level < 33 then
+    split_bucket(known, known_rehash)
+  end
+end
+
+-- `item` is known no more (gone for good).
+local function forget_known(item)
+  if known_record(item) == nil then return end
+  local key, fp = known_slot(item)
+  redis_call('HDEL', key, fp)
+  redis_call('LREM', names_key(key), '1', item)
+  known.count = known.count - 1
+  count(KNOWN_SIZE, -1)
+end
+
+-- Whether `item`, not live, is done for now: in the seen set, or known (its next due generation
+-- queues it).
+local function is_finished(item)
+  return is_done(item) or known_record(item) ~= nil
+end
