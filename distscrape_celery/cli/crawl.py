@@ -91,6 +91,11 @@ def _plan(seeds, job, spec_flags, redis_url, in_memory, lease_seconds, state_dir
 
     data, names = spec_data(seeds, spec_flags)
     spec = spec_from_data(data, names)
+    if spec.schedule is not None:
+        raise click.UsageError(
+            "distscrape crawl runs one generation and exits: a [schedule] is for jobs seeded to "
+            "workers (distscrape seed --every/--cron); run the same crawl again (from cron, say) "
+            "for its next generation")
     if in_memory and redis_url:
         raise click.UsageError("--in-memory and --redis-url exclude each other")
     if (state_dir or fresh) and (in_memory or redis_url):
@@ -177,16 +182,20 @@ def _report(
     """Print how the crawl ended, and exit with its status: 2 when the join failed, 1 with
     dead items."""
     job, stats = plan.job, result.stats
+    saved = stats.done - stats.unchanged - stats.gone
+    # A job that revisits says what its revisits found.
+    revisits = (f" ({stats.unchanged} unchanged, {stats.gone} gone)"
+                if stats.unchanged or stats.gone else "")
     if result.already_finished:
         click.echo(
-            f"job {job} is already finished: {stats.done} saved, {stats.dead} dead, "
+            f"job {job} is already finished: {saved} saved{revisits}, {stats.dead} dead, "
             f"{stats.seen} seen; output in {redact(output)}"
         )
         if plan.state is not None:
             say(f"(its state is in {plan.state}; --fresh crawls it again)")
     else:
         click.echo(
-            f"job {job}: {stats.done} saved, {stats.dead} dead, {stats.seen} seen in "
+            f"job {job}: {saved} saved{revisits}, {stats.dead} dead, {stats.seen} seen in "
             f"{result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
             f"output in {redact(output)}"
         )

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import click
 
 from ..errors import ConfigError, JobNotFound, JobStateError
+from ..job.schedule import Schedule
 from ..redaction import escape
 from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
 from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
@@ -87,8 +88,10 @@ def _status_view(tracker, job: str):
     row = job_row(tracker, job)
     table = Table(title=f"job {job}", show_header=False)
     for key, value in row.items():
+        if key == "schedule" and value is not None:
+            value = str(Schedule.parse(value))
         if key not in ("job", "final"):
-            table.add_row(key, when(value) if key in ("started", "ended") else str(value))
+            table.add_row(key, when(value) if key in ("started", "ended", "next_due") else str(value))
     dead = tracker.dead_items(job, limit=STATUS_DEAD_SHOWN)
     lines = [Text.assemble(("dead", "red"), f" {dead_line(item, reason, ': ')}")
              for item, reason in dead.items()]
@@ -117,17 +120,26 @@ def jobs(as_json, redis_url) -> None:
             click.echo(json.dumps(row))
         return
     table = Table(*(Column(name, no_wrap=True)
-                    for name in ("job", "state", *JOB_COLUMNS, "pages/s", "started")))
+                    for name in ("job", "state", "gen", *JOB_COLUMNS, "pages/s", "started",
+                                 "next run")))
     for r in rows:
         # Names come from Redis as they are found there; plain Text, so no markup applies.
-        table.add_row(Text(escape(r["job"])), r["state"], *(str(r[c]) for c in JOB_COLUMNS),
-                      f"{r['rate']:.1f}", when(r["started"]))
+        table.add_row(Text(escape(r["job"])), r["state"], str(r["generation"]),
+                      *(str(r[c]) for c in JOB_COLUMNS), f"{r['rate']:.1f}", when(r["started"]),
+                      _next_run(r))
     # Nothing is cut to fit the terminal (rich would crop the start time, or a job's name, to
     # "…"): a row wider than the terminal is as wide as it needs, and the terminal wraps it.
     console = Console()
     unbounded = console.options.update_width(1 << 16)
     console.width = max(console.width, Measurement.get(console, unbounded, table).maximum)
     console.print(table)
+
+
+def _next_run(row: dict[str, Any]) -> str:
+    """When a job's schedule next runs it: a time, "paused", or "-" without a schedule."""
+    if row["schedule"] is None:
+        return "-"
+    return "paused" if row["schedule_paused"] else when(row["next_due"])
 
 
 def _exists(tracker: Tracker, job: str) -> bool:

@@ -18,7 +18,10 @@ from ..job.seeds import BadLine, SeedFile
 from ..job.urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
 from .group import EXIT_DEAD_ITEMS, cli, redis_runtime, redis_url_option, settings_for
 from .progress import SeedProgress
-from .spec_options import check_spec_components, spec_data, spec_from_data, with_spec_options
+from .jobs import when
+from .spec_options import (
+    SCHEDULE_FLAGS, check_spec_components, spec_data, spec_from_data, with_spec_options,
+)
 
 # Malformed lines of a seed file reported one by one; past this, only counted.
 MAX_BAD_LINES_SHOWN = 20
@@ -27,7 +30,7 @@ MAX_BAD_LINES_SHOWN = 20
 @cli.command()
 @click.argument("job")
 @click.argument("seeds", nargs=-1)
-@with_spec_options
+@with_spec_options(schedules=True)
 @click.option("--ids-file", metavar="FILE",
               help="More seeds, one a line (- for stdin): IDs for the ids scraper, else URLs. "
                    "Streamed in batches; malformed lines (and lines over 8192 bytes) are "
@@ -36,16 +39,19 @@ MAX_BAD_LINES_SHOWN = 20
 def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
     """Create JOB (or add seeds to it) and queue its SEEDs for the workers.
 
-    With no option but seeds, a JOB that exists takes them as it is. Exit status: 0 done, 1 done
-    but malformed --ids-file lines were skipped, 2 error."""
+    With no option but seeds (and --every or --cron), a JOB that exists takes them as it is.
+    With --every or --cron the job runs again on that schedule (distscrape schedule shows,
+    pauses and deletes it). Exit status: 0 done, 1 done but malformed --ids-file lines were
+    skipped, 2 error."""
     data, names = spec_data(seeds, spec_flags)
     settings = settings_for(redis_url)
     runtime = None
-    if not any(spec_flags.values()):
+    if not any(v for k, v in spec_flags.items() if k not in SCHEDULE_FLAGS):
         runtime = redis_runtime(settings)
         stored = _stored_spec(runtime[0], job)
         if stored is not None:
-            data = {**stored, "seeds": data.get("seeds")}
+            data = {**stored, "seeds": data.get("seeds"),
+                    **({"schedule": data["schedule"]} if "schedule" in data else {})}
     progress = SeedProgress()
     more: Iterator[str] = iter(())
     with contextlib.ExitStack() as stack:
@@ -73,6 +79,11 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
         f"job {job} {verb}: {seeded.added} new item(s), {seeded.already_seen} already seen; "
         f"{seeded.dispatched} sent to workers now"
     )
+    if spec.schedule is not None:
+        schedule = spec.schedule.schedule()
+        next_due = schedule.next_after(tracker.now())
+        tracker.set_schedule(job, schedule.text, next_due)
+        click.echo(f"job {job} runs again {schedule}: next at {when(next_due)}")
     if seeded.off_host:
         click.echo(
             f"distscrape: {seeded.off_host} seed(s) are on none of the job's seeds' hosts: they are "

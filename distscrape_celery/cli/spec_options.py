@@ -62,6 +62,25 @@ politeness_options = [
                  help="Spread the job over N hash-tag shards by domain, so it uses several "
                       "masters of a Redis Cluster (default 1)."),
 ]
+# How a job that runs again fetches the pages it knows (see docs/guide.md, Recurring crawls).
+revisit_options = [
+    click.option("--revisit", is_flag=True,
+                 help="Keep a record of every saved page; each later run (generation) fetches "
+                      "again only the pages that are due, asking their servers whether they "
+                      "changed, and saves only those that did."),
+    click.option("--revisit-interval", metavar="DURATION",
+                 help="With --revisit: how long after a run a page is due again (e.g. 6h, 7d; "
+                      "default 0: in every run)."),
+]
+# When a job seeded to workers runs again (distscrape seed; see docs/guide.md).
+schedule_options = [
+    click.option("--every", metavar="DURATION",
+                 help="Run the job again every DURATION (e.g. 6h, 1d), each run a new "
+                      "generation; any live worker starts it."),
+    click.option("--cron", metavar="EXPR",
+                 help="Run the job again at the times of a cron expression (five fields, UTC), "
+                      "e.g. '0 3 * * *'."),
+]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
 SPEC_FLAGS = {
@@ -82,21 +101,35 @@ SPEC_FLAGS = {
     "max_pages": ("--max-pages", "politeness.max_pages"),
     "max_pages_per_domain": ("--max-pages-per-domain", "politeness.max_pages_per_domain"),
     "shards": ("--shards", "tracker.shards"),
+    "revisit": ("--revisit", "revisit"),
+    "revisit_interval": ("--revisit-interval", "revisit.interval"),
+}
+# Flags of seed only (a schedule needs workers that stay up).
+SCHEDULE_FLAGS = {
+    "every": ("--every", "schedule.every"),
+    "cron": ("--cron", "schedule.cron"),
 }
 # On/off flags: the value a given flag sets its field to (not given, the field is left alone).
 FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
+# Flags that turn a whole section on with its defaults.
+SECTION_FLAGS = {"revisit"}
 
 
-def with_spec_options(wrapped):
-    """Give a command the spec's options; they reach it as one ``spec_flags`` dict."""
+def with_spec_options(wrapped=None, *, schedules: bool = False):
+    """Give a command the spec's options (with ``schedules``, --every and --cron too); they
+    reach it as one ``spec_flags`` dict."""
+    if wrapped is None:
+        return functools.partial(with_spec_options, schedules=schedules)
+    params = (*SPEC_FLAGS, *(SCHEDULE_FLAGS if schedules else ()), "config")
 
     @functools.wraps(wrapped)
     def command(*args: Any, **kwargs: Any) -> Any:
-        flags = {param: kwargs.pop(param) for param in (*SPEC_FLAGS, "config")}
+        flags = {param: kwargs.pop(param) for param in params}
         return wrapped(*args, spec_flags=flags, **kwargs)
 
     for option in reversed(
         spec_options + scraper_saver_options + policy_options + politeness_options
+        + revisit_options + (schedule_options if schedules else [])
     ):
         command = option(command)
     return command
@@ -111,8 +144,15 @@ def spec_data(
     data: dict[str, Any] = load_config_file(config) if config else {}
     names = {field: f"{field} in {config}" for field in _fields(data)}
     overrides: dict[str, Any] = {"seeds": list(seeds) or None}
-    for param, (option, field) in SPEC_FLAGS.items():
+    for param, (option, field) in {**SPEC_FLAGS, **SCHEDULE_FLAGS}.items():
+        if param not in flags:
+            continue
         value = flags[param]
+        if param in SECTION_FLAGS:
+            if value:
+                overrides.setdefault(field, {})
+                names[field] = option
+            continue
         if param in FLAG_VALUES:
             value = FLAG_VALUES[param] if value else None
         elif isinstance(value, tuple):  # a repeatable option

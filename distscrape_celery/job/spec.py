@@ -16,7 +16,9 @@ from ..errors import ConfigError, format_validation_error
 from ..redaction import redact
 from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
+from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
+from .schedule import ScheduleSpec
 from .scraper_spec import ScraperSpec
 from .sections import FetchSpec, PolitenessSpec, StrictModel, TrackerSpec
 from .urls import MAX_URL_CHARS, Canonicalizer, normalize_url
@@ -40,6 +42,13 @@ class JobSpec(StrictModel):
     fetch: FetchSpec = FetchSpec()
     politeness: PolitenessSpec = PolitenessSpec()
     tracker: TrackerSpec = TrackerSpec()
+    revisit: Optional[RevisitSpec] = Field(
+        None, description="Keep a record of every saved page, and in each later generation "
+        "fetch again only the pages that are due, saving only those that changed.")
+    schedule: Optional[ScheduleSpec] = Field(
+        None, description="Run the job again on this schedule, each run a new generation. "
+        "Kept by the tracker beside the job (distscrape schedule changes it), not in the spec "
+        "the workers read.")
     max_retries: int = Field(
         3, ge=0, le=100,
         description="Failed attempts that were the item's fault (its download or save raised) "
@@ -91,13 +100,16 @@ class JobSpec(StrictModel):
         # are left out while at their default, so jobs stored before still take new seeds (a
         # spec that differs is a conflict).
         exclude: dict[str, Any] = {"tracker": True} if self.tracker.shards == 1 else {}
+        exclude["schedule"] = True
+        if self.revisit is None:
+            exclude["revisit"] = True
         later = {
             name for name in _LATER_SCRAPER_FIELDS
             if getattr(self.scraper, name) == ScraperSpec.model_fields[name].default
         }
         if later:
             exclude["scraper"] = later
-        return self.model_dump_json(exclude=exclude or None)
+        return self.model_dump_json(exclude=exclude)
 
     def crawl_limits(self) -> CrawlLimits:
         """The limits the tracker enforces for this job."""

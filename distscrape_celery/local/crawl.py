@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..job.spec import JobSpec
 from .processes import WorkerProcess, can_fork_workers
 from ..core.manager import CrawlManager
+from ..core.schedules import run_again
 from ..savers.joining import Joined
 from ..settings import Settings
 from .shape import DEFAULT_CRAWL_CONCURRENCY, crawl_worker_processes
@@ -215,7 +216,7 @@ def run_local_crawl(
     With ``state_dir`` (embedded Redis only; see :func:`.state.state_directory`) the crawl's
     state is kept there, and a job found in it is resumed: what the previous run had in flight
     is put back at once. A job found finished is not crawled again (``already_finished`` in the
-    result).
+    result), unless it revisits: then its next generation runs.
     However the crawl ends, the worker gets a warm shutdown (up to ``stop_timeout`` s, less if
     :data:`lifecycle.hurry` is set) and the embedded Redis is stopped."""
     from ..worker.app import configure_app
@@ -255,6 +256,15 @@ def _seed_or_resume(
     manager.seed(job, spec)
     if resumed:
         stats = tracker.stats(job)
+        if stats.finished and spec.revisit is not None:
+            # A job that revisits runs again: its next generation fetches what is due. Its end
+            # may not be recorded yet (the last run stopped as soon as it saw nothing left).
+            tracker.maintain(job, max_lost=spec.max_lost)
+            started = run_again(tracker, job, manager.publish)
+            if started.started:
+                say(f"job {job}: generation {started.generation}, revisiting "
+                    f"{tracker.stats(job).known} known page(s) that are due")
+                return True, None
         if stats.finished:
             return True, CrawlResult(job, stats, 0.0, tracker.dead_items(job),
                                      already_finished=True)

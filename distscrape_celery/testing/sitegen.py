@@ -17,6 +17,7 @@ Off-site links always point at hosts under ``.invalid`` (never resolvable).
 from __future__ import annotations
 
 import collections
+import hashlib
 import html
 import posixpath
 import random
@@ -26,10 +27,11 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from email.utils import formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urljoin, urlsplit
 
-__all__ = ["Site", "generate_site", "resolve", "SiteServer", "QuietServer"]
+__all__ = ["Site", "SiteChange", "generate_site", "evolve_site", "resolve", "SiteServer", "QuietServer"]
 
 _RESOLVE_BASE = "http://site.invalid"
 _FILLER = (
@@ -177,6 +179,48 @@ def generate_site(
     return Site(pages=pages, reachable=reachable, unreachable=orphan_set, links=links)
 
 
+@dataclass
+class SiteChange:
+    """A site after :func:`evolve_site`, and how it differs from the one before: the pages whose
+    body changed, those added (each linked from a changed page) and those removed."""
+
+    site: Site
+    changed: set[str]
+    added: set[str]
+    removed: set[str]
+
+
+def evolve_site(site: Site, seed: int = 1, change: float = 0.10, add: float = 0.02,
+                remove: float = 0.02) -> SiteChange:
+    """The next version of ``site``, as a site changes between two crawls: of its reachable pages
+    but "/", a ``change`` share get a new paragraph, an ``add`` share of new pages appear (each
+    linked from one of the changed pages) and a ``remove`` share are gone (404). Deterministic
+    for the same arguments."""
+    rng = random.Random(seed)
+    paths = sorted(path for path in site.reachable if path != "/")
+    removed = set(rng.sample(paths, round(len(paths) * remove)))
+    kept = [path for path in paths if path not in removed]
+    changed = set(rng.sample(kept, max(1, round(len(paths) * change))))
+    added = {f"/new/{seed}/{i}.html" for i in range(round(len(paths) * add))}
+    anchors: dict[str, list[str]] = {path: [] for path in changed}
+    hosts = sorted(changed)
+    for path in sorted(added):
+        anchors[rng.choice(hosts)].append(path)
+    pages = {path: body for path, body in site.pages.items() if path not in removed}
+    links = {path: list(hrefs) for path, hrefs in site.links.items() if path not in removed}
+    for path in changed:
+        extra = "".join(f' <a href="{new}">new</a>' for new in anchors[path])
+        pages[path] = site.pages[path].replace(
+            b"</body>", f"<p>revision {seed}{extra}</p>\n</body>".encode(), 1)
+        links[path] = links.get(path, []) + anchors[path]
+    for path in added:
+        pages[path] = _render(path, ["/"], 0)
+        links[path] = ["/"]
+    new_site = Site(pages=pages, reachable=(site.reachable - removed) | added,
+                    unreachable=site.unreachable - removed, links=links)
+    return SiteChange(new_site, changed, added, removed)
+
+
 def _spanning_tree(order: list[str], rng: random.Random) -> dict[str, list[str]]:
     """Each page's children in a tree from "/": a page's parent is an earlier page (often a
     recent one), so everything in ``order`` is reachable."""
@@ -287,16 +331,42 @@ class _Handler(BaseHTTPRequestHandler):
         if owner.delay > 0:
             time.sleep(owner.delay)
         body = owner.site.pages.get(path)
+        validators: list[tuple[str, str]] = []
         if body is None:
             body = b"<!DOCTYPE html><html><head><title>404</title></head><body>Not Found</body></html>\n"
             self.send_response(404)
         else:
+            if owner.validators:
+                etag, modified = owner._validators(path, body)
+                validators = [("ETag", etag), ("Last-Modified", formatdate(modified, usegmt=True))]
+                if self._not_modified(etag, modified):
+                    self.send_response(304)
+                    for name, value in validators:
+                        self.send_header(name, value)
+                    self.end_headers()
+                    return
             self.send_response(200)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
+        for name, value in validators:
+            self.send_header(name, value)
         self.end_headers()
         if with_body:
             self.wfile.write(body)
+            owner._sent(len(body))
+
+    def _not_modified(self, etag: str, modified: float) -> bool:
+        """Whether the request's validators match (If-None-Match first, as RFC 9110 says)."""
+        match = self.headers.get("If-None-Match")
+        if match is not None:
+            return etag in [tag.strip() for tag in match.split(",")]
+        since = self.headers.get("If-Modified-Since")
+        if since is None:
+            return False
+        try:
+            return modified <= parsedate_to_datetime(since).timestamp()
+        except (TypeError, ValueError):
+            return False
 
     def do_GET(self) -> None:
         self._respond(True)
@@ -318,9 +388,15 @@ class SiteServer:
     """
 
     def __init__(self, site: Site, delay: float = 0.0, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, validators: bool = False) -> None:
         self.site = site
         self.delay = delay
+        # Send ETag and Last-Modified, and answer 304 to a request whose validators match (as
+        # nginx does for static files); a page's Last-Modified is when replace_site changed it.
+        self.validators = validators
+        self._modified: dict[str, float] = {}
+        self._started = float(int(time.time()))
+        self._body_bytes = 0
         self._lock = threading.Lock()
         self._requests: list[str] = []
         self._times: list[float] = []  # when each request of _requests arrived (Unix time)
@@ -364,6 +440,22 @@ class SiteServer:
         with self._lock:
             return collections.Counter(self._requests)
 
+    @property
+    def body_bytes(self) -> int:
+        """The bytes of every body sent so far (304s and HEADs send none)."""
+        with self._lock:
+            return self._body_bytes
+
+    def replace_site(self, site: Site) -> None:
+        """Serve ``site`` from now on; the pages whose body differs are modified now (their
+        Last-Modified is a whole second past any earlier one)."""
+        now = float(int(time.time()) + 1)
+        with self._lock:
+            for path, body in site.pages.items():
+                if self.site.pages.get(path) != body:
+                    self._modified[path] = now
+            self.site = site
+
     def stop(self) -> None:
         with self._lock:
             if self._stopped:
@@ -393,6 +485,15 @@ class SiteServer:
             else:
                 self._requests.append(path)
                 self._times.append(time.time())
+
+    def _sent(self, n: int) -> None:
+        with self._lock:
+            self._body_bytes += n
+
+    def _validators(self, path: str, body: bytes) -> tuple[str, float]:
+        with self._lock:
+            modified = self._modified.get(path, self._started)
+        return f'"{hashlib.sha1(body).hexdigest()[:16]}"', modified
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:

@@ -80,12 +80,17 @@ class Record:
 
 @dataclass(frozen=True)
 class RevisitUpdate:
-    """What :meth:`Tracker.complete` records of a known item's fetch: the ``outcome`` and the
-    item's new ``record`` (None only with DROPPED)."""
+    """What :meth:`Tracker.complete` records of an item's fetch in a job that revisits: the
+    ``outcome`` and the item's new record as :meth:`Record.update_hex` gives it (empty only
+    with DROPPED)."""
 
     outcome: RevisitOutcome
-    record: Optional[Record] = None
+    record_hex: str = ""
+
+    @classmethod
+    def of(cls, outcome: RevisitOutcome, record: Optional[Record] = None) -> "RevisitUpdate":
+        return cls(outcome, record.update_hex() if record is not None else "")
 
     def args(self) -> list[str]:
         """complete.lua's ARGV[5] and ARGV[6]."""
-        return [self.outcome.value, self.record.update_hex() if self.record else ""]
+        return [self.outcome.value, self.record_hex]

@@ -71,6 +71,29 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# The validators of the copy a job already has of the page being fetched (a job that revisits):
+# sent as If-None-Match and If-Modified-Since, so that its server can answer 304. A context
+# variable, as the redirect check, for the scrapers' own fetchers.
+_validators: ContextVar[Optional[dict[str, str]]] = ContextVar("distscrape_validators", default=None)
+
+
+@contextmanager
+def conditional(etag: str = "", last_modified: Optional[float] = None) -> Iterator[None]:
+    """Within the block, :meth:`Fetcher.get` asks for the page only if it changed since the copy
+    whose ``etag`` and ``last_modified`` (Unix seconds) are given: a server that agrees answers
+    304, returned as a :class:`Download` with an empty body (:attr:`Download.not_modified`)."""
+    headers: dict[str, str] = {}
+    if etag:
+        headers["If-None-Match"] = etag
+    if last_modified:
+        headers["If-Modified-Since"] = email.utils.formatdate(last_modified, usegmt=True)
+    token = _validators.set(headers or None)
+    try:
+        yield
+    finally:
+        _validators.reset(token)
+
+
 @contextmanager
 def redirect_check(check: Optional[Callable[[str], None]]) -> Iterator[None]:
     """Within the block, every :meth:`Fetcher.get` calls ``check(url)`` on each redirect target
@@ -91,19 +114,36 @@ class Download:
     content_type: str
     body: bytes = field(repr=False)
     fetched_at: float = field(default_factory=time.time)  # Unix time the response arrived
+    # The response's validators, for a job that revisits: its ETag and Last-Modified (Unix
+    # seconds), if it sent them.
+    etag: str = ""
+    last_modified: Optional[float] = None
+    # A job that revisits: the record its tracker keeps once the page is saved
+    # (tracker/revisits.py, Record.update_hex); it travels with the save message.
+    revisit: str = ""
+
+    @property
+    def not_modified(self) -> bool:
+        """The server answered a conditional request with 304: the copy the job has is current."""
+        return self.status == 304
 
     def meta(self) -> dict:
         """Everything but the body, JSON-ready (travels through the broker; the body never does)."""
-        return {
+        meta = {
             "url": self.url, "status": self.status, "content_type": self.content_type,
             "fetched_at": self.fetched_at,
         }
+        if self.revisit:
+            meta["revisit"] = self.revisit
+        return meta
 
     @classmethod
     def from_meta(cls, meta: dict, body: bytes) -> "Download":
+        revisit = meta.get("revisit")
         return cls(
             url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"],
             body=body, fetched_at=float(meta.get("fetched_at") or time.time()),
+            revisit=revisit if isinstance(revisit, str) else "",
         )
 
 
@@ -193,8 +233,10 @@ class Fetcher:
         _, manager, direct = self._state()
         request_options = self._request_kw
         plain = _PLAIN_TARGET.match(url)
+        validators = _validators.get()
+        headers = manager.headers if validators is None else {**manager.headers, **validators}
         if plain is None or (plain[3] and int(plain[3]) > 65535):
-            return manager.urlopen("GET", url, **request_options)
+            return manager.urlopen("GET", url, headers=headers, **request_options)
         scheme, host, port, path = plain.groups()
         origin = (scheme, host, port)
         pool = direct.get(origin)
@@ -206,7 +248,7 @@ class Fetcher:
             if len(direct) >= POOLS:
                 direct.clear()
             direct[origin] = pool
-        return pool.urlopen("GET", path, assert_same_host=False, headers=manager.headers,
+        return pool.urlopen("GET", path, assert_same_host=False, headers=headers,
                             **request_options)
 
     def get(self, url: str) -> Download:
@@ -257,6 +299,11 @@ class Fetcher:
             if location is not None:
                 return location
             _check_status(url, response)
+            headers = response.headers
+            if response.status == 304:
+                return Download(url=url, status=304, content_type=headers.get("Content-Type", ""),
+                                body=b"", etag=headers.get("ETag", ""),
+                                last_modified=_http_date(headers.get("Last-Modified")))
             self._check_type(url, response)
             body = self._read_body(url, response, deadline)
             if deadline.passed():
@@ -264,8 +311,10 @@ class Fetcher:
             return Download(
                 url=url,
                 status=response.status,
-                content_type=response.headers.get("Content-Type", ""),
+                content_type=headers.get("Content-Type", ""),
                 body=body,
+                etag=headers.get("ETag", ""),
+                last_modified=_http_date(headers.get("Last-Modified")),
             )
         except AddressRefused as exc:
             # Chained, so a caller can tell the guard's refusal from the host's answer.
@@ -386,7 +435,17 @@ def _check_status(url: str, response: urllib3.BaseHTTPResponse) -> None:
         message = f"HTTP {status} for {url}"
         if after is not None:
             message += f" (Retry-After {after:g}s)"
-        raise FetchError(message, retryable=retryable, retry_after=after)
+        raise FetchError(message, retryable=retryable, retry_after=after, status=status)
+
+
+def _http_date(value: Optional[str]) -> Optional[float]:
+    """An HTTP date header as Unix seconds; None if absent or unreadable (never raises)."""
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
 
 
 def retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:

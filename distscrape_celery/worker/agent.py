@@ -3,7 +3,8 @@
 Each worker process runs one agent thread (in the pool's parent for prefork). Every heartbeat
 interval it (1) records that the worker lives, (2) extends the deadlines of the items the worker has
 reserved or is running, and (3) for every active job (neither finished nor cancelled), reclaims items whose deadline passed and tops the
-broker up from the frontier. Any live worker does (3), so recovery and dispatch need no singleton.
+broker up from the frontier; (4) starts the next generation of jobs whose schedule is due. Any
+live worker does (3) and (4), so recovery, dispatch and schedules need no singleton.
 When a domain's turn or a backoff ends sooner than the next heartbeat (rate limits), (3) runs
 again then, so a throttled domain is served at its rate even while no task frees a slot; while
 items are dispatched or leased, at least every second, since a failure may start a short backoff.
@@ -25,6 +26,7 @@ from typing import Optional
 import redis
 
 from ..core.runtime import Runtime
+from ..core.schedules import fire_due
 from ..errors import JobNotFound, TrackerUnavailable
 from .events import job_finished
 from .lost_saves import LostSaves
@@ -169,9 +171,19 @@ class WorkerAgent:
         self._ticks += 1
         if self._ticks % HEAL_EVERY == 1 and tracker.heal_active_jobs():
             log.warning("listed again job(s) with unfinished work that were not maintained")
+        self._fire_schedules()
         jobs = tracker.active_jobs()
         self._expire_lost_saves(jobs)
         return self.maintain_all(jobs)
+
+    def _fire_schedules(self) -> None:
+        """Start the generations that are due (any worker may; the tracker lets one start each)."""
+        try:
+            fire_due(self.runtime.tracker, self.publish)
+        except TrackerUnavailable:
+            raise
+        except Exception:  # a broken schedule must not stop the heartbeat
+            log.exception("could not start the jobs whose schedule is due")
 
     def _expire_lost_saves(self, jobs: list[str]) -> None:
         """Items whose save message a dead worker took from the Redis broker wait a lease, not the

@@ -14,11 +14,17 @@ from ..context import JobContext
 from ..runtime import Runtime
 from ...errors import TrackerUnavailable
 from ...tracker import Fault, SaveBegin, SaveStart
+from ...tracker.revisits import RevisitOutcome, RevisitUpdate
 from ...web.fetch import Download
 from .failures import Failures, left_for_recovery
 from .publishing import Publisher, dispatch
 
 log = logging.getLogger(__name__)
+
+
+def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
+    """What the tracker records of a saved page of a job that revisits (None for other jobs)."""
+    return RevisitUpdate(RevisitOutcome.SAVED, download.revisit) if download.revisit else None
 
 
 class ItemToStore(NamedTuple):
@@ -150,7 +156,9 @@ class Saving:
         job = context.job
         try:
             # The staged bodies are dropped in the same step.
-            done = self.runtime.tracker.complete_many(job, [(s.item, s.token) for s in stored])
+            revisits = [saved_revisit(s.download) for s in stored]
+            done = self.runtime.tracker.complete_many(
+                job, [(s.item, s.token) for s in stored], *([revisits] if any(revisits) else []))
         except TrackerUnavailable as exc:
             for store in stored:  # saved; saved again once the tracker reclaims them
                 results[store.index] = left_for_recovery(job, store.item, exc)
@@ -227,6 +235,7 @@ class Saving:
             context.saver().save(item, download)
         except Exception as exc:
             return self.failures.save_failed(context, item, token, download, exc, stale=stale)
-        completed = self.runtime.tracker.complete(context.job, item, token)  # drops the staged body too
+        # Drops the staged body too.
+        completed = self.runtime.tracker.complete(context.job, item, token, saved_revisit(download))
         dispatch(self.publisher, context.job, completed.dispatch)
         return "saved" if completed.changed else "saved-again"

@@ -18,7 +18,9 @@ from ..runtime import Runtime
 from ...errors import ConfigError, FetchError
 from ...scrapers import Scraper
 from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
+from ...tracker.revisits import RevisitUpdate
 from ...web.fetch import Download, redirect_check
+from . import revisiting
 from .failures import Failures
 from .fetch_rules import FetchRules
 from .links import KnownLinks, cap_links
@@ -113,6 +115,11 @@ class Scraping:
         step ended early."""
         scraper = self._scraper(page)
         download = self._download(page, scraper)
+        revisit = page.context.spec.revisit
+        if revisit is not None:
+            download, unchanged = revisiting.judge(revisit, page.checkout, download)
+            if unchanged is not None:
+                return self._finish_unsaved(page, unchanged)
         found, cut = self._links_found(page, scraper, download)
         created = page.checkout.created
         found = self.known_links.unknown(page.job, created, found)
@@ -126,6 +133,12 @@ class Scraping:
         if self.scraped_saves is not None:
             return self._join_batch(page, download, reply)
         return self._send_save(page, download, reply)
+
+    def _finish_unsaved(self, page: LeasedPage, update: RevisitUpdate) -> str:
+        """The page is done without a save (a revisit found it unchanged, or gone)."""
+        completed = self.runtime.tracker.complete(page.job, page.item, page.token, update)
+        dispatch(self.publisher, page.job, completed.dispatch)
+        return update.outcome.value
 
     def _fail(self, page: LeasedPage, reason: str, **how) -> _Ended:
         """Hand the page's item back for ``reason`` (``how``: as :meth:`Failures.fail` takes
@@ -149,9 +162,13 @@ class Scraping:
         rules, context = self.fetch_rules, page.context
         try:
             rules.check_robots(context, scraper.url_for(page.item))
-            with redirect_check(rules.redirect_check(context)):
+            with redirect_check(rules.redirect_check(context)), revisiting.validators(page.checkout):
                 return scraper.download(page.item)
         except FetchError as exc:
+            revisit = context.spec.revisit
+            if revisit is not None and exc.status in revisiting.GONE_STATUSES:
+                raise _Ended(self._finish_unsaved(
+                    page, revisiting.gone(revisit, page.checkout))) from None
             # A transient failure waits out its backoff in the tracker, not in a worker or broker.
             delay = Backoff.from_spec(context.spec.politeness).delay(
                 page.checkout.failed_attempts, getattr(exc, "retry_after", None)

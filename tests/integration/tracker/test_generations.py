@@ -109,7 +109,7 @@ def test_dead_items_are_tried_again_in_the_next_generation(tracker_factory):
 
 def _update(outcome, interval=0, etag=""):
     def revisit(item, checkout):
-        return RevisitUpdate(RevisitOutcome(outcome), Record(
+        return RevisitUpdate.of(RevisitOutcome(outcome), Record(
             depth=checkout.depth, interval=interval, digest=digest(item.encode()), etag=etag))
     return revisit
 

@@ -1,0 +1,76 @@
+"""Starting a job's next generation: now (``distscrape run``, a recurring ``distscrape crawl``)
+or when its schedule says (every worker looks on its heartbeat; no process has to stay up for
+schedules to fire, and the tracker lets one caller start each due run)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Optional
+
+from ..errors import JobNotFound
+from ..job.schedule import Schedule
+from ..job.spec import JobSpec
+from ..tracker import Tracker
+from ..tracker.model import GenerationResult
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, Sequence[str]], None]
+
+
+def run_again(tracker: Tracker, job: str, publish: Publish) -> GenerationResult:
+    """Start ``job``'s next generation now if it is idle (finished or expired); the result says
+    whether it started, or why not."""
+    info = tracker.job_info(job)
+    spec = JobSpec.from_json(tracker.load_spec(job))
+    result = tracker.start_generation(job, spec.seeds, generation=info.generation + 1)
+    if result.dispatch:
+        publish(job, result.dispatch)
+    return result
+
+
+def fire_due(tracker: Tracker, publish: Publish, limit: int = 100) -> list[str]:
+    """Start the generation of every job whose schedule is due and which is idle; returns the
+    jobs started. A job still running when its run is due starts its next generation as soon as
+    it is idle (its due time stays, so runs are never doubled, and one catch-up run stands for
+    every run missed); the next due time is the first after the generation's start."""
+    started = []
+    for job, due in tracker.due_schedules(limit):
+        try:
+            if _fire(tracker, job, due, publish):
+                started.append(job)
+        except JobNotFound:  # deleted meanwhile
+            tracker.index_schedule(job, None)
+    return started
+
+
+def _fire(tracker: Tracker, job: str, due: str, publish: Publish) -> bool:
+    info = tracker.job_info(job)
+    if info.schedule is None or info.schedule_paused:
+        tracker.index_schedule(job, None)
+        return False
+    schedule = Schedule.parse(info.schedule)
+    spec = JobSpec.from_json(tracker.load_spec(job))
+    next_due = schedule.next_after(tracker.now())
+    result = tracker.start_generation(job, spec.seeds, generation=info.generation + 1, due=due,
+                                      next_due=f"{next_due:.6f}")
+    if result.dispatch:
+        publish(job, result.dispatch)
+    if result.started:
+        tracker.index_schedule(job, next_due)
+        log.warning("job %s: generation %d started on its schedule (%s); next due at %s",
+                    job, result.generation, schedule, _when(next_due))
+        return True
+    if result.status in ("moved", "early", "current") and result.next_due is not None:
+        tracker.index_schedule(job, result.next_due)  # a stale index entry
+    return False
+
+
+def _when(t: Optional[float]) -> str:
+    import datetime
+
+    if t is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
