@@ -50,12 +50,14 @@ class TrackerUnavailable(DistscrapeError):
 class FetchError(DistscrapeError):
     """A download failed. ``retryable`` says whether trying again later may succeed;
     ``retry_after`` is how many seconds the server asked us to wait first (``Retry-After``), or
-    None."""
+    None; ``status`` the HTTP status that failed it, if it was one."""
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None,
+                 status: int | None = None) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.status = status
 
 
 class SaveError(DistscrapeError):
