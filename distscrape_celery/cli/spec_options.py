@@ -62,6 +62,20 @@ politeness_options = [
                  help="Spread the job over N hash-tag shards by domain, so it uses several "
                       "masters of a Redis Cluster (default 1)."),
 ]
+# Which sitemaps a job reads (see docs/configuration.md, Sitemaps).
+sitemap_options = [
+    click.option("--sitemaps", "sitemaps_mode", type=click.Choice(["ignore", "follow", "only"]),
+                 help="Sitemaps robots.txt lists: ignore them (the default), follow the pages "
+                      "they list besides the links found in pages, or crawl only the seeds and "
+                      "the pages they list."),
+    click.option("--guess-sitemaps", is_flag=True,
+                 help="Also read /sitemap.xml of every host crawled (with --sitemaps follow or "
+                      "only)."),
+    click.option("--max-sitemap-urls", type=click.IntRange(1), metavar="N",
+                 help="Take at most N entries from the sitemaps of one host (default 100000)."),
+    click.option("--max-sitemap-depth", type=click.IntRange(0, 5), metavar="N",
+                 help="Follow sitemap indexes N levels down (default 2; 0: no index)."),
+]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
 SPEC_FLAGS = {
@@ -82,9 +96,14 @@ SPEC_FLAGS = {
     "max_pages": ("--max-pages", "politeness.max_pages"),
     "max_pages_per_domain": ("--max-pages-per-domain", "politeness.max_pages_per_domain"),
     "shards": ("--shards", "tracker.shards"),
+    "sitemaps_mode": ("--sitemaps", "sitemaps.mode"),
+    "guess_sitemaps": ("--guess-sitemaps", "sitemaps.guess"),
+    "max_sitemap_urls": ("--max-sitemap-urls", "sitemaps.max_urls_per_host"),
+    "max_sitemap_depth": ("--max-sitemap-depth", "sitemaps.max_depth"),
 }
 # On/off flags: the value a given flag sets its field to (not given, the field is left alone).
-FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
+FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True,
+               "guess_sitemaps": True}
 
 
 def with_spec_options(wrapped):
@@ -97,6 +116,7 @@ def with_spec_options(wrapped):
 
     for option in reversed(
         spec_options + scraper_saver_options + policy_options + politeness_options
+        + sitemap_options
     ):
         command = option(command)
     return command
@@ -153,9 +173,9 @@ def spec_from_data(data: dict[str, Any], names: dict[str, str]) -> JobSpec:
         # (the redis saver's output) is not a path.
         saver["output"] = output if "://" in output else str(Path(output).expanduser().resolve())
     # A problem with the saver or scraper as a whole is named by what chose its kind.
-    for section in ("scraper", "saver"):
-        if f"{section}.kind" in names:
-            names[section] = names[f"{section}.kind"]
+    for section, chooser in (("scraper", "kind"), ("saver", "kind"), ("sitemaps", "mode")):
+        if f"{section}.{chooser}" in names:
+            names[section] = names[f"{section}.{chooser}"]
     return build_spec(data, names)
 
 
