@@ -39,8 +39,8 @@ def page(*hrefs: str) -> bytes:
 
 def site_routes(routes: dict) -> dict:
     """The test site once its base URL is known: ``/`` links to /linked.html; robots.txt lists
-    an index (of /sm/a.xml and the gzipped /sm/b.xml.gz, with an off-host sitemap) and a
-    sitemap that is not there."""
+    an index (of /sm/a.xml and the gzipped /sm/b.xml.gz, with an off-host sitemap), a sitemap
+    that is not there and one it disallows."""
     def build(base: str) -> None:
         index = (f'<?xml version="1.0"?><sitemapindex {NS}>'
                  f"<sitemap><loc>{base}/sm/a.xml</loc></sitemap>"
@@ -50,7 +50,8 @@ def site_routes(routes: dict) -> dict:
         a = urlset(base, HIDDEN[:2], extra="<url><lastmod>2024-01-01</lastmod></url>"
                    "<url><loc>http://elsewhere.invalid/x.html</loc></url>")
         b = gzip.compress(urlset(base, HIDDEN[2:]))
-        robots = b"User-agent: *\nDisallow: /private/\nSitemap: /index.xml\nSitemap: /missing.xml\n"
+        robots = (b"User-agent: *\nDisallow: /private/\nSitemap: /index.xml\n"
+                  b"Sitemap: /missing.xml\nSitemap: /private/sm.xml\n")
         routes.update({
             "/robots.txt": lambda h: reply(h, 200, robots, {"Content-Type": "text/plain"}),
             "/index.xml": lambda h: reply(h, 200, index, XML),
@@ -65,13 +66,14 @@ def site_routes(routes: dict) -> dict:
     return build
 
 
-def crawl(redis_url, tmp_path, job: str, sitemaps: dict, routes: dict, build=None):
-    """Crawl the site from ``/`` with the spec's ``sitemaps`` section; returns the stats, the
-    paths requested (robots.txt aside), the tracker and the base URL."""
+def crawl(redis_url, tmp_path, job: str, sitemaps: dict, routes: dict, build=None, **more):
+    """Crawl the site from ``/`` with the spec's ``sitemaps`` section (and ``more`` of the
+    spec); returns the stats, the paths requested (robots.txt aside), the tracker and the base
+    URL."""
     with serve(routes) as (base, _, log):
         (build or site_routes(routes))(base)
         spec = build_spec({"seeds": [base + "/"], "max_retries": 0, "sitemaps": sitemaps,
-                           "saver": {"output": str(tmp_path / job)}})
+                           "saver": {"output": str(tmp_path / job)}, **more})
         rt = Runtime.for_redis(crawl_settings(redis_url, lease_seconds=30))
         stats = crawl_inline(rt, job, spec, max_tasks=2000, timeout=60)
     paths = [entry["path"] for entry in log if entry["path"] != "/robots.txt"]
@@ -84,12 +86,20 @@ def saved(tmp_path, job: str) -> set[str]:
     return {"/" + str(p.relative_to(root)).split("/", 1)[1] for p in root.rglob("*") if p.is_file()}
 
 
-def test_follow_crawls_the_pages_only_sitemaps_list_and_their_links(redis_url, tmp_path):
-    stats, paths, tracker, base = crawl(redis_url, tmp_path, "follow", {"mode": "follow"}, {})
+@pytest.mark.parametrize("obey_robots", [True, False])
+def test_follow_crawls_the_pages_only_sitemaps_list_and_their_links(redis_url, tmp_path,
+                                                                    obey_robots):
+    """Also for a job that ignores robots.txt: its Sitemap lines are read all the same, and the
+    sitemap it disallows is read too (it is not there)."""
+    stats, paths, tracker, base = crawl(redis_url, tmp_path, "follow", {"mode": "follow"}, {},
+                                        fetch={"obey_robots": obey_robots})
     pages = {"/index.html", "/linked.html", *HIDDEN, *CHILDREN}
     assert saved(tmp_path, "follow") == pages
-    # Each sitemap read once, the missing one asked once and done, not dead; nothing saved of them.
+    # Each sitemap read once, the missing one asked once and done, not dead; nothing saved of
+    # them; the one robots.txt disallows never asked for.
     sitemap_files = ["/index.xml", "/missing.xml", "/sm/a.xml", "/sm/b.xml.gz"]
+    if not obey_robots:
+        sitemap_files.insert(2, "/private/sm.xml")
     assert sorted(p for p in paths if p not in {"/", *pages}) == sitemap_files
     assert len(paths) == len(set(paths))
     assert stats.dead == 0, tracker.dead_items("follow")
@@ -173,14 +183,17 @@ def test_a_sitemap_that_fails_otherwise_is_dead_with_its_reason(redis_url, tmp_p
     assert stats.done == 2
 
 
-def test_the_crawl_command_takes_only_the_listed_pages_with_sitemaps_only(tmp_path):
-    """`distscrape crawl --sitemaps only`: real worker processes, the embedded Redis, saving
-    inline; the exit status is 0 (the missing sitemap is no dead item)."""
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_the_crawl_command_takes_only_the_listed_pages_with_sitemaps_only(tmp_path, in_memory):
+    """`distscrape crawl --sitemaps only`: real worker processes and the embedded Redis (or
+    the in-memory tracker), saving inline; the exit status is 0 (the missing sitemap is no dead
+    item)."""
     routes: dict = {}
     with serve(routes) as (base, _, log):
         site_routes(routes)(base)
         out = tmp_path / "out"
-        crawl = Crawl(tmp_path, base + "/", out, "--sitemaps", "only")
+        crawl = Crawl(tmp_path, base + "/", out, "--sitemaps", "only",
+                      *(["--in-memory"] if in_memory else []))
         assert crawl.wait(120) == 0, crawl.stderr
     assert {"/" + str(p.relative_to(out)).split("/", 1)[1] for p in out.rglob("*")
             if p.is_file()} == {"/index.html", *HIDDEN}
