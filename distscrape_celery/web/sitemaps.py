@@ -25,7 +25,7 @@ from ..job.urls import MAX_URL_CHARS
 # The sitemaps.org limits of one file: a larger one is cut there, not refused.
 MAX_SITEMAP_URLS = 50_000
 MAX_SITEMAP_BYTES = 50 * 1024 * 1024
-# The elements an entry's text may take, a lastmod's: longer ones are junk.
+# The longest <lastmod> read: a W3C Datetime is at most some 35 characters.
 _MAX_LASTMOD_CHARS = 64
 _GZIP_MAGIC = b"\x1f\x8b"
 # Decompressed at a time, so a gzip bomb never expands past the byte bound in memory.
@@ -99,7 +99,9 @@ class SitemapReader:
     parses at most ``max_bytes`` of XML; past either, :meth:`write` returns False and the file
     is cut there. :meth:`close` gives the :class:`Sitemap`. One file per reader."""
 
-    def __init__(self, max_urls: int = MAX_SITEMAP_URLS, max_bytes: int = MAX_SITEMAP_BYTES) -> None:
+    def __init__(
+        self, max_urls: int = MAX_SITEMAP_URLS, max_bytes: int = MAX_SITEMAP_BYTES
+    ) -> None:
         self.max_urls = max_urls
         self.max_bytes = max_bytes
         self.sitemap = Sitemap()
@@ -111,6 +113,7 @@ class SitemapReader:
         self._inflate: Optional[zlib._Decompress] = None
         self._gzip: Optional[bool] = None
         self._xml_bytes = 0
+        self._cut_short = False  # the gzip stream ended before its end mark
         self._done = False
 
     def write(self, data: bytes) -> bool:
@@ -207,12 +210,15 @@ class SitemapReader:
         if not self._done:
             if self._head:
                 self._feed_xml(self._head)
+            if self._inflate is not None and self._xml_bytes and not self._inflate.eof:
+                self._cut_short = True  # a download cut at its byte bound, or a broken file
             try:
                 self._parser.close()
                 self._take(self._parser.read_events())
             except lxml.etree.XMLSyntaxError as exc:
                 if self._xml_bytes:
-                    self._stop(f"broken XML: {exc}")
+                    why = "gzip stream ends early" if self._cut_short else f"broken XML: {exc}"
+                    self._stop(why)
             self._done = True
         self.sitemap.kind = self.sitemap.kind or None  # "": a root of another name
         return self.sitemap

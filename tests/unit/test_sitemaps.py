@@ -87,6 +87,13 @@ def test_gzip_is_told_by_its_bytes_and_read_member_after_member():
     assert len(sitemap.entries) == 300 and not sitemap.cut
 
 
+def test_a_gzip_file_cut_short_keeps_the_entries_before_the_cut():
+    data = gzip.compress(urlset(*(url(f"http://a.example/{n}") for n in range(1000))))
+    sitemap = parse_sitemap(data[:len(data) // 2])
+    assert 0 < len(sitemap.entries) < 1000
+    assert sitemap.cut == "gzip stream ends early"
+
+
 def test_entries_past_the_cap_are_cut_with_a_reason():
     body = urlset(*(url(f"http://a.example/{n}") for n in range(MAX_SITEMAP_URLS + 5)))
     sitemap = parse_sitemap(body)
