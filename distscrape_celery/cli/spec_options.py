@@ -81,6 +81,20 @@ schedule_options = [
                  help="Run the job again at the times of a cron expression (five fields, UTC), "
                       "e.g. '0 3 * * *'."),
 ]
+# Which sitemaps a job reads (see docs/configuration.md, Sitemaps).
+sitemap_options = [
+    click.option("--sitemaps", "sitemaps_mode", type=click.Choice(["ignore", "follow", "only"]),
+                 help="Sitemaps robots.txt lists: ignore them (the default), follow the pages "
+                      "they list besides the links found in pages, or crawl only the seeds and "
+                      "the pages they list."),
+    click.option("--guess-sitemaps", is_flag=True,
+                 help="Also read /sitemap.xml of every host crawled (with --sitemaps follow or "
+                      "only)."),
+    click.option("--max-sitemap-urls", type=click.IntRange(1), metavar="N",
+                 help="Take at most N entries from the sitemaps of one host (default 100000)."),
+    click.option("--max-sitemap-depth", type=click.IntRange(0, 5), metavar="N",
+                 help="Follow sitemap indexes N levels down (default 2; 0: no index)."),
+]
 # The flags that set a field of the job's spec, by parameter: (option, field). They override
 # --config field by field.
 SPEC_FLAGS = {
@@ -103,6 +117,10 @@ SPEC_FLAGS = {
     "shards": ("--shards", "tracker.shards"),
     "revisit": ("--revisit", "revisit"),
     "revisit_interval": ("--revisit-interval", "revisit.interval"),
+    "sitemaps_mode": ("--sitemaps", "sitemaps.mode"),
+    "guess_sitemaps": ("--guess-sitemaps", "sitemaps.guess"),
+    "max_sitemap_urls": ("--max-sitemap-urls", "sitemaps.max_urls_per_host"),
+    "max_sitemap_depth": ("--max-sitemap-depth", "sitemaps.max_depth"),
 }
 # Flags of seed only (a schedule needs workers that stay up).
 SCHEDULE_FLAGS = {
@@ -110,7 +128,8 @@ SCHEDULE_FLAGS = {
     "cron": ("--cron", "schedule.cron"),
 }
 # On/off flags: the value a given flag sets its field to (not given, the field is left alone).
-FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True}
+FLAG_VALUES = {"all_hosts": False, "ignore_robots": False, "allow_private": True,
+               "guess_sitemaps": True}
 # Flags that turn a whole section on with its defaults.
 SECTION_FLAGS = {"revisit"}
 
@@ -129,7 +148,7 @@ def with_spec_options(wrapped=None, *, schedules: bool = False):
 
     for option in reversed(
         spec_options + scraper_saver_options + policy_options + politeness_options
-        + revisit_options + (schedule_options if schedules else [])
+        + sitemap_options + revisit_options + (schedule_options if schedules else [])
     ):
         command = option(command)
     return command
@@ -193,9 +212,9 @@ def spec_from_data(data: dict[str, Any], names: dict[str, str]) -> JobSpec:
         # (the redis saver's output) is not a path.
         saver["output"] = output if "://" in output else str(Path(output).expanduser().resolve())
     # A problem with the saver or scraper as a whole is named by what chose its kind.
-    for section in ("scraper", "saver"):
-        if f"{section}.kind" in names:
-            names[section] = names[f"{section}.kind"]
+    for section, chooser in (("scraper", "kind"), ("saver", "kind"), ("sitemaps", "mode")):
+        if f"{section}.{chooser}" in names:
+            names[section] = names[f"{section}.{chooser}"]
     return build_spec(data, names)
 
 

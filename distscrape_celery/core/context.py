@@ -18,6 +18,7 @@ from ..scrapers import Scraper
 from ..settings import Settings
 from ..web.robots import RobotsCache, RobotsStore
 from ..web.scope import HostScope
+from ..web.sitemap_items import JobSitemaps
 
 Component = TypeVar("Component")
 
@@ -48,6 +49,7 @@ class JobContext:
         self._robots = robots
         self._scraper = scraper
         self._saver: Optional[ItemSaver] = None
+        self._sitemaps: Optional[JobSitemaps] = None
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""
@@ -62,6 +64,17 @@ class JobContext:
         robots = self._robots
         return robots if robots is not None else self._once(
             "_robots", lambda: RobotsCache.from_spec(self.spec, self.robots_store))
+
+    def sitemaps(self) -> Optional[JobSitemaps]:
+        """The job's sitemaps; None when the job ignores them."""
+        if not self.spec.sitemaps.enabled:
+            return None
+        sitemaps = self._sitemaps
+        if sitemaps is not None:
+            return sitemaps
+        robots = self.robots()  # before the lock, which building the policy takes too
+        return self._once(
+            "_sitemaps", lambda: JobSitemaps.from_spec(self.spec, self.robots_store, robots))
 
     def scraper(self) -> Scraper:
         """The job's scraper; raises ConfigError when this worker's settings refuse the class its

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ..errors import ConfigError, format_validation_error
 from ..redaction import redact
@@ -20,7 +20,8 @@ from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
 from .schedule import ScheduleSpec
 from .scraper_spec import ScraperSpec
-from .sections import FetchSpec, PolitenessSpec, StrictModel, TrackerSpec
+from .sections import FetchSpec, PolitenessSpec, StrictModel, TrackerSpec, field_label
+from .sitemap_spec import SitemapsSpec
 from .urls import MAX_URL_CHARS, Canonicalizer, normalize_url
 
 if sys.version_info >= (3, 11):
@@ -42,6 +43,7 @@ class JobSpec(StrictModel):
     fetch: FetchSpec = FetchSpec()
     politeness: PolitenessSpec = PolitenessSpec()
     tracker: TrackerSpec = TrackerSpec()
+    sitemaps: SitemapsSpec = SitemapsSpec()
     revisit: Optional[RevisitSpec] = Field(
         None, description="Keep a record of every saved page, and in each later generation "
         "fetch again only the pages that are due, saving only those that changed.")
@@ -88,6 +90,17 @@ class JobSpec(StrictModel):
                 items.append(item)
         return {**data, "seeds": items}
 
+    @field_validator("sitemaps")
+    @classmethod
+    def _sitemaps_need_urls(cls, value: SitemapsSpec, info: ValidationInfo) -> SitemapsSpec:
+        scraper = info.data.get("scraper")
+        if value.enabled and isinstance(scraper, ScraperSpec) and scraper.kind == "ids":
+            raise ValueError(
+                f"mode {value.mode!r} needs a scraper of URLs, and the ids scraper "
+                f"({field_label(info, 'scraper.kind')}) reads no sitemap"
+            )
+        return value
+
     def origin_urls(self) -> list[str]:
         """The URLs the job's owner named: its URL seeds, and the ids scraper's download URL."""
         urls = [seed for seed in self.seeds if "://" in seed]
@@ -103,6 +116,8 @@ class JobSpec(StrictModel):
         exclude["schedule"] = True
         if self.revisit is None:
             exclude["revisit"] = True
+        if self.sitemaps == SitemapsSpec():
+            exclude["sitemaps"] = True
         later = {
             name for name in _LATER_SCRAPER_FIELDS
             if getattr(self.scraper, name) == ScraperSpec.model_fields[name].default

@@ -175,6 +175,12 @@ class Tracker(ABC):
         """Make ``domain``'s fetches at least ``seconds`` apart in ``job`` (robots.txt
         Crawl-delay), on top of the job's own interval; 0 removes it."""
 
+    @abstractmethod
+    def count_sitemap_urls(self, job: str, domain: str, count: int) -> int:
+        """Count ``count`` more entries taken from ``domain``'s sitemaps in ``job``; returns the
+        domain's total, these included (``count`` 0: the total so far). Atomic: callers that
+        count at once get totals that tell each its own share."""
+
     # -- items -----------------------------------------------------------------------------
 
     @abstractmethod

@@ -31,6 +31,9 @@ key                               type    holds
 ``P latency``                     hash    domain -> its leases' moving mean duration, µs: how much
                                           earlier its turns come (_lib_politeness.lua)
 ``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
+``P sitemap-urls``                hash    domain -> entries taken from its sitemaps (the job's
+                                          sitemaps.max_urls_per_host bounds them), in the
+                                          domain's shard
 ``P delayed``                     zset    item -> when its backoff ends, µs (``w``aiting items)
 ``P policy``                      hash    the job's crawl limits (see _lib_call.lua) and
                                           each domain's robots.txt Crawl-delay
@@ -272,6 +275,10 @@ class JobKeys:
     @property
     def domain_seen(self) -> str:
         return self.prefix + "dseen"
+
+    @property
+    def sitemap_urls(self) -> str:
+        return self.prefix + "sitemap-urls"
 
     @property
     def delayed(self) -> str:

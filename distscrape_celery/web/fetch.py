@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Protocol
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 import certifi
@@ -92,6 +92,13 @@ def conditional(etag: str = "", last_modified: Optional[float] = None) -> Iterat
         yield
     finally:
         _validators.reset(token)
+
+
+class BodySink(Protocol):
+    """Takes a streamed body (:meth:`Fetcher.get` with a sink)."""
+
+    def write(self, chunk: bytes) -> bool:
+        """The next piece of the body, decoded; False: read no more of it."""
 
 
 @contextmanager
@@ -251,20 +258,21 @@ class Fetcher:
         return pool.urlopen("GET", path, assert_same_host=False, headers=headers,
                             **request_options)
 
-    def get(self, url: str) -> Download:
+    def get(self, url: str, sink: Optional[BodySink] = None) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
         raises :class:`FetchError` for anything else, never an exception of urllib3.
-        ``total_timeout`` bounds the whole: every hop's connect, status line, headers and body."""
+        ``total_timeout`` bounds the whole: every hop's connect, status line, headers and body.
+        With ``sink``, the body goes to it a piece at a time as it arrives, and is not kept."""
         _check_scheme(url)
         with total_deadline(self.spec.total_timeout) as deadline:
-            return self._get(url, deadline)
+            return self._get(url, deadline, sink)
 
-    def _get(self, url: str, deadline: Deadline) -> Download:
+    def _get(self, url: str, deadline: Deadline, sink: Optional[BodySink] = None) -> Download:
         spec = self.spec
         visited = {urldefrag(url)[0]}
         current = url
         for _hop in range(spec.max_redirects + 1):
-            target = self._get_one(current, deadline)
+            target = self._get_one(current, deadline, sink)
             if isinstance(target, Download):
                 return target
             if target in visited:
@@ -284,7 +292,9 @@ class Fetcher:
                 )
         raise FetchError(f"more than {spec.max_redirects} redirects from {url}", retryable=False)
 
-    def _get_one(self, url: str, deadline: Deadline) -> "Download | str":
+    def _get_one(
+        self, url: str, deadline: Deadline, sink: Optional[BodySink] = None
+    ) -> "Download | str":
         """One request: the download, or the URL its redirect points to."""
         spec = self.spec
         _check_host(url)
@@ -305,7 +315,8 @@ class Fetcher:
                                 body=b"", etag=headers.get("ETag", ""),
                                 last_modified=_http_date(headers.get("Last-Modified")))
             self._check_type(url, response)
-            body = self._read_body(url, response, deadline)
+            body = (self._read_body(url, response, deadline) if sink is None
+                    else self._stream_body(url, response, deadline, sink))
             if deadline.passed():
                 raise _total_timeout(url, spec)
             return Download(
@@ -361,6 +372,26 @@ class Fetcher:
             if deadline.passed():
                 raise _total_timeout(url, self.spec)
         return bytes(body)
+
+
+    def _stream_body(
+        self, url: str, response: urllib3.BaseHTTPResponse, deadline: Deadline, sink: BodySink
+    ) -> bytes:
+        """:meth:`_read_body`, each piece handed to ``sink`` rather than kept (b"" returned): at
+        most ``max_bytes`` of it, and none after ``sink`` said it wants no more."""
+        limit, read = self.spec.max_bytes, 0
+        while chunk := response.read1(_CHUNK_BYTES, decode_content=True):
+            read += len(chunk)
+            if read > limit:
+                if not self.cut_at_max_bytes:
+                    raise FetchError(f"body of {url} exceeds max_bytes={limit}", retryable=False)
+                sink.write(chunk[:len(chunk) - (read - limit)])
+                break
+            if not sink.write(chunk):
+                break
+            if deadline.passed():
+                raise _total_timeout(url, self.spec)
+        return b""
 
 
 def _total_timeout(url: str, spec: FetchSpec) -> FetchError:

@@ -172,6 +172,15 @@ class RobotsCache:
             return False
         return True
 
+    def sitemaps(self, url: str) -> Optional[list[str]]:
+        """The ``Sitemap`` lines of the robots.txt of ``url``'s host, as written (maybe
+        relative); [] when it has none, or allows everything (a 4xx); None while it cannot be
+        read. Raises :class:`FetchError` (permanent) for a URL without a usable host."""
+        rules = self._rules(url)
+        if rules.unavailable is not None:
+            return None
+        return list(rules.parser.sitemaps) if rules.parser is not None else []
+
     def crawl_delay(self, url: str) -> Optional[float]:
         """The Crawl-delay (seconds) robots.txt asks of our user agent on ``url``'s host, if
         any (also the Request-rate, as seconds per request), at most :data:`MAX_CRAWL_DELAY`.

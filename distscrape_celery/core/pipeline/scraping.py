@@ -16,10 +16,12 @@ from ..backoff import Backoff
 from ..context import JobContext
 from ..runtime import Runtime
 from ...errors import ConfigError, FetchError
+from ...job.sitemap_spec import ONLY
 from ...scrapers import Scraper
 from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
 from ...tracker.revisits import RevisitUpdate
 from ...web.fetch import Download, redirect_check
+from ...web.sitemap_items import is_sitemap_item
 from . import revisiting
 from .failures import Failures
 from .fetch_rules import FetchRules
@@ -27,6 +29,7 @@ from .links import KnownLinks, cap_links
 from .publishing import Publisher, dispatch, dispatch_or_keep
 from .saving import Saving
 from .scraped_saves import ScrapedSave, ScrapedSaves, hand_over, page_holder
+from .sitemap_steps import SitemapSteps
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,7 @@ class Scraping:
         self.saving = saving
         self.scraped_saves = scraped_saves  # None: each page gets a save message of its own
         self.fetch_rules = FetchRules(runtime.tracker)
+        self.sitemap_steps = SitemapSteps(runtime, publisher, failures, self.fetch_rules)
 
     def scrape(self, job: str, item: str) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task (or save
@@ -113,6 +117,9 @@ class Scraping:
     def _scrape_leased(self, page: LeasedPage) -> str:
         """:meth:`scrape` once the page is leased. Raises :class:`_Ended` for a page that a
         step ended early."""
+        sitemaps = page.context.sitemaps()
+        if sitemaps is not None and is_sitemap_item(page.item):
+            return self.sitemap_steps.scrape(page.context, sitemaps, page.item, page.checkout)
         scraper = self._scraper(page)
         download = self._download(page, scraper)
         revisit = page.context.spec.revisit
@@ -161,8 +168,13 @@ class Scraping:
         """The page, downloaded if the job's robots.txt allows it, its redirects checked."""
         rules, context = self.fetch_rules, page.context
         try:
-            rules.check_robots(context, scraper.url_for(page.item))
-            with redirect_check(rules.redirect_check(context)), revisiting.validators(page.checkout):
+            url = scraper.url_for(page.item)
+            rules.check_robots(context, url)
+            sitemaps = context.sitemaps()
+            if sitemaps is not None and url is not None:
+                self.sitemap_steps.offer(context, sitemaps, url)
+            with redirect_check(rules.redirect_check(context)), \
+                    revisiting.validators(page.checkout):
                 return scraper.download(page.item)
         except FetchError as exc:
             revisit = context.spec.revisit
@@ -186,6 +198,8 @@ class Scraping:
         scraper_spec = page.context.spec.scraper
         if scraper_spec.max_depth is not None and page.checkout.depth >= scraper_spec.max_depth:
             return [], 0  # its links would be deeper than the job goes
+        if page.context.spec.sitemaps.mode == ONLY:
+            return [], 0  # the job takes pages from sitemaps alone
         try:
             found = scraper.find_items(page.item, download)
         except Exception as exc:

@@ -234,6 +234,12 @@ class JobCalls(ShardLayout):
         else:
             self.client.hdel(policy, f"delay:{domain}")
 
+    @converts_redis_errors
+    def count_sitemap_urls(self, job: str, domain: str, count: int) -> int:
+        shards, _ = self._layout(job)
+        counts = keys.JobKeys(job, keys.shard_of(domain, shards)).sitemap_urls
+        return int(self.client.hincrby(counts, domain, int(count)))
+
     # -- a job's figures and dead items -----------------------------------------------------
 
     @converts_redis_errors
