@@ -18,7 +18,14 @@ class ItemSaver(ABC):
 
     ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
     ``worker_id`` the worker (a saver that writes shards names them after it and the process).
+
+    ``writes_revisits``: in a job that revisits, a page found unchanged is saved too, as a
+    download whose :attr:`~Download.unchanged` is set (its body empty, or the same as before):
+    a saver that keeps a history records that it was seen again (the WARC saver writes a
+    ``revisit`` record). Other savers never see such a download: the page is not saved again.
     """
+
+    writes_revisits: bool = False
 
     @classmethod
     @abstractmethod

@@ -157,7 +157,8 @@ def join_shards(
     shards = names.shards()
     if not shards and output.is_file():
         return Joined(output, None, ())  # nothing to add: the output is as an earlier join left it
-    sources = shards + ([output] if output.exists() else [])
+    # The output first: a job that runs again appends its new captures to what it saved before.
+    sources = ([output] if output.exists() else []) + shards
     joining, descriptor = _create_beside(names)
     try:
         with open(descriptor, "wb") as archive:
@@ -202,7 +203,7 @@ def _copy_units(
         whole = source == output
         for unit, key in _checked_units(units, source, whole, output):
             if key is None or key in seen:
-                continue  # a late duplicate: the first copy, in source order, is kept
+                continue  # a save written twice: its first copy, in source order, is kept
             seen.add(key)
             written.append(key)
             archive.write(unit)

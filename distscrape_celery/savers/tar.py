@@ -240,7 +240,7 @@ class TarShard:
                     if next(members, None) is not None:
                         raise NotAUnit("data after the end-of-archive marker")
                     break
-                yield raw, _unit_item(data)
+                yield raw, _unit_capture(data)
             self.torn = stream.torn
 
     def _plain_units(self, max_unit: Optional[int]) -> Iterator[tuple[bytes, Optional[str]]]:
@@ -264,8 +264,7 @@ class TarShard:
                     return
                 if max_unit is not None and end - info.offset > max_unit:
                     raise NotAUnit(f"a member larger than {max_unit} bytes")
-                item = info.pax_headers.get(PAX_ITEM) if info.isfile() else None
-                yield os.pread(descriptor, end - info.offset, info.offset), item
+                yield os.pread(descriptor, end - info.offset, info.offset), _capture(info)
             if self.torn:
                 return
             rest = os.pread(descriptor, len(_END_OF_ARCHIVE), tar.offset)
@@ -279,16 +278,30 @@ def _starts_with_end_marker(fh: BinaryIO, stream: CompleteUnits) -> bool:
     return os.pread(fh.fileno(), len(_END_OF_ARCHIVE), 0) == _END_OF_ARCHIVE
 
 
-def _unit_item(data: bytes) -> Optional[str]:
-    """The item of the one member ``data`` (a decompressed unit) holds; :class:`NotAUnit` if it
-    is not exactly one member."""
+# One capture of an item: the item and when it was fetched (as its member records it). A job
+# that runs again captures a page once a generation; a save that ran twice (its worker died
+# before the tracker heard of it) wrote the same capture twice.
+Capture = tuple[str, str]
+
+
+def _capture(info: tarfile.TarInfo) -> Optional[Capture]:
+    """The capture a member holds; None for a member no saver wrote."""
+    item = info.pax_headers.get(PAX_ITEM) if info.isfile() else None
+    if item is None:
+        return None
+    return item, info.pax_headers.get(PAX_FETCHED_AT, "")
+
+
+def _unit_capture(data: bytes) -> Optional[Capture]:
+    """The capture of the one member ``data`` (a decompressed unit) holds; :class:`NotAUnit` if
+    it is not exactly one member."""
     try:
         info = tarfile.open(fileobj=io.BytesIO(data), mode="r|", errorlevel=2).next()
     except (tarfile.TarError, EOFError) as exc:
         raise NotAUnit(f"not a tar member: {exc}") from None
     if info is None or info.offset_data + _padded(info.size) != len(data):
         raise NotAUnit("not exactly one tar member")
-    return info.pax_headers.get(PAX_ITEM) if info.isfile() else None
+    return _capture(info)
 
 
 def _padded(size: int) -> int:
@@ -367,8 +380,8 @@ def tar_index(output: str | os.PathLike) -> Iterator[tuple[str, str, str]]:
 
 
 def join_tar(output: str | os.PathLike, *, max_unit: int) -> Joined:
-    """Join the shards of the tar archive ``output`` into ``output`` itself, each item once,
-    and remove them (see :func:`~distscrape_celery.savers.joining.join_shards`).
+    """Join the shards of the tar archive ``output`` into ``output`` itself, each capture of an
+    item once (a job that runs again adds a capture a generation), and remove them (see :func:`~distscrape_celery.savers.joining.join_shards`).
 
     A compressed member is copied as the gzip member or bz2 stream it is in its shard, not
     compressed again; only the shards' end-of-archive markers are left out, and one ends the
@@ -377,19 +390,19 @@ def join_tar(output: str | os.PathLike, *, max_unit: int) -> Joined:
     names = ShardNames(output, tuple(EXTENSIONS), "tar")
     compression = EXTENSIONS[names.extension]
 
-    def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[str]]]:
+    def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[Capture]]]:
         shard = TarShard(path)
-        for raw, item in shard.units(max_unit):
-            if item is None and whole:
+        for raw, capture in shard.units(max_unit):
+            if capture is None and whole:
                 raise NotAUnit("a member that is not a saved item")
-            yield raw, item
+            yield raw, capture
         if shard.torn:
             if whole:
                 raise NotAUnit("a torn tail")
             log.warning("shard %s has a torn tail; its complete members were joined", path)
 
     return join_shards(
-        names, units, item_of=lambda key: key, read_back=lambda p: _standard_read(p, compression),
+        names, units, item_of=lambda key: key[0], read_back=lambda p: _standard_read(p, compression),
         tail=_compress_with(compression, _END_OF_ARCHIVE),
     )
 
@@ -404,11 +417,11 @@ def _compress_with(compression: str, data: bytes, level: Optional[int] = None) -
     return data
 
 
-def _standard_read(path: Path, compression: str) -> list[str]:
-    """The items of ``path`` as a standard reader sees them: the gzip or bz2 module (every
+def _standard_read(path: Path, compression: str) -> list[Optional[Capture]]:
+    """The captures of ``path`` as a standard reader sees them: the gzip or bz2 module (every
     member or stream, CRCs checked) under a tarfile stream that stops at the first end marker."""
     opener = {"": open, "gz": gzip.open, "bz2": bz2.open}[compression]
-    items: list[str] = []
+    items: list[Optional[Capture]] = []
     try:
         with opener(path, "rb") as fh:
             if fh.read(len(_END_OF_ARCHIVE) + 1) == _END_OF_ARCHIVE:
@@ -417,7 +430,7 @@ def _standard_read(path: Path, compression: str) -> list[str]:
             with tarfile.open(fileobj=fh, mode="r|", errorlevel=2) as tar:
                 for info in tar:
                     tar.members.clear()
-                    items.append(info.pax_headers.get(PAX_ITEM))
+                    items.append(_capture(info))
     except (OSError, EOFError, zlib.error, tarfile.TarError) as exc:
         raise NotAUnit(str(exc)) from exc
     return items

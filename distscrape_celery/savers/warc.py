@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import logging
 import os
@@ -30,6 +32,9 @@ EXTENSIONS = (".warc.gz",)
 WARC_VERSION = "1.1"
 # A WARC extension field on both records: the crawl's item (an ID, or the URL before redirects).
 ITEM_HEADER = "DISTSCRAPE-Item"
+# The profiles of a revisit record (WARC 1.1, section 6.7).
+REVISIT_NOT_MODIFIED = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
+REVISIT_IDENTICAL = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 SOFTWARE = "distscrape-celery"
 WARC_1_1_SPEC = "https://iipc.github.io/warc-specifications/specifications/warc-format/warc-1.1/"
 
@@ -77,6 +82,8 @@ class WarcItemSaver(ShardedItemSaver):
             "job": self.job, "worker": self.worker_id, "hostname": os.uname().nodename,
         })
 
+    writes_revisits = True
+
     def _encode(self, item: str, download: Download) -> bytes:
         buffer = io.BytesIO()
         writer = WARCWriter(buffer, gzip=True, warc_version=WARC_VERSION)
@@ -99,11 +106,14 @@ class WarcItemSaver(ShardedItemSaver):
             ],
             protocol="HTTP/1.1",
         )
-        response = writer.create_warc_record(
-            url, "response", payload=io.BytesIO(body), length=len(body),
-            http_headers=http_response,
-            warc_headers_dict=_warc_fields("response", date, item_value),
-        )
+        if download.unchanged:
+            response = _revisit_record(writer, download, date, item_value, http_response)
+        else:
+            response = writer.create_warc_record(
+                url, "response", payload=io.BytesIO(body), length=len(body),
+                http_headers=http_response,
+                warc_headers_dict=_warc_fields("response", date, item_value),
+            )
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         host = parts.netloc.rpartition("@")[2]
@@ -119,6 +129,25 @@ class WarcItemSaver(ShardedItemSaver):
 
     def _location(self, shard: str, item: str) -> str:
         return f"{shard}#{item}"
+
+
+def _revisit_record(writer: WARCWriter, download: Download, date: str, item: str,
+                    http_response: StatusAndHeaders):
+    """A ``revisit`` record of a page found unchanged: its server answered 304
+    (server-not-modified), or sent the same payload again (identical-payload-digest, with the
+    payload's SHA-1). Its HTTP headers are kept, its payload not."""
+    record = writer.create_warc_record(
+        download.url, "revisit", http_headers=http_response,
+        warc_headers_dict=_warc_fields("revisit", date, item))
+    headers = record.rec_headers
+    if download.not_modified:
+        headers.add_header("WARC-Profile", REVISIT_NOT_MODIFIED)
+    else:
+        headers.add_header("WARC-Profile", REVISIT_IDENTICAL)
+        digest = base64.b32encode(hashlib.sha1(download.body).digest()).decode()
+        headers.add_header("WARC-Payload-Digest", f"sha1:{digest}")
+    headers.add_header("WARC-Refers-To-Target-URI", download.url)
+    return record
 
 
 def _warcinfo_record(filename: str, fields: dict[str, str]) -> bytes:
@@ -152,8 +181,10 @@ def warc_shards(output: str | os.PathLike) -> list[Path]:
     return ShardNames(output, EXTENSIONS, "WARC").shards()
 
 
-# What identifies a record when shards are joined: (WARC-Type, DISTSCRAPE-Item).
-RecordKey = tuple[str, str]
+# What identifies a record when shards are joined: (WARC-Type, DISTSCRAPE-Item, WARC-Date). A
+# job that runs again captures a page once a generation; a save that ran twice (its worker died
+# before the tracker heard of it) wrote the same capture twice.
+RecordKey = tuple[str, str, str]
 
 
 def join_warc(output: str | os.PathLike, *, max_unit: int, job: str = "") -> Joined:
@@ -171,35 +202,35 @@ def join_warc(output: str | os.PathLike, *, max_unit: int, job: str = "") -> Joi
         with open(path, "rb") as fh:
             stream = CompleteUnits(fh, "gz")
             for raw, data in stream.members(max_unit):
-                kind, item = _record_type_and_item(data)
+                kind, item, date = _record_type_and_item(data)
                 if kind == "warcinfo":
                     continue
                 if item is None:
                     if whole:
                         raise NotAUnit(f"a {kind} record of no saved item")
                     continue
-                if pending and pending[0][1][1] != item:
+                if pending and pending[0][1][1:] != (item, date):
                     yield from pending
                     pending = []
-                pending.append((raw, (kind, item)))
+                pending.append((raw, (kind, item, date)))
             if stream.torn:
                 if whole:
                     raise NotAUnit("a torn tail")
                 log.warning("shard %s has a torn tail; its complete records were joined", path)
-                if {key[0] for _, key in pending} != {"request", "response"}:
+                if len({key[0] for _, key in pending} & {"request", "response", "revisit"}) != 2:
                     pending = []  # the item whose write was cut short
             yield from pending
 
     return join_shards(
-        names, units, item_of=lambda key: key[1] if key[0] == "response" else None,
+        names, units, item_of=lambda key: key[1] if key[0] in ("response", "revisit") else None,
         read_back=_warc_keys,
         head=lambda path: _warcinfo_record(path.name, {"job": job} if job else {}),
     )
 
 
-def _record_type_and_item(data: bytes) -> tuple[str, Optional[str]]:
-    """WARC-Type and DISTSCRAPE-Item of the one record ``data`` (a decompressed gzip member)
-    holds; :class:`NotAUnit` if it is not exactly one WARC record."""
+def _record_type_and_item(data: bytes) -> tuple[str, Optional[str], str]:
+    """WARC-Type, DISTSCRAPE-Item and WARC-Date of the one record ``data`` (a decompressed gzip
+    member) holds; :class:`NotAUnit` if it is not exactly one WARC record."""
     head, sep, _ = data.partition(b"\r\n\r\n")
     lines = head.decode("utf-8", "replace").split("\r\n")
     if not sep or not lines[0].startswith("WARC/"):
@@ -214,17 +245,19 @@ def _record_type_and_item(data: bytes) -> tuple[str, Optional[str]]:
         raise NotAUnit("a WARC record without a Content-Length") from None
     if len(head) + 4 + length + 4 != len(data):
         raise NotAUnit("not exactly one WARC record")
-    return fields.get("warc-type", ""), fields.get(ITEM_HEADER.lower())
+    return fields.get("warc-type", ""), fields.get(ITEM_HEADER.lower()), fields.get("warc-date", "")
 
 
 def _warc_keys(path: Path) -> list[RecordKey]:
-    """(type, item) of every record but warcinfo in ``path``, as warcio reads them."""
+    """(type, item, date) of every record but warcinfo in ``path``, as warcio reads them."""
     keys: list[RecordKey] = []
     try:
         with open(path, "rb") as fh:
             for record in ArchiveIterator(fh):
                 if record.rec_type != "warcinfo":
-                    keys.append((record.rec_type, record.rec_headers.get_header(ITEM_HEADER)))
+                    headers = record.rec_headers
+                    keys.append((record.rec_type, headers.get_header(ITEM_HEADER),
+                                 headers.get_header("WARC-Date") or ""))
     except (ArchiveLoadFailed, OSError, ValueError, EOFError, zlib.error) as exc:
         raise NotAUnit(str(exc)) from exc
     return keys

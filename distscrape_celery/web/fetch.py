@@ -126,8 +126,10 @@ class Download:
     etag: str = ""
     last_modified: Optional[float] = None
     # A job that revisits: the record its tracker keeps once the page is saved
-    # (tracker/revisits.py, Record.update_hex); it travels with the save message.
+    # (tracker/revisits.py, Record.update_hex); it travels with the save message. ``unchanged``:
+    # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
+    unchanged: bool = False
 
     @property
     def not_modified(self) -> bool:
@@ -142,6 +144,8 @@ class Download:
         }
         if self.revisit:
             meta["revisit"] = self.revisit
+        if self.unchanged:
+            meta["unchanged"] = True
         return meta
 
     @classmethod
@@ -151,6 +155,7 @@ class Download:
             url=meta["url"], status=int(meta["status"]), content_type=meta["content_type"],
             body=body, fetched_at=float(meta.get("fetched_at") or time.time()),
             revisit=revisit if isinstance(revisit, str) else "",
+            unchanged=meta.get("unchanged") is True,
         )
 
 

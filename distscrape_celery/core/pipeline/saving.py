@@ -24,7 +24,10 @@ log = logging.getLogger(__name__)
 
 def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
     """What the tracker records of a saved page of a job that revisits (None for other jobs)."""
-    return RevisitUpdate(RevisitOutcome.SAVED, download.revisit) if download.revisit else None
+    if not download.revisit:
+        return None
+    outcome = RevisitOutcome.UNCHANGED if download.unchanged else RevisitOutcome.SAVED
+    return RevisitUpdate(outcome, download.revisit)
 
 
 class ItemToStore(NamedTuple):

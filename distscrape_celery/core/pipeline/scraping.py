@@ -8,6 +8,7 @@ handed out for scraping is sent in any case.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -123,11 +124,17 @@ class Scraping:
         scraper = self._scraper(page)
         download = self._download(page, scraper)
         revisit = page.context.spec.revisit
+        unchanged = None
         if revisit is not None:
             download, unchanged = revisiting.judge(revisit, page.checkout, download)
             if unchanged is not None:
-                return self._finish_unsaved(page, unchanged)
-        found, cut = self._links_found(page, scraper, download)
+                if not self._writes_revisits(page.context):
+                    return self._finish_unsaved(page, unchanged)
+                # Its saver records the revisit: saved as any page is, its links (the same as
+                # last time) left alone.
+                download = dataclasses.replace(download, revisit=unchanged.record_hex,
+                                               unchanged=True)
+        found, cut = ([], 0) if unchanged is not None else self._links_found(page, scraper, download)
         created = page.checkout.created
         found = self.known_links.unknown(page.job, created, found)
         reply = self._report_scraped(page, download, found, cut)
@@ -140,6 +147,13 @@ class Scraping:
         if self.scraped_saves is not None:
             return self._join_batch(page, download, reply)
         return self._send_save(page, download, reply)
+
+    @staticmethod
+    def _writes_revisits(context: JobContext) -> bool:
+        try:
+            return context.saver().writes_revisits
+        except Exception:  # the page's save meets (and reports) the error
+            return False
 
     def _finish_unsaved(self, page: LeasedPage, update: RevisitUpdate) -> str:
         """The page is done without a save (a revisit found it unchanged, or gone)."""

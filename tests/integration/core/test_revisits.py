@@ -61,3 +61,34 @@ def test_a_second_run_saves_exactly_what_changed(tmp_path, validators):
             assert sent <= 0.15 * bytes_first, (sent, bytes_first)
         assert f"({len(site.reachable) - len(change.changed) - len(change.removed)} unchanged, "\
             f"{len(change.removed)} gone)" in second.stdout, second.stdout
+
+
+@pytest.mark.parametrize("validators", [True, False], ids=["etag", "digest"])
+def test_archives_keep_every_capture_and_warc_records_the_revisits(tmp_path, validators):
+    """A tar or WARC output is appended to: generation 2 adds its changed and added pages as
+    new captures beside the first ones, and the WARC saver records each unchanged page as a
+    revisit record (server-not-modified after a 304, identical-payload-digest otherwise)."""
+    import tarfile
+
+    from warcio.archiveiterator import ArchiveIterator
+
+    site = generate_site(40, seed=5, unreachable=0)
+    change = evolve_site(site, seed=2)
+    unchanged = len(site.reachable) - len(change.changed) - len(change.removed)
+    with SiteServer(site, validators=validators) as server:
+        tar, warc = tmp_path / "site.tar", tmp_path / "site.warc.gz"
+        for out in (tar, warc):
+            _crawl(server, out)
+        server.replace_site(change.site)
+        for out in (tar, warc):
+            _crawl(server, out)
+    members = tarfile.open(tar).getmembers()
+    assert len(members) == len(site.reachable) + len(change.changed) + len(change.added)
+    with open(warc, "rb") as fh:
+        records = [(r.rec_type, r.rec_headers.get_header("WARC-Profile") or "")
+                   for r in ArchiveIterator(fh)]
+    responses = [r for r in records if r[0] == "response"]
+    revisits = [profile for kind, profile in records if kind == "revisit"]
+    assert len(responses) == len(site.reachable) + len(change.changed) + len(change.added)
+    profile = "server-not-modified" if validators else "identical-payload-digest"
+    assert len(revisits) == unchanged and all(p.endswith(profile) for p in revisits), revisits
