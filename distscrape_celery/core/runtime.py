@@ -133,9 +133,10 @@ class Runtime:
 
     def follow_job(self, job: str, created: str) -> None:
         """The tracker answered for the creation ``created`` of ``job``. A job deleted and
-        seeded again under its name is another creation, with a spec of its own: when the
-        creation differs from the one seen before, the job's context is dropped, to be built
-        again from the stored spec; its saver, if opened, is closed."""
+        seeded again under its name is another creation, with a spec of its own, and so, to a
+        worker, is each generation of a job that runs again: when the creation differs from the
+        one seen before, the job's context is dropped, to be built again from the stored spec;
+        its saver, if opened, is closed."""
         if not created or self._created.get(job) == created:
             return
         with self._lock:
@@ -146,7 +147,8 @@ class Runtime:
             context = self._contexts.pop(job, None)
         if context is not None:
             self._close_context(
-                context, "job %s was created again: its saver is built anew from its spec")
+                context, "job %s was created again (or began its next generation): its saver is "
+                "built anew from its spec")
 
     def spec(self, job: str) -> JobSpec:
         """The job's spec (a stored spec never changes; see :meth:`job_context`)."""

@@ -11,7 +11,7 @@ from typing import Optional
 from ..errors import JobNotFound
 from ..job.schedule import Schedule
 from ..job.spec import JobSpec
-from ..tracker import Tracker
+from ..tracker import JobState, Tracker
 from ..tracker.model import GenerationResult
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,11 @@ def run_again(tracker: Tracker, job: str, publish: Publish) -> GenerationResult:
     whether it started, or why not."""
     info = tracker.job_info(job)
     spec = JobSpec.from_json(tracker.load_spec(job))
+    if info.state is JobState.RUNNING and tracker.stats(job).finished:
+        # Done, but its end not recorded yet (the maintenance that records it comes with a
+        # worker's next heartbeat): recorded now.
+        tracker.maintain(job, max_lost=spec.max_lost)
+        info = tracker.job_info(job)
     result = tracker.start_generation(job, spec.seeds, generation=info.generation + 1)
     if result.dispatch:
         publish(job, result.dispatch)

@@ -279,6 +279,12 @@ class Tracker(ABC):
                 for i, (item, token) in enumerate(saves)]
 
     @abstractmethod
+    def changed(self, job: str, entries: Sequence[tuple[str, float]]) -> AddResult:
+        """Known items that changed (item, Unix time) after the job last fetched them, by
+        another source than their server (a sitemap's lastmod): each is queued now, in the
+        running generation, if it is not live already. ``added`` counts those queued."""
+
+    @abstractmethod
     def start_generation(
         self, job: str, seeds: Sequence[str], *, generation: int, due: Optional[str] = None,
         next_due: Optional[str] = None,

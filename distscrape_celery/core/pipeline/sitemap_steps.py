@@ -97,7 +97,18 @@ class SitemapSteps:
                             context.job, item, len(found) - room, limit, domain)
                 found = found[:room]
         depth = PAGE_DEPTH if finds.pages else checkout.depth + 1
+        if context.spec.revisit is not None:
+            self._revisit_changed(context, finds, set(found))
         return self._complete(context, item, checkout, found, depth)
+
+    def _revisit_changed(self, context: JobContext, finds: SitemapFinds, taken: set[str]) -> None:
+        """A job that revisits fetches again, now, the known pages whose lastmod says they
+        changed since it last fetched them."""
+        changed = [(entry.url, entry.lastmod.timestamp()) for entry in finds.pages
+                   if entry.lastmod is not None and entry.url in taken]
+        if changed:
+            reply = self.runtime.tracker.changed(context.job, changed)
+            dispatch(self.publisher, context.job, reply.dispatch)
 
     def _download(self, context: JobContext, sitemaps: JobSitemaps, url: str) -> Sitemap:
         """The sitemap at ``url``, fetched as a page is: if robots.txt allows it (a site that

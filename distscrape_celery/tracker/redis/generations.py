@@ -14,10 +14,11 @@ from typing import Optional
 
 from .. import keys
 from ...errors import JobNotFound
-from ..model import GenerationResult, JobState
+from ..base import MAX_ADD_BATCH
+from ..model import AddResult, GenerationResult, JobState
 from .connection import converts_redis_errors
 from .scripts import dispatched
-from .shards import ShardLayout
+from .shards import ShardLayout, chunks
 
 
 class GenerationCalls(ShardLayout):
@@ -52,6 +53,23 @@ class GenerationCalls(ShardLayout):
             self._mirror_active(job, range(shards))
         return GenerationResult(dispatch=dispatch, status=status, generation=int(reply[1]),
                                 next_due=float(reply[2]) if reply[2] else None)
+
+    @converts_redis_errors
+    def changed(self, job: str, entries: Sequence[tuple[str, float]]) -> AddResult:
+        by_shard: dict[int, list[tuple[str, float]]] = {}
+        for item, when in entries:
+            by_shard.setdefault(self._shard_of(job, item), []).append((item, when))
+        queued, dispatch = 0, []
+        for s, pairs in sorted(by_shard.items()):
+            for chunk in chunks(pairs, MAX_ADD_BATCH):
+                reply = self._run("changed", job, [*self._top_up_args(job),
+                                                   *(x for item, when in chunk
+                                                     for x in (item, f"{when:.0f}"))], s)
+                queued += int(reply[0])
+                dispatch += dispatched(reply[1:])
+        if queued:
+            self._mirror_active(job, by_shard)
+        return AddResult(dispatch=dispatch, added=queued)
 
     # -- schedules ------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from ..model import Urgent
 ITEM_SCRIPTS = (
     "add", "checkout", "scraped", "begin_save", "defer_save", "complete", "fail", "extend",
     "maintain", "release", "retry_dead", "control", "handoff", "unclaimed_saves", "expire_saves",
-    "generation",
+    "generation", "changed",
 )
 # The item scripts whose calls go together in one call of BATCH: what a save batch calls for all
 # its pages, and what threads of a process call at the same time (combine.py).

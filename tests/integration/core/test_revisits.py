@@ -5,7 +5,7 @@ whether the server sends validators (ETag, Last-Modified: answered with 304) or 
 
 from __future__ import annotations
 
-import os
+import collections
 from pathlib import Path
 
 import pytest
@@ -92,3 +92,87 @@ def test_archives_keep_every_capture_and_warc_records_the_revisits(tmp_path, val
     assert len(responses) == len(site.reachable) + len(change.changed) + len(change.added)
     profile = "server-not-modified" if validators else "identical-payload-digest"
     assert len(revisits) == unchanged and all(p.endswith(profile) for p in revisits), revisits
+
+
+def _run_generation(tracker, manager, job: str, procs, timeout: float = 120):
+    from distscrape_celery.core.schedules import run_again
+    from tests.support.crawl import check_all
+
+    result = run_again(tracker, job, manager.publish)
+    assert result.started, result
+    return manager.wait(job, timeout=timeout, check=check_all(procs))
+
+
+def _workers_and_manager(redis_url, workers, n: int = 2):
+    from distscrape_celery.core.manager import CrawlManager
+    from distscrape_celery.local.processes import wait_for_workers
+    from distscrape_celery.tracker import RedisTracker
+    from distscrape_celery.worker.app import configure_app
+    from distscrape_celery.worker.publish import publisher
+    from tests.support.crawl import crawl_settings
+
+    settings = crawl_settings(redis_url)
+    procs = [workers(settings, f"w{i}") for i in range(n)]
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, n, procs=procs)
+    configure_app(settings)
+    return tracker, CrawlManager(tracker, publisher.scrape), procs
+
+
+def test_workers_that_stay_up_crawl_every_generation_whole(redis_url, workers, tmp_path):
+    """A job without revisits fetches every page again in its next generation, on the same
+    worker processes: nothing a worker kept of the last generation (the links it knows it
+    added) holds the new one back."""
+    from distscrape_celery.job.spec import build_spec
+    from tests.support.crawl import check_all
+
+    site = generate_site(60, seed=8, unreachable=0)
+    tracker, manager, procs = _workers_and_manager(redis_url, workers)
+    with SiteServer(site) as server:
+        spec = build_spec({"seeds": [server.url("/")], "saver": {"output": str(tmp_path / "o")}})
+        manager.seed("j", spec)
+        manager.wait("j", timeout=120, check=check_all(procs))
+        stats = _run_generation(tracker, manager, "j", procs)
+        assert stats.done == len(site.reachable)
+        assert server.counts() == {path: 2 for path in site.reachable}
+
+
+def test_a_sitemap_lastmod_makes_a_known_page_due(redis_url, workers, tmp_path):
+    """In a job that revisits every week, generation 2 fetches only the known page whose
+    sitemap entry says it changed since it was fetched (and the sitemap itself)."""
+    from distscrape_celery.job.spec import build_spec
+    from tests.support.crawl import check_all
+    from tests.support.http import RouteServer
+
+    pages = {f"/p{i}.html": f"<html><body>page {i}</body></html>".encode() for i in range(5)}
+    lastmod = {path: "2000-01-01" for path in pages}
+
+    def sitemap():
+        rows = "".join(f"<url><loc>{server.base}{p}</loc><lastmod>{lastmod[p]}</lastmod></url>"
+                       for p in pages)
+        return ('<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+                f"{rows}</urlset>").encode()
+
+    def routes(path: str, _n: int):
+        if path in pages:
+            return 200, pages[path], {}, 0
+        if path == "/robots.txt":
+            return 200, f"Sitemap: {server.base}/sitemap.xml\n".encode(), {}, 0
+        if path == "/sitemap.xml":
+            return 200, sitemap(), {}, 0
+        return (200, b"<html>home</html>", {}, 0) if path == "/" else (404, b"", {}, 0)
+
+    tracker, manager, procs = _workers_and_manager(redis_url, workers)
+    with RouteServer(routes) as server:
+        spec = build_spec({"seeds": [server.base + "/"], "saver": {"output": str(tmp_path / "o")},
+                           "sitemaps": {"mode": "follow"},
+                           "revisit": {"interval": "7d"}})
+        manager.seed("j", spec)
+        manager.wait("j", timeout=120, check=check_all(procs))
+        first = collections.Counter(server.hits)
+        assert all(first[path] == 1 for path in pages)
+        lastmod["/p3.html"] = "2100-01-01"
+        _run_generation(tracker, manager, "j", procs)
+        second = collections.Counter(server.hits) - first
+        assert {path: n for path, n in second.items() if path in pages} == {"/p3.html": 1}
+        assert second["/sitemap.xml"] == 1

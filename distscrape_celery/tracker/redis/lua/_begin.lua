@@ -25,11 +25,13 @@ STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_
 if redis_call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
-local control = redis_call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job')
+local control = redis_call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job', 'generation')
 if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
 end
 job_state_now = control[2] or 'running'
-job_created = control[3] or ''
+-- A later generation is another creation to the workers: what they built or kept for the last
+-- one (the links they know were added, the sitemaps they offered) starts afresh.
+job_created = (control[3] or '') .. (control[5] and ('/' .. control[5]) or '')
 job_name = control[4]

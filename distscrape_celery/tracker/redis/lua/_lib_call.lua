@@ -80,8 +80,9 @@ local K_SEEN, K_LATENCY
 -- The job's state, read with its format once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
 local job_state_now
--- Which creation of the job this is (create_job.lua): checkout and begin_save hand it to the
--- worker, whose components built from an earlier job of the same name must not be used.
+-- Which creation of the job this is (create_job.lua), and from its second generation on which
+-- generation: checkout and begin_save hand it to the worker, whose components built from an
+-- earlier job of the same name (or for an earlier generation) must not be used.
 local job_created
 -- The call's caches (begin).
 local now_cache, id_domain, limits_cache, head_starts

@@ -44,6 +44,14 @@ local function record_depth(record)
   return read_u16(record, 5)
 end
 
+-- When the page a record describes last changed, as far as the job knows: its Last-Modified,
+-- or else the start of the generation that fetched it (its due time less its interval).
+local function record_fetched(record)
+  local modified = read_u32(record, 20)
+  if modified > 0 then return modified end
+  return read_u32(record, 1) - read_u32(record, 7)
+end
+
 local function known_slot(item)
   bucket_geometry()
   local fp, a = fingerprint(item)

@@ -10,7 +10,7 @@
 -- ARGV[4] check       '1': only an idle job (finished or expired) starts again; '0': a shard of
 --                     a sharded job, which its caller found idle as a whole
 -- ARGV[5] bound, ARGV[6] max_batch, ARGV[7] lease   dispatch top-up, as in add.lua
--- ARGV[8..] the seeds (of this shard), added at depth 0
+-- ARGV[8..] the seeds (of this shard), added at depth 0, or queued if known (due or not)
 -- Returns {status, generation, next_due, dispatch_item...}: status is started, current (the
 -- shard is at that generation already), moved (the due time is not ARGV[2] any more), early
 -- (it has not come), or the job's state when it is not idle (running, paused, cancelled);
@@ -28,6 +28,14 @@ if ARGV[4] == '1' and state ~= 'finished' and state ~= 'expired' then
   return {state, generation, due}
 end
 begin_generation(target, ARGV[3])
+-- Every generation fetches its seeds, due or not: they are where it starts (and where a page's
+-- robots.txt offers its sitemaps).
+local seeds_known = false
+for i = 8, #ARGV do
+  local record = known_record(ARGV[i])
+  if record and queue_known(ARGV[i], record_depth(record)) then seeds_known = true end
+end
+if seeds_known then grow_live() end
 add_items(ARGV, 8, 0)
 local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), micros(ARGV[7])
 local out = {'started', target, ARGV[3] ~= '' and ARGV[3] or due}
