@@ -22,7 +22,8 @@ STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_
 if redis_call('EXISTS', K_SPEC) == 0 then
   return redis.error_reply('NOJOB no such job: ' .. K_SPEC)
 end
-local control = redis_call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job')
+local control = redis_call('HMGET', K_CONTROL, 'format', 'state', 'created', 'job', 'started',
+  'max_duration', 'priorities')
 if control[1] ~= '4' then
   return redis.error_reply('JOBFORMAT the job was created by an older distscrape (its items ' ..
     'are kept another way); export what you need, delete it and seed it again')
@@ -30,3 +31,5 @@ end
 job_state_now = control[2] or 'running'
 job_created = control[3] or ''
 job_name = control[4]
+budget_end = control[6] and micros(control[5] or '0') + micros(control[6]) or false
+priorities_used = control[7] == '1'

@@ -13,9 +13,12 @@
 --                              seen set: done items cost only their fingerprint). A live item's
 --                              name is kept only where its state puts it: its domain's queue (q),
 --                              delayed (w), dispatched (d), leased (l, S), pending (s), dead (X)
---   KEYS[2]  queues      the prefix of the per-domain queue lists: `KEYS[2] .. domain` is a list
---                        of the domain's queued items (entries whose state moved on are skipped
---                        when popped); the same rule as JobKeys.domain_queue in keys.py
+--   KEYS[2]  queues      the prefix of the per-domain queues: `KEYS[2] .. domain` is a list of
+--                        the domain's queued items of priority 0, and `KEYS[2] .. domain .. '/p'`
+--                        a zset of those of any other priority (score: priority, then arrival,
+--                        see queue_score in _lib_politeness.lua); entries whose state moved on
+--                        are skipped when popped. The same rules as JobKeys.domain_queue and
+--                        JobKeys.priority_queue in keys.py (a domain holds no '/')
 --   KEYS[3]  dispatched  zset  d items -> deadline
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
@@ -39,9 +42,13 @@
 --                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
 --                              http(s) URLs); a missing field is no limit
---   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
+--   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished, expired; missing:
 --                              running), job (its name), started, ended, final_seen, final_done,
 --                              final_dead (figures recorded when it ended), epoch (ends so far),
+--                              max_duration (seconds from started after which nothing more is
+--                              dispatched; missing: no limit), priorities (1 once an item of a
+--                              priority other than 0 was queued: only then are the domains'
+--                              priority zsets looked at),
 --                              format (the job's key layout: the scripts refuse any but 4,
 --                              keys.JOB_FORMAT, so a job of an older layout is not mixed up),
 --                              created (an ID of this creation of the job, see create_job.lua)
@@ -80,6 +87,13 @@ local K_SEEN, K_LATENCY
 -- The job's state, read with its format once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
 local job_state_now
+-- When the job's time budget (control's started + max_duration) runs out, in microseconds on
+-- Redis's clock; false without one. Read with the job's state, so a job without a budget pays
+-- nothing for it.
+local budget_end
+-- Whether the job ever queued an item of a priority other than 0 (control's priorities): until
+-- then its queues are the lists alone, as for every job that uses no priorities.
+local priorities_used
 -- Which creation of the job this is (create_job.lua): checkout and begin_save hand it to the
 -- worker, whose components built from an earlier job of the same name must not be used.
 local job_created
@@ -156,6 +170,33 @@ end
 -- `seconds` (a number or its text) in whole microseconds.
 local function micros(seconds)
   return math.floor(tonumber(seconds) * 1000000 + 0.5)
+end
+
+-- An item's rank: its depth and its priority in one integer, priority * DEPTH_SPAN + depth,
+-- which the live-item buckets pack with its state (pack in _lib_live.lua) and the scripts pass
+-- around as the item's "depth". An item of priority 0 (every item of a job that uses none) has
+-- its depth for rank, so its packed value is the same small integer as ever; the priority rides
+-- with the item through every state, so a retried or requeued item keeps it. Depths are kept
+-- below DEPTH_SPAN (deeper items count as DEPTH_SPAN - 1); priorities lie within
+-- -PRIORITY_MAX .. PRIORITY_MAX (tracker.base.PRIORITY_MAX).
+local DEPTH_SPAN = 16777216  -- 2^24
+local PRIORITY_MAX = 1000
+
+local function rank_of(depth, priority)
+  local d = tonumber(depth)
+  if d >= DEPTH_SPAN then d = DEPTH_SPAN - 1 end
+  return priority * DEPTH_SPAN + d
+end
+
+-- The depth of a rank (a number or its text).
+local function depth_of(rank)
+  return tonumber(rank) % DEPTH_SPAN
+end
+
+-- The priority of a rank (a number or its text).
+local function priority_of(rank)
+  local r = tonumber(rank)
+  return (r - r % DEPTH_SPAN) / DEPTH_SPAN
 end
 
 local function split_state(v)
