@@ -177,17 +177,20 @@ def _report(
     """Print how the crawl ended, and exit with its status: 2 when the join failed, 1 with
     dead items."""
     job, stats = plan.job, result.stats
+    left = f", {stats.queued} left queued" if result.expired else ""
     if result.already_finished:
+        ended = "expired (its max_duration ran out)" if result.expired else "finished"
         click.echo(
-            f"job {job} is already finished: {stats.done} saved, {stats.dead} dead, "
-            f"{stats.seen} seen; output in {redact(output)}"
+            f"job {job} is already {ended}: {stats.done} saved, {stats.dead} dead, "
+            f"{stats.seen} seen{left}; output in {redact(output)}"
         )
         if plan.state is not None:
             say(f"(its state is in {plan.state}; --fresh crawls it again)")
     else:
+        ended = " expired (its max_duration ran out)" if result.expired else ""
         click.echo(
-            f"job {job}: {stats.done} saved, {stats.dead} dead, {stats.seen} seen in "
-            f"{result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
+            f"job {job}{ended}: {stats.done} saved, {stats.dead} dead, {stats.seen} seen{left} "
+            f"in {result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
             f"output in {redact(output)}"
         )
     if stats.dead:

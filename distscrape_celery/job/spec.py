@@ -18,7 +18,7 @@ from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
 from .saver_spec import SaverSpec
 from .scraper_spec import ScraperSpec
-from .sections import FetchSpec, PolitenessSpec, StrictModel, TrackerSpec
+from .sections import FetchSpec, PolitenessSpec, PrioritySpec, StrictModel, TrackerSpec
 from .urls import MAX_URL_CHARS, Canonicalizer, normalize_url
 
 if sys.version_info >= (3, 11):
@@ -27,8 +27,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# Scraper fields that jobs stored by earlier versions lack (see JobSpec.to_json).
-_LATER_SCRAPER_FIELDS = ("max_url_length", "max_links_per_page", "regex_seconds")
+# Fields that jobs stored by earlier versions lack, by section (see JobSpec.to_json).
+_LATER_FIELDS = {
+    "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
+    "politeness": ("max_duration",),
+}
 
 
 class JobSpec(StrictModel):
@@ -40,6 +43,7 @@ class JobSpec(StrictModel):
     fetch: FetchSpec = FetchSpec()
     politeness: PolitenessSpec = PolitenessSpec()
     tracker: TrackerSpec = TrackerSpec()
+    priority: PrioritySpec = PrioritySpec()
     max_retries: int = Field(
         3, ge=0, le=100,
         description="Failed attempts that were the item's fault (its download or save raised) "
@@ -91,12 +95,14 @@ class JobSpec(StrictModel):
         # are left out while at their default, so jobs stored before still take new seeds (a
         # spec that differs is a conflict).
         exclude: dict[str, Any] = {"tracker": True} if self.tracker.shards == 1 else {}
-        later = {
-            name for name in _LATER_SCRAPER_FIELDS
-            if getattr(self.scraper, name) == ScraperSpec.model_fields[name].default
-        }
-        if later:
-            exclude["scraper"] = later
+        if self.priority == PrioritySpec():
+            exclude["priority"] = True
+        for section, names in _LATER_FIELDS.items():
+            model = getattr(self, section)
+            later = {name for name in names
+                     if getattr(model, name) == type(model).model_fields[name].default}
+            if later:
+                exclude[section] = later
         return self.model_dump_json(exclude=exclude or None)
 
     def crawl_limits(self) -> CrawlLimits:
@@ -111,6 +117,7 @@ class JobSpec(StrictModel):
             max_pages_per_domain=politeness.max_pages_per_domain,
             id_domain=domain_of(download_fmt.format("x", id="x")) if download_fmt else NO_DOMAIN,
             shards=self.tracker.shards,
+            max_duration=politeness.max_duration,
         )
 
     @classmethod
