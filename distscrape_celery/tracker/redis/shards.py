@@ -121,7 +121,9 @@ class ShardLayout(RedisCore):
             out.setdefault(self._shard_of(job, item), []).append(item)
         return out
 
-    def _by_shard_with(self, job: str, pairs: Sequence[tuple[str, Any]]) -> dict[int, list[tuple[str, Any]]]:
+    def _by_shard_with(
+        self, job: str, pairs: Sequence[tuple[str, Any]]
+    ) -> dict[int, list[tuple[str, Any]]]:
         """(item, value) ``pairs`` grouped by the shard that holds their item, in their order
         within each."""
         if self._shards(job) == 1:

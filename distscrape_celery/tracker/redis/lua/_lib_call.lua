@@ -23,7 +23,8 @@
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
 --   KEYS[6]  stats       hash  counters: seen (items added), queued (q items), done, dead; tokens
---                              (last token); fn, fl and fs, the seen set's size, level and split
+--                              (last token); arrivals (items queued in a priority zset, for
+--                              their order); fn, fl and fs, the seen set's size, level and split
 --                              pointer (_lib_seen.lua); il and is, the live-item
 --                              buckets' level and split pointer (their size is seen - done)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
@@ -42,9 +43,10 @@
 --                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
 --                              http(s) URLs); a missing field is no limit
---   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished, expired; missing:
---                              running), job (its name), started, ended, final_seen, final_done,
---                              final_dead (figures recorded when it ended), epoch (ends so far),
+--   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished, expired;
+--                              missing: running), job (its name), started, ended, final_seen,
+--                              final_done, final_dead (figures recorded when it ended; an
+--                              expired job's final_queued too), epoch (ends so far),
 --                              max_duration (seconds from started after which nothing more is
 --                              dispatched; missing: no limit), priorities (1 once an item of a
 --                              priority other than 0 was queued: only then are the domains'

@@ -71,11 +71,10 @@ local function dispatch_held()
 end
 
 -- The job ends as `state` (finished, cancelled or expired): its end time and figures are
--- recorded, and workers stop maintaining it. The epoch counts these ends: a sharded job is finished when two
--- reads of every shard's state and epoch agree (redis/shards.py), so no shard finished again in
--- between unseen.
--- An expired job's figures also name the items it left queued (final_queued: every item neither
--- done nor dead, since none is in flight when it expires).
+-- recorded, and workers stop maintaining it. The epoch counts these ends: a sharded job is
+-- finished when two reads of every shard's state and epoch agree (redis/shards.py), so no shard
+-- finished again in between unseen. An expired job's figures also name the items it left queued
+-- (final_queued: every item neither done nor dead, since none is in flight when it expires).
 local function record_end(state)
   local c = counters('seen', 'done', 'dead')
   local ended = str_format('%.6f', redis_now() / 1000000)
