@@ -186,17 +186,20 @@ def _report(
     # A job that revisits says what its revisits found.
     revisits = (f" ({stats.unchanged} unchanged, {stats.gone} gone)"
                 if stats.unchanged or stats.gone else "")
+    left = f", {stats.queued} left queued" if result.expired else ""
     if result.already_finished:
+        ended = "expired (its max_duration ran out)" if result.expired else "finished"
         click.echo(
-            f"job {job} is already finished: {saved} saved{revisits}, {stats.dead} dead, "
-            f"{stats.seen} seen; output in {redact(output)}"
+            f"job {job} is already {ended}: {saved} saved{revisits}, {stats.dead} dead, "
+            f"{stats.seen} seen{left}; output in {redact(output)}"
         )
         if plan.state is not None:
             say(f"(its state is in {plan.state}; --fresh crawls it again)")
     else:
+        ended = " expired (its max_duration ran out)" if result.expired else ""
         click.echo(
-            f"job {job}: {saved} saved{revisits}, {stats.dead} dead, {stats.seen} seen in "
-            f"{result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
+            f"job {job}{ended}: {saved} saved{revisits}, {stats.dead} dead, {stats.seen} seen{left} "
+            f"in {result.seconds:.1f}s ({result.pages_per_second:.1f} pages/s); "
             f"output in {redact(output)}"
         )
     if stats.dead:

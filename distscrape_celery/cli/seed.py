@@ -16,6 +16,7 @@ import click
 from ..errors import ConfigError, JobNotFound
 from ..job.seeds import BadLine, SeedFile
 from ..job.urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
+from ..tracker.base import PRIORITY_MAX
 from .group import EXIT_DEAD_ITEMS, cli, redis_runtime, redis_url_option, settings_for
 from .progress import SeedProgress
 from .jobs import when
@@ -35,14 +36,19 @@ MAX_BAD_LINES_SHOWN = 20
               help="More seeds, one a line (- for stdin): IDs for the ids scraper, else URLs. "
                    "Streamed in batches; malformed lines (and lines over 8192 bytes) are "
                    "reported and skipped.")
+@click.option("--priority", type=click.IntRange(-PRIORITY_MAX, PRIORITY_MAX), default=0,
+              metavar="N",
+              help=f"Queue these seeds at priority N ({-PRIORITY_MAX} to {PRIORITY_MAX}; "
+                   "default 0): within a domain a higher priority is dispatched first, equal "
+                   "ones first come, first served. Items already seen keep theirs.")
 @redis_url_option
-def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
+def seed(job, seeds, spec_flags, ids_file, priority, redis_url) -> None:
     """Create JOB (or add seeds to it) and queue its SEEDs for the workers.
 
-    With no option but seeds (and --every or --cron), a JOB that exists takes them as it is.
-    With --every or --cron the job runs again on that schedule (distscrape schedule shows,
-    pauses and deletes it). Exit status: 0 done, 1 done but malformed --ids-file lines were
-    skipped, 2 error."""
+    With no option but seeds (and --priority, --every or --cron), a JOB that exists takes them
+    as it is. With --every or --cron the job runs again on that schedule (distscrape schedule
+    shows, pauses and deletes it). Exit status: 0 done, 1 done but malformed --ids-file lines
+    were skipped, 2 error."""
     data, names = spec_data(seeds, spec_flags)
     settings = settings_for(redis_url)
     runtime = None
@@ -73,7 +79,8 @@ def seed(job, seeds, spec_flags, ids_file, redis_url) -> None:
 
             check_local_output(spec)
         with progress:
-            seeded = manager.seed(job, spec, more, on_progress=progress.update)
+            seeded = manager.seed(job, spec, more, on_progress=progress.update,
+                                  priority=priority)
     verb = "created" if seeded.created else "exists; seeds added"
     click.echo(
         f"job {job} {verb}: {seeded.added} new item(s), {seeded.already_seen} already seen; "

@@ -58,6 +58,15 @@ politeness_options = [
                  help="Stop adding items once the job holds N."),
     click.option("--max-pages-per-domain", type=click.IntRange(1), metavar="N",
                  help="Stop adding items of a domain once the job holds N of it."),
+    click.option("--max-duration", type=click.FloatRange(0, min_open=True), metavar="SECONDS",
+                 help="Stop dispatching SECONDS after the job started (tracker's clock): what "
+                      "is in flight finishes, then the job ends expired, its queued items left "
+                      "queued."),
+    click.option("--priority-rule", metavar="breadth-first|depth-first|MODULE:FUNCTION",
+                 help="The priority of found links within their domain's queue (higher goes "
+                      "first): breadth-first (all 0, first in first out; the default), "
+                      "depth-first (a link's depth), or a function(url, depth, parent_url) -> "
+                      "int of your own, from a module that DISTSCRAPE_PLUGIN_MODULES allows."),
     click.option("--shards", type=int, metavar="N",
                  help="Spread the job over N hash-tag shards by domain, so it uses several "
                       "masters of a Redis Cluster (default 1)."),
@@ -114,6 +123,8 @@ SPEC_FLAGS = {
     "per_domain_concurrency": ("--per-domain-concurrency", "politeness.per_domain_concurrency"),
     "max_pages": ("--max-pages", "politeness.max_pages"),
     "max_pages_per_domain": ("--max-pages-per-domain", "politeness.max_pages_per_domain"),
+    "max_duration": ("--max-duration", "politeness.max_duration"),
+    "priority_rule": ("--priority-rule", "priority.rule"),
     "shards": ("--shards", "tracker.shards"),
     "revisit": ("--revisit", "revisit"),
     "revisit_interval": ("--revisit-interval", "revisit.interval"),

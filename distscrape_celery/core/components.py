@@ -13,11 +13,13 @@ import importlib
 import os
 import site
 import sys
-from collections.abc import Iterable, Mapping
-from typing import Optional
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Optional
 
 from ..errors import ConfigError, OutputNotAllowed, PluginNotAllowed
+from ..job.sections import PRIORITY_RULES
 from ..job.spec import JobSpec
+from .priorities import PriorityRule, depth_first
 from ..savers import ItemSaver
 from ..savers.files import FileItemSaver
 from ..savers.shards import ShardedItemSaver
@@ -79,6 +81,20 @@ def load_class(path: str, base: type, settings: Settings) -> type:
             f"{path!r} is not a subclass of {base.__name__} (which must implement "
             f"{', '.join(sorted(getattr(base, '__abstractmethods__', ())))})"
         )
+    return loaded
+
+
+def load_function(path: str, settings: Settings) -> Callable[..., Any]:
+    """Import the function ``module:function``, if ``settings`` allow its module (checked
+    first), and check that it can be called."""
+    check_plugin(path, settings)
+    module_name, _, attr = path.partition(":")
+    try:
+        loaded = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {path!r}: {exc}") from None
+    if isinstance(loaded, type) or not callable(loaded):
+        raise ConfigError(f"{path!r} is not a function")
     return loaded
 
 
@@ -209,6 +225,7 @@ def check_components(
     the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
     _saver_class(spec, settings, names or {}, worker=False)
+    build_priority_rule(spec, settings, names or {})
 
 
 def writes_paths(spec: JobSpec, settings: Settings) -> bool:
@@ -222,7 +239,8 @@ def spec_plugin_modules(spec: JobSpec) -> tuple[str, ...]:
     """The modules of the classes ``spec`` names that are not built in (well-formed names
     only: :func:`check_plugin` refuses the others)."""
     paths = (SCRAPERS.get(spec.scraper.kind, spec.scraper.kind),
-             SAVERS.get(spec.saver.kind, spec.saver.kind))
+             SAVERS.get(spec.saver.kind, spec.saver.kind),
+             *([] if spec.priority.rule in PRIORITY_RULES else [spec.priority.rule]))
     modules = (p.partition(":")[0] for p in paths if p not in BUILTIN_PATHS)
     return tuple(dict.fromkeys(m for m in modules if is_dotted_name(m)))
 
@@ -238,3 +256,20 @@ def build_saver(spec: JobSpec, job: str, worker_id: str, settings: Settings) -> 
     """The job's saver, not yet opened, if ``settings`` allow its class and its output
     (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`: for a path, roots must be set)."""
     return _saver_class(spec, settings, {}, worker=True).from_spec(spec.saver, job=job, worker_id=worker_id)
+
+
+def build_priority_rule(
+    spec: JobSpec, settings: Settings, names: Optional[Mapping[str, str]] = None
+) -> Optional[PriorityRule]:
+    """The job's priority rule for found links (None: breadth-first, every link at 0), its
+    function loaded if ``settings`` allow its module (:class:`PluginNotAllowed`)."""
+    rule = spec.priority.rule
+    if rule == "breadth-first":
+        return None
+    if rule == "depth-first":
+        return depth_first
+    try:
+        return load_function(rule, settings)
+    except ConfigError as exc:
+        field = (names or {}).get("priority.rule", "priority.rule")
+        raise type(exc)(f"{field}: {exc}") from None

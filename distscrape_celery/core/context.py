@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Optional, TypeVar
 
-from .components import build_saver, build_scraper
+from .components import build_priority_rule, build_saver, build_scraper
+from .priorities import PriorityRule
 from ..job.spec import JobSpec
 from ..savers import ItemSaver
 from ..scrapers import Scraper
@@ -50,6 +51,7 @@ class JobContext:
         self._scraper = scraper
         self._saver: Optional[ItemSaver] = None
         self._sitemaps: Optional[JobSitemaps] = None
+        self._priority_rule: Optional[PriorityRule] = None
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""
@@ -82,6 +84,15 @@ class JobContext:
         scraper = self._scraper
         return scraper if scraper is not None else self._once(
             "_scraper", lambda: build_scraper(self.spec, self.settings))
+
+    def priority_rule(self) -> Optional[PriorityRule]:
+        """The job's rule for the priorities of found links; None for breadth-first (all 0).
+        Raises ConfigError when this worker's settings refuse the function its spec names."""
+        if self.spec.priority.rule == "breadth-first":
+            return None
+        rule = self._priority_rule
+        return rule if rule is not None else self._once(
+            "_priority_rule", lambda: build_priority_rule(self.spec, self.settings))
 
     def saver(self) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its

@@ -12,7 +12,7 @@ from .components import check_components
 from ..job.spec import JobSpec
 from ..tracker.keys import check_job_name
 from ..settings import Settings
-from ..tracker import JobStats, Tracker
+from ..tracker import JobState, JobStats, Tracker
 from ..job.urls import url_host
 
 
@@ -43,12 +43,12 @@ class CrawlManager:
 
     def seed(
         self, job: str, spec: JobSpec, more: Iterable[str] = (),
-        on_progress: Optional[Callable[[int, int], None]] = None,
+        on_progress: Optional[Callable[[int, int], None]] = None, priority: int = 0,
     ) -> SeedResult:
         """Store the job's spec (workers on every host read it by name) and queue its seeds, then
-        the items of ``more`` (already normalised), streamed in batches. A job that exists takes
-        the new seeds if nothing else in its spec differs (it keeps its first seeds in its spec).
-        ``on_progress(items taken, new)`` is called after each round trip."""
+        the items of ``more`` (already normalised), streamed in batches, at ``priority``. A job
+        that exists takes the new seeds if nothing else in its spec differs (it keeps its first
+        seeds in its spec). ``on_progress(items taken, new)`` is called after each round trip."""
         check_job_name(job)
         check_components(spec, self.settings)
         created = self.tracker.create_job(job, spec.to_json(), spec.crawl_limits())
@@ -56,7 +56,7 @@ class CrawlManager:
         counter = _HostCounter(stored)
         taken = added = dispatched = 0
         items = counter.count(itertools.chain(spec.seeds, more))
-        for batch_size, batch in self.tracker.add_stream(job, items):
+        for batch_size, batch in self.tracker.add_stream(job, items, priority=priority):
             if batch.dispatch:
                 self.publish(job, batch.dispatch)
             taken, added = taken + batch_size, added + batch.added
@@ -79,8 +79,9 @@ class CrawlManager:
         on_progress: Optional[Callable[[JobStats], None]] = None,
         check: Optional[Callable[[], None]] = None,
     ) -> JobStats:
-        """Poll until the job is finished and return its final stats. ``check`` may raise to
-        abort (e.g. when the local workers died). Raises TimeoutError after ``timeout``."""
+        """Poll until the job is finished (or expired: its max_duration ran out) and return its
+        final stats. ``check`` may raise to abort (e.g. when the local workers died). Raises
+        TimeoutError after ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             stats = self.tracker.stats(job)
@@ -88,6 +89,8 @@ class CrawlManager:
                 on_progress(stats)
             if stats.finished:
                 return stats
+            if self.tracker.job_info(job).state is JobState.EXPIRED:
+                return self.tracker.stats(job)
             if check is not None:
                 check()
             if deadline is not None and time.monotonic() > deadline:

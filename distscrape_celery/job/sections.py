@@ -118,6 +118,12 @@ class PolitenessSpec(StrictModel):
     backoff_max: float = Field(
         600.0, gt=0, le=86400, description="Longest wait before a retry, Retry-After included."
     )
+    max_duration: Optional[float] = Field(
+        None, gt=0, le=10 * 365 * 86400,
+        description="Seconds the job may run, from its start on the tracker's clock: then it "
+        "dispatches nothing more, lets what is in flight finish, and ends expired with its "
+        "queued items left queued. None: no limit.",
+    )
 
     @field_validator("domain_overrides")
     @classmethod
@@ -156,3 +162,32 @@ class TrackerSpec(StrictModel):
         "so that on Redis Cluster the job uses several masters; 1 keeps it in one slot. "
         "max_pages is split evenly over the shards.",
     )
+
+
+# The built-in priority rules; any other is a function named as "package.module:function".
+PRIORITY_RULES = ("breadth-first", "depth-first")
+_DOTTED_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class PrioritySpec(StrictModel):
+    """How the links a page yields are ranked in their domain's queue: a higher priority is
+    dispatched first, equal ones first come, first served. Seeds take theirs from
+    ``distscrape seed --priority`` (default 0)."""
+
+    rule: str = Field(
+        "breadth-first",
+        description='"breadth-first" (every link at 0: each domain\'s queue first in, first '
+        'out), "depth-first" (a link\'s priority is its depth, so deeper links go first), or a '
+        'function of your own as "package.module:function", called as function(url, depth, '
+        "parent_url) and returning an integer from -1000 to 1000.",
+    )
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, value: str) -> str:
+        if value in PRIORITY_RULES or _DOTTED_FUNCTION.match(value):
+            return value
+        raise ValueError(
+            f"unknown rule {value!r}: use {', '.join(PRIORITY_RULES)} or a function as "
+            "'package.module:function'"
+        )

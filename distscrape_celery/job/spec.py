@@ -20,7 +20,7 @@ from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
 from .schedule import ScheduleSpec
 from .scraper_spec import ScraperSpec
-from .sections import FetchSpec, PolitenessSpec, StrictModel, TrackerSpec, field_label
+from .sections import FetchSpec, PolitenessSpec, PrioritySpec, StrictModel, TrackerSpec, field_label
 from .sitemap_spec import SitemapsSpec
 from .urls import MAX_URL_CHARS, Canonicalizer, normalize_url
 
@@ -30,8 +30,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# Scraper fields that jobs stored by earlier versions lack (see JobSpec.to_json).
-_LATER_SCRAPER_FIELDS = ("max_url_length", "max_links_per_page", "regex_seconds")
+# Fields that jobs stored by earlier versions lack, by section (see JobSpec.to_json).
+_LATER_FIELDS = {
+    "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
+    "politeness": ("max_duration",),
+}
 
 
 class JobSpec(StrictModel):
@@ -43,6 +46,7 @@ class JobSpec(StrictModel):
     fetch: FetchSpec = FetchSpec()
     politeness: PolitenessSpec = PolitenessSpec()
     tracker: TrackerSpec = TrackerSpec()
+    priority: PrioritySpec = PrioritySpec()
     sitemaps: SitemapsSpec = SitemapsSpec()
     revisit: Optional[RevisitSpec] = Field(
         None, description="Keep a record of every saved page, and in each later generation "
@@ -118,12 +122,14 @@ class JobSpec(StrictModel):
             exclude["revisit"] = True
         if self.sitemaps == SitemapsSpec():
             exclude["sitemaps"] = True
-        later = {
-            name for name in _LATER_SCRAPER_FIELDS
-            if getattr(self.scraper, name) == ScraperSpec.model_fields[name].default
-        }
-        if later:
-            exclude["scraper"] = later
+        if self.priority == PrioritySpec():
+            exclude["priority"] = True
+        for section, names in _LATER_FIELDS.items():
+            model = getattr(self, section)
+            later = {name for name in names
+                     if getattr(model, name) == type(model).model_fields[name].default}
+            if later:
+                exclude[section] = later
         return self.model_dump_json(exclude=exclude)
 
     def crawl_limits(self) -> CrawlLimits:
@@ -138,6 +144,7 @@ class JobSpec(StrictModel):
             max_pages_per_domain=politeness.max_pages_per_domain,
             id_domain=domain_of(download_fmt.format("x", id="x")) if download_fmt else NO_DOMAIN,
             shards=self.tracker.shards,
+            max_duration=politeness.max_duration,
         )
 
     @classmethod

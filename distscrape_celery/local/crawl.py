@@ -25,7 +25,7 @@ from ..core.schedules import run_again
 from ..savers.joining import Joined
 from ..settings import Settings
 from .shape import DEFAULT_CRAWL_CONCURRENCY, crawl_worker_processes
-from ..tracker import JobStats, RedisTracker
+from ..tracker import JobState, JobStats, RedisTracker
 from ..job.urls import url_host
 
 Progress = Callable[[JobStats], None]
@@ -38,7 +38,9 @@ class CrawlResult:
     seconds: float
     dead: dict[str, str]
     resumed: bool = False  # the job was found in the state directory and continued
-    already_finished: bool = False  # ... and it had finished before: nothing was crawled
+    already_finished: bool = False  # ... and it had ended before: nothing was crawled
+    # Its max_duration ran out: it ended expired, with stats.queued items left queued.
+    expired: bool = False
 
     @property
     def pages_per_second(self) -> float:
@@ -143,7 +145,8 @@ def _check_no_other_unfinished_job(tracker: RedisTracker, job: str, state_dir: P
     """Workers work on every job in their Redis: an unfinished job of another crawl in the state
     directory would be crawled too."""
     for other in tracker.jobs():
-        if other != job and not tracker.stats(other).finished:
+        if other != job and not tracker.stats(other).finished and not (
+                tracker.job_info(other).state is JobState.EXPIRED):  # an expired job runs no more
             raise ConfigError(
                 f"the state directory {state_dir} holds job {other!r}, which is not finished and "
                 f"is not this crawl's ({job!r}): give another --state-dir or --output, "
@@ -256,18 +259,18 @@ def _seed_or_resume(
     manager.seed(job, spec)
     if resumed:
         stats = tracker.stats(job)
-        if stats.finished and spec.revisit is not None:
+        expired = tracker.job_info(job).state is JobState.EXPIRED
+        if (stats.finished or expired) and spec.revisit is not None:
             # A job that revisits runs again: its next generation fetches what is due. Its end
             # may not be recorded yet (the last run stopped as soon as it saw nothing left).
-            tracker.maintain(job, max_lost=spec.max_lost)
             started = run_again(tracker, job, manager.publish)
             if started.started:
                 say(f"job {job}: generation {started.generation}, revisiting "
                     f"{tracker.stats(job).known} known page(s) that are due")
                 return True, None
-        if stats.finished:
+        if stats.finished or expired:
             return True, CrawlResult(job, stats, 0.0, tracker.dead_items(job),
-                                     already_finished=True)
+                                     already_finished=True, expired=expired)
         say(
             f"resuming job {job}: {stats.done} done, {stats.queued} queued"
             + (f" ({released} interrupted item(s) put back)" if released else "")
@@ -294,7 +297,8 @@ def _crawl_with_workers(
 
         stats = manager.wait(job, timeout=timeout, on_progress=on_progress, check=check)
         seconds = time.monotonic() - started
-        return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed)
+        return CrawlResult(job, stats, seconds, tracker.dead_items(job), resumed=resumed,
+                           expired=tracker.job_info(job).state is JobState.EXPIRED)
     except KeyboardInterrupt:
         interrupted = "another Ctrl-C"
         raise
@@ -406,6 +410,7 @@ def run_in_memory_crawl(
                 # 2 s each; a shutdown command is a message, so it ends the wait at once.
                 stack.enter_context(_without_log(_REMOTE_SHUTDOWN_LOGGER, _REMOTE_SHUTDOWN))
                 app.control.shutdown(destination=[worker.hostname])
-        return CrawlResult(job, stats, seconds, runtime.tracker.dead_items(job))
+        return CrawlResult(job, stats, seconds, runtime.tracker.dead_items(job),
+                           expired=runtime.tracker.job_info(job).state is JobState.EXPIRED)
     finally:
         install_runtime(None)

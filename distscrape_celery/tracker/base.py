@@ -58,6 +58,17 @@ from .model import (
 # tracker's scripts take no more in one call, so no batch can overflow the Lua stack or hold
 # Redis up for long.
 MAX_ADD_BATCH = 500
+# Priorities lie within -PRIORITY_MAX .. PRIORITY_MAX: higher goes first within its domain, and
+# items of equal priority go first come, first served (the Lua library's PRIORITY_MAX).
+PRIORITY_MAX = 1000
+
+
+def check_priority(priority: int) -> int:
+    """``priority`` if it is an integer within the bounds, else ValueError saying so."""
+    if isinstance(priority, bool) or not isinstance(priority, int) or abs(priority) > PRIORITY_MAX:
+        raise ValueError(
+            f"priority {priority!r} is not an integer from {-PRIORITY_MAX} to {PRIORITY_MAX}")
+    return priority
 
 
 def batches(items: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -184,18 +195,19 @@ class Tracker(ABC):
     # -- items -----------------------------------------------------------------------------
 
     @abstractmethod
-    def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
-        """Deduplicate ``items`` against everything the job has seen and queue the new ones.
+    def add(self, job: str, items: Sequence[str], depth: int = 0, priority: int = 0) -> AddResult:
+        """Deduplicate ``items`` against everything the job has seen and queue the new ones at
+        ``priority`` (see :data:`PRIORITY_MAX`), which an item keeps for good (retried, requeued).
         Raises :class:`~distscrape_celery.errors.JobNotFound` for a job never created (as does
         every item method)."""
 
     def add_stream(
-        self, job: str, items: Iterable[str], depth: int = 0
+        self, job: str, items: Iterable[str], depth: int = 0, priority: int = 0
     ) -> Iterator[tuple[int, AddResult]]:
         """Add ``items`` as they come, never holding more than one round trip's worth: yields
         (items taken, result) per round trip. Each batch is atomic; the stream as a whole is not."""
         for batch in batches(items, MAX_ADD_BATCH):
-            yield len(batch), self.add(job, batch, depth)
+            yield len(batch), self.add(job, batch, depth, priority)
 
     @abstractmethod
     def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
@@ -206,9 +218,10 @@ class Tracker(ABC):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
-        cut: int = 0,
+        cut: int = 0, priorities: Sequence[int] = (),
     ) -> ScrapedResult:
-        """Queue ``found`` (at ``depth``) and, if ``token`` still holds ``item``, make it save
+        """Queue ``found`` (at ``depth``; at ``priorities``, one per found item, or all at 0 when
+        empty) and, if ``token`` still holds ``item``, make it save
         pending for up to ``save_timeout``. ``cut``: links of the page left out past the job's
         max_links_per_page, added to its ``links_cut`` count in the same step. With ``body``, and only if ``token`` holds the item,
         the body is staged for the save of lease ``token`` in the same step (for ``body_ttl``

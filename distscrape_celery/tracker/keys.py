@@ -21,8 +21,16 @@ key                               type    holds
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
                                           hashing in _lib_seen.lua
-``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
-                                          (stale entries skipped); :meth:`JobKeys.domain_queue`
+``P q:<domain>``                  list    the domain's queued items of priority 0, waiting to
+                                          be dispatched, first in first out (stale entries
+                                          skipped); :meth:`JobKeys.domain_queue`
+``P q:<domain>/p``                zset    the domain's queued items of any other priority ->
+                                          priority, then order of arrival, in one score (higher
+                                          priorities and earlier arrivals lower), dispatched
+                                          before the list's items if above 0 and after them if
+                                          below; :meth:`JobKeys.priority_queue`. A queued item's
+                                          priority is kept in its live-item value (its rank,
+                                          _lib_call.lua), so one of priority 0 costs nothing more
 ``P domains``                     zset    domain -> when it may next be dispatched, µs: the
                                           domains with queued items and room under their
                                           in-flight cap
@@ -45,14 +53,18 @@ key                               type    holds
 ``P fails``                       hash    item -> failed attempts that were the item's fault
 ``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on
-``P stats``                       hash    counters: seen, queued, done, dead, tokens; the
+``P stats``                       hash    counters: seen, queued, done, dead, tokens,
+                                          arrivals (items queued in a priority zset); the
                                           seen set's size, level and split pointer (fn, fl,
                                           fs) and the live-item buckets' (seen - done, il, is)
 ``P spec``                        string  the job spec as JSON
 ``P control``                     hash    the job's state (running, paused, cancelled,
-                                          finished), its name, started and ended (Redis clock),
-                                          its figures when it ended (final_seen, ...) and its
-                                          key format (``format``, :data:`JOB_FORMAT`)
+                                          finished, expired), its name, started and ended
+                                          (Redis clock), its time budget (max_duration), its
+                                          figures when it ended (final_seen, ...), whether it
+                                          ever queued an item of a priority other than 0
+                                          (priorities) and its key format (``format``,
+                                          :data:`JOB_FORMAT`)
 ``P body:<token>``                string  a downloaded body staged for the save task (has a TTL),
                                           in the shard that handed out the token (body_key)
 ``P active``                      set     the job's name while this shard has unfinished
@@ -98,9 +110,10 @@ An item's domain is its http(s) URL's host, with ``:port`` if the URL names one;
 http(s) URLs (IDs, also those shaped ``scheme://x``) share one pseudo-domain, the host of the job's
 ``download_url_fmt``, which is where they are fetched from: so that host's politeness (its in-flight
 cap, rate, Crawl-delay and page limit) holds for them all. The item scripts take
-the prefix ``P q:`` and append the domain (inside the job's hash tag, so one cluster slot), the
-same rule as :meth:`JobKeys.domain_queue` and :func:`domain_of`, which mirror ``domain_of`` in
-_lib_politeness.lua.
+the prefix ``P q:`` and append the domain (and ``/p`` for its priority zset; no domain holds a
+'/'), inside the job's hash tag, so one cluster slot: the same rule as :meth:`JobKeys.domain_queue`,
+:meth:`JobKeys.priority_queue` and :func:`domain_of`, which mirror ``domain_of`` and
+``priority_queue`` in _lib_politeness.lua.
 """
 
 from __future__ import annotations
@@ -247,6 +260,10 @@ class JobKeys:
 
     def domain_queue(self, domain: str) -> str:
         return self.queues + domain
+
+    def priority_queue(self, domain: str) -> str:
+        """The zset of the domain's queued items of a priority other than 0."""
+        return self.queues + domain + "/p"
 
     @property
     def seen_buckets(self) -> str:

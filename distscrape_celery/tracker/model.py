@@ -83,13 +83,22 @@ class SaveStart(str, enum.Enum):
 
 
 class JobState(str, enum.Enum):
-    """Where a job is in its life; only running and paused jobs are maintained by workers."""
+    """Where a job is in its life; only running and paused jobs are maintained by workers.
+    Finished, cancelled and expired jobs have ended (:attr:`ended`)."""
 
     RUNNING = "running"
     PAUSED = "paused"  # nothing is dispatched; what is in flight goes on
     CANCELLED = "cancelled"  # as paused, for good (until resumed); the job counts as ended
     FINISHED = "finished"  # nothing was left to do; new items (or a next generation) run it
-    EXPIRED = "expired"  # past its max_duration: nothing more was dispatched
+    # Its max_duration ran out: it dispatched nothing more, what was in flight came back, and
+    # its queued items stay queued (counted in its final figures). For good: new items wait.
+    EXPIRED = "expired"
+
+
+    @property
+    def ended(self) -> bool:
+        """Whether the job has ended (its end time and final figures are recorded)."""
+        return self in (JobState.FINISHED, JobState.CANCELLED, JobState.EXPIRED)
 
 
 class JobAction(str, enum.Enum):
@@ -101,7 +110,8 @@ class JobAction(str, enum.Enum):
 @dataclass(frozen=True)
 class JobInfo:
     """A job's state, its start and end (Unix seconds on the tracker's clock; ``ended`` only
-    for a finished or cancelled job) and its ``final`` figures (seen, done, dead) when it ended."""
+    for a job that ended) and its ``final`` figures (seen, done, dead; and queued, the items an
+    expired job left in its queues) when it ended."""
 
     job: str
     state: JobState
@@ -208,6 +218,7 @@ class MaintainResult(Dispatchable):
     # waits for time): maintaining again then dispatches more.
     wake: Optional[float] = None
     finished: bool = False  # this call found the job finished (exactly one call does)
+    expired: bool = False  # this call recorded the job expired (exactly one call does)
 
 
 @dataclass(frozen=True)
@@ -242,6 +253,9 @@ class CrawlLimits:
     # Hash-tag shards the Redis tracker spreads the job over (a layout matter: the in-memory
     # tracker has one store). Each shard enforces max_pages / shards (see RedisTracker).
     shards: int = 1
+    # Seconds from the job's start (its control hash's ``started``, Redis's clock) after which
+    # it dispatches nothing more and, once what is in flight is back, ends expired; None: none.
+    max_duration: Optional[float] = None
 
     def for_domain(self, domain: str) -> DomainLimits:
         return self.overrides.get(domain, self.default)

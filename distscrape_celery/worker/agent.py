@@ -241,6 +241,10 @@ class WorkerAgent:
                      "a lease", job, outcome.requeued)
         if outcome.dispatch:
             self.publish(job, outcome.dispatch)
+        if outcome.expired:
+            info = self.runtime.tracker.job_info(job)
+            log.warning("job %s expired (its max_duration ran out): %s", job,
+                        ", ".join(f"{n} {v}" for n, v in info.final.items()))
         if outcome.finished:
             info = self.runtime.tracker.job_info(job)
             log.warning("job %s finished: %s", job,

@@ -40,7 +40,11 @@ repeat
   local r = redis.call('SCAN', cursor, 'MATCH', K_QUEUES .. '*', 'COUNT', 1000)
   cursor = r[1]
   for _, q in ipairs(r[2]) do
-    for _, item in ipairs(redis.call('LRANGE', q, 0, -1)) do visit(item) end
+    -- A domain's list, or its priority zset (its name ends in '/p', see keys.py).
+    local names
+    if string.sub(q, -2) == '/p' then names = redis.call('ZRANGE', q, 0, -1)
+    else names = redis.call('LRANGE', q, 0, -1) end
+    for _, item in ipairs(names) do visit(item) end
   end
 until cursor == '0'
 for _, z in ipairs({K_DELAYED, K_DISPATCHED, K_LEASED, K_PENDING}) do

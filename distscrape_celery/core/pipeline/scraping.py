@@ -15,6 +15,7 @@ from typing import Optional
 
 from ..backoff import Backoff
 from ..context import JobContext
+from ..priorities import link_priorities
 from ..runtime import Runtime
 from ...errors import ConfigError, FetchError
 from ...job.sitemap_spec import ONLY
@@ -221,23 +222,37 @@ class Scraping:
             raise self._fail(page, f"scraper error: {exc!r}", fault=Fault.ITEM) from None
         return cap_links(page.job, page.item, found, scraper_spec.max_links_per_page)
 
+    def _priorities(self, page: LeasedPage, found: list[str], depth: int) -> list[int]:
+        """The priorities of the page's links by the job's rule; [] for breadth-first (all 0)."""
+        try:
+            rule = page.context.priority_rule()
+            return link_priorities(rule, found, depth, page.item) if rule and found else []
+        except ConfigError as exc:  # refused or missing here: as for every page, dead at once
+            raise self._fail(page, str(exc), fault=Fault.ITEM, retryable=False) from None
+        except Exception as exc:  # a plug-in's bug costs an attempt, never the worker
+            log.exception("%s %s: the job's priority rule raised", page.job, page.item)
+            raise self._fail(page, f"priority rule error: {exc!r}", fault=Fault.ITEM) from None
+
     def _report_scraped(
         self, page: LeasedPage, download: Download, found: list[str], cut: int
     ) -> ScrapedResult:
         """Tell the tracker the page was scraped, with what it links to."""
         runtime = self.runtime
         depth = page.checkout.depth + 1
+        priorities = self._priorities(page, found, depth)
         if runtime.settings.save_inline:
             # Saved in this process (now, or with its batch): the item turns saving under our
             # lease in the same step, and its body, which only a save task on another run would
             # need, is not staged.
             return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
-                                           save_as=runtime.worker_id, cut=cut)
+                                           save_as=runtime.worker_id, cut=cut,
+                                           priorities=priorities)
         # Its body is staged in the same step as the item turns save-pending, so a pending
         # save always has a body to take, and a stale lease stages nothing; its save task is
         # queued now, or later with those of other pages.
         return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
-                                       body=download.body, keep_as=page_holder(runtime), cut=cut)
+                                       body=download.body, keep_as=page_holder(runtime), cut=cut,
+                                       priorities=priorities)
 
     def _join_batch(self, page: LeasedPage, download: Download, reply: ScrapedResult) -> str:
         """Let the scraped page wait for its save batch, with the scrape messages that may

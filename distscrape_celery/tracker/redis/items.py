@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, TypeVar
 
 from ...redaction import escape
-from ..base import MAX_ADD_BATCH, batches
+from ..base import MAX_ADD_BATCH, batches, check_priority
 from ..model import (
     AddResult,
     Checkout,
@@ -49,6 +50,17 @@ def check_save_as(body: Optional[bytes], save_as: Optional[str], keep_as: Option
         raise ValueError("scraped: a body to stage and save_as exclude each other")
     if save_as is not None and keep_as is not None:
         raise ValueError("scraped: save_as and keep_as exclude each other")
+
+
+def priorities_text(priorities: Sequence[int]) -> str:
+    """The scripts' text of one priority per item (add.lua's ARGV[5]): '' when all are 0 (a
+    job that uses no priorities sends nothing more), one number when all are the same."""
+    distinct = set(map(check_priority, priorities))
+    if not distinct or distinct == {0}:
+        return ""
+    if len(distinct) == 1:
+        return str(priorities[0])
+    return " ".join(map(str, priorities))
 
 
 Value = TypeVar("Value")
@@ -95,30 +107,42 @@ def read_ahead(values: Iterable[Value]) -> Iterator[Value]:
 class ItemCalls(ShardLayout):
     """An item's way from added to scraped (or back, or dead), each step one script call."""
 
-    def add(self, job: str, items: Sequence[str], depth: int = 0) -> AddResult:
-        return self._add_batches(job, list(items), depth)
+    def add(self, job: str, items: Sequence[str], depth: int = 0, priority: int = 0) -> AddResult:
+        check_priority(priority)
+        return self._add_batches(job, list(items), depth, priority)
 
     def add_stream(
-        self, job: str, items: Iterable[str], depth: int = 0
+        self, job: str, items: Iterable[str], depth: int = 0, priority: int = 0
     ) -> Iterator[tuple[int, AddResult]]:
+        check_priority(priority)
         # The next group is read (from a seed file: decoded and checked) while Redis adds this one.
         for group in read_ahead(batches(items, MAX_ADD_BATCH * ADD_STREAM_PIPELINE)):
-            yield len(group), self._add_batches(job, group, depth)
+            yield len(group), self._add_batches(job, group, depth, priority)
 
     @converts_redis_errors
-    def _add_batches(self, job: str, items: Sequence[str], depth: int) -> AddResult:
+    def _add_batches(
+        self, job: str, items: Sequence[str], depth: int, priority: int | Sequence[int] = 0
+    ) -> AddResult:
         """A short Lua call per MAX_ADD_BATCH items of one shard, pipelined in one round trip
         on one Redis (one call with no items still tops up dispatch, on every shard). On a
-        cluster the calls go one by one, each to the node of its shard."""
+        cluster the calls go one by one, each to the node of its shard. ``priority``: one for
+        all the items, or one per item."""
         shards = self._shards(job)
         top_up = self._top_up_args(job)
-        groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
-        calls = [(s, chunk) for s, group in sorted(groups.items())
-                 for chunk in list(chunks(group, MAX_ADD_BATCH)) or [[]]]
+        if isinstance(priority, int):
+            groups = self._by_shard(job, items) if items else {s: [] for s in range(shards)}
+            calls = [(s, str(priority) if priority else "", chunk)
+                     for s, group in sorted(groups.items())
+                     for chunk in list(chunks(group, MAX_ADD_BATCH)) or [[]]]
+        else:
+            ranked = self._by_shard_with(job, list(zip(items, priority)))
+            calls = [(s, priorities_text([p for _, p in chunk]), [x for x, _ in chunk])
+                     for s, group in sorted(ranked.items())
+                     for chunk in chunks(group, MAX_ADD_BATCH)]
         results = self._eval_pipelined("add", [
-            (self._item_keys(job, s), [depth, *top_up, *chunk]) for s, chunk in calls])
+            (self._item_keys(job, s), [depth, *top_up, text, *chunk]) for s, text, chunk in calls])
         added, dispatch, grew = 0, [], set()
-        for (s, _), reply in zip(calls, results):
+        for (s, _, _), reply in zip(calls, results):
             added += int(reply[0])
             dispatch.extend(dispatched(reply[1:]))
             if int(reply[0]):
@@ -142,22 +166,26 @@ class ItemCalls(ShardLayout):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
-        cut: int = 0,
+        cut: int = 0, priorities: Sequence[int] = (),
     ) -> ScrapedResult:
         check_save_as(body, save_as, keep_as)
+        if priorities and len(priorities) != len(found):
+            raise ValueError("scraped: one priority per found item, or none")
         home = self._shard_of(job, item)
-        groups = self._by_shard(job, found)
-        found = groups.pop(home, [])
+        # Each found item with its priority (0 for all when none are given).
+        groups = self._by_shard_with(job, list(zip(found, priorities or itertools.repeat(0))))
+        ranked = groups.pop(home, [])
         # Finds of other shards, and beyond one batch, go first, through add, while the item is
         # still leased: its shard cannot be idle before they are queued, so a sharded job is never
         # seen finished with links still to add. The last batch rides with the state change.
         later = [x for group in groups.values() for x in group]
-        while len(found) > MAX_ADD_BATCH:
-            later.extend(found[:MAX_ADD_BATCH])
-            found = found[MAX_ADD_BATCH:]
+        while len(ranked) > MAX_ADD_BATCH:
+            later.extend(ranked[:MAX_ADD_BATCH])
+            ranked = ranked[MAX_ADD_BATCH:]
         added, dispatch = 0, []
         if later:
-            added_first = self.add(job, later, depth)
+            added_first = self._add_batches(job, [x for x, _ in later], depth,
+                                            [p for _, p in later] if priorities else 0)
             added, dispatch = added_first.added, list(added_first.dispatch)
         # The body is staged in the same round trip as the state change, by a SET before it
         # (the script drops it if the lease is stale); it never goes through Lua.
@@ -165,7 +193,9 @@ class ItemCalls(ShardLayout):
         reply = self._eval_combined(
             "scraped", [*self._item_keys(job, home), *body_keys],
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
-             save_as or "", keep_as or "", int(cut), *found],
+             save_as or "", keep_as or "", int(cut),
+             priorities_text([p for _, p in ranked]) if priorities else "",
+             *(x for x, _ in ranked)],
             before=[("SET", key, body, "PX", self._body_ttl_ms) for key in body_keys],
         )
         if int(reply[1]):
@@ -211,7 +241,7 @@ class ItemCalls(ShardLayout):
         reclaimed = died = requeued = 0
         dispatch: list[str] = []
         wake: Optional[float] = None
-        finished = False
+        finished = expired = False
         for s in range(shards):
             reply = self._run(
                 "maintain", job,
@@ -222,19 +252,20 @@ class ItemCalls(ShardLayout):
             dispatch.extend(dispatched(reply[5:]))
             if reply[2] and (wake is None or float(reply[2]) < wake):
                 wake = float(reply[2])
-            finished = finished or bool(reply[3])
+            finished = finished or reply[3] == "finished"
+            expired = expired or reply[3] == "expired"
         if self._routed(shards):
             if shards > 1:
                 idle, finished = self._record_finish(job, shards)
             else:
-                idle = self._idle(self._shard_controls(job, shards))
+                idle = self._ended(self._shard_controls(job, shards))
             # Unlisted only once its end is recorded (or seen recorded): the maintain that
             # records it must still find it listed, even if an earlier one died after its script.
             if idle:
                 self._unlist_if_idle(job)
         return MaintainResult(
             dispatch=dispatch, reclaimed=reclaimed, died=died, requeued=requeued, wake=wake,
-            finished=finished,
+            finished=finished, expired=expired,
         )
 
     @converts_redis_errors

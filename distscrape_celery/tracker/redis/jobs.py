@@ -57,12 +57,13 @@ class JobCalls(ShardLayout):
         shards = limits.shards
         job_keys = keys.JobKeys(job)
         creation = uuid.uuid4().hex
+        max_duration = "" if limits.max_duration is None else float(limits.max_duration)
         if not self._routed(shards):
             policy = limits.policy_fields()
             created, existing = self._create_job_script(
                 keys=[job_keys.spec, job_keys.policy, job_keys.control, job_keys.stats, keys.JOBS,
                       keys.ACTIVE_JOBS],
-                args=[job, spec_json, 0, keys.JOB_FORMAT, creation, 0,
+                args=[job, spec_json, 0, keys.JOB_FORMAT, creation, 0, max_duration,
                       *(x for pair in policy.items() for x in pair)],
             )
         else:
@@ -77,7 +78,7 @@ class JobCalls(ShardLayout):
                 shard_created, shard_spec = self._create_job_script(
                     keys=[shard_keys.spec, shard_keys.policy, shard_keys.control, shard_keys.stats],
                     args=[job, spec_json, s << keys.SHARD_TOKEN_BITS, keys.JOB_FORMAT, creation,
-                          int(s > 0 and bool(created)),
+                          int(s > 0 and bool(created)), max_duration,
                           *(x for pair in policy.items() for x in pair)],
                 )
                 if s == 0:
@@ -112,24 +113,31 @@ class JobCalls(ShardLayout):
         head = controls[0]
         if shards > 1:
             # Pause and cancel reach every shard, shard 0 first; finished needs all of them
-            # (a shard never given an item has nothing to finish).
+            # (a shard never given an item has nothing to finish); expired, all of them ended
+            # and one expired (each shard runs out of time on its own).
             if head.get("state") in ("paused", "cancelled"):
                 state = head["state"]
             elif self._idle(controls):
                 state = "finished"
+            elif self._ended(controls):
+                state = "expired"
             else:
                 state = "running"
             ended = [float(c["ended"]) for c in controls if "ended" in c]
             head = {"state": state, "started": head.get("started")}
-            if state in ("finished", "cancelled") and ended:
+            if JobState(state).ended and ended:
                 head["ended"] = str(max(ended))
                 for n in ("seen", "done", "dead", "unchanged", "gone"):
                     head[f"final_{n}"] = str(sum(int(c.get(f"final_{n}", 0)) for c in controls))
+                if state == "expired":
+                    head["final_queued"] = str(sum(
+                        int(c.get("final_seen", 0)) - int(c.get("final_done", 0))
+                        - int(c.get("final_dead", 0)) for c in controls))
 
         def number(name: str) -> Optional[float]:
             return float(head[name]) if head.get(name) is not None else None
 
-        final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead")
+        final = {n: int(head[f"final_{n}"]) for n in ("seen", "done", "dead", "queued")
                  if f"final_{n}" in head}
         # A job that revisits counts these too; the others never have any.
         final.update({n: int(head[f"final_{n}"]) for n in ("unchanged", "gone")
@@ -152,6 +160,8 @@ class JobCalls(ShardLayout):
             before = self.job_info(job).state
             if before is JobState.FINISHED and action != JobAction.RESUME:
                 raise JobStateError(f"job {job!r}: the job is finished")
+            if before is JobState.EXPIRED:
+                raise JobStateError(f"job {job!r}: the job expired: its max_duration ran out")
             dispatch = []
             for s in range(shards):  # shard 0 first: it speaks for the job (job_info)
                 res = self._eval("control", self._item_keys(job, s),

@@ -66,9 +66,14 @@ def library_text() -> str:
     return "\n".join(read_lua(name) for name in LIBRARY)
 
 
+# The item scripts' run functions are fields of one table, not locals: a Lua chunk has at most
+# 200 locals, and the library holds most of that.
+_RUNS = "local runs = {}\n"
+
+
 def _run_function(name: str) -> str:
-    """Item script ``name``'s file as the Lua function ``run_<name>`` of KEYS and ARGV."""
-    return f"local function run_{name}(KEYS, ARGV)\n{read_lua(name)}\nend\n"
+    """Item script ``name``'s file as the Lua function ``runs.<name>`` of KEYS and ARGV."""
+    return f"runs.{name} = function(KEYS, ARGV)\n{read_lua(name)}\nend\n"
 
 
 def item_script_names() -> tuple[str, ...]:
@@ -79,7 +84,7 @@ def item_script_names() -> tuple[str, ...]:
 def _batch_runs() -> str:
     """The Lua expression of BATCH's function: the run function of each of BATCH_SCRIPTS, by
     name, to the library's batch."""
-    return "batch({" + ", ".join(f"{n} = run_{n}" for n in BATCH_SCRIPTS) + "})"
+    return "batch({" + ", ".join(f"{n} = runs.{n}" for n in BATCH_SCRIPTS) + "})"
 
 
 def with_library(text: str) -> str:
@@ -94,7 +99,7 @@ def source(name: str) -> str:
     if name not in item_script_names():
         return read_lua(name)
     if name == BATCH:
-        runs = "".join(_run_function(n) for n in BATCH_SCRIPTS)
+        runs = _RUNS + "".join(_run_function(n) for n in BATCH_SCRIPTS)
         return with_library(runs + f"return {_batch_runs()}(KEYS, ARGV)\n")
     return with_library(read_lua(name))
 
@@ -128,12 +133,12 @@ class Library:
 def library() -> Library:
     """The function library of this version's item scripts."""
     body = (library_text() + _ENTRIES % read_lua("_begin")
-            + "".join(_run_function(n) for n in ITEM_SCRIPTS))
+            + _RUNS + "".join(_run_function(n) for n in ITEM_SCRIPTS))
     name = "distscrape_" + hashlib.sha1(body.encode()).hexdigest()[:16]
     functions = {n: f"{name}_{n}" for n in item_script_names()}
     registers = "".join(
         f"redis.register_function('{functions[n]}', "
-        f"item_script({_batch_runs() if n == BATCH else f'run_{n}'}))\n"
+        f"item_script({_batch_runs() if n == BATCH else f'runs.{n}'}))\n"
         for n in item_script_names())
     return Library(name, f"#!lua name={name}\n{body}{registers}", functions)
 

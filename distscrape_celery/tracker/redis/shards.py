@@ -121,6 +121,18 @@ class ShardLayout(RedisCore):
             out.setdefault(self._shard_of(job, item), []).append(item)
         return out
 
+    def _by_shard_with(
+        self, job: str, pairs: Sequence[tuple[str, Any]]
+    ) -> dict[int, list[tuple[str, Any]]]:
+        """(item, value) ``pairs`` grouped by the shard that holds their item, in their order
+        within each."""
+        if self._shards(job) == 1:
+            return {0: list(pairs)}
+        out: dict[int, list[tuple[str, Any]]] = {}
+        for pair in pairs:
+            out.setdefault(self._shard_of(job, pair[0]), []).append(pair)
+        return out
+
     def _group_pairs(self, job: str, pairs: Sequence[tuple[str, int]]) -> dict[int, list[tuple[str, int]]]:
         """``pairs`` (item, token) by the shard of their item."""
         by_shard: dict[int, list[tuple[str, int]]] = {}
@@ -241,12 +253,23 @@ class ShardLayout(RedisCore):
             for c in controls
         )
 
+    @staticmethod
+    def _ended(controls: list[dict[str, str]]) -> bool:
+        """Every shard finished, expired or never given an item, and at least one item seen:
+        nothing is left to maintain."""
+        return sum(int(c["seen"]) for c in controls) > 0 and all(
+            c.get("state") in (JobState.FINISHED.value, JobState.EXPIRED.value)
+            or (c.get("state", "running") == "running" and c["seen"] == "0")
+            for c in controls
+        )
+
     def _record_finish(self, job: str, shards: int) -> tuple[bool, bool]:
         """The double collect (see the module doc): (whether every shard was idle at one
-        moment, whether this caller recorded that moment: True for one caller only)."""
+        moment, or the job ended otherwise (expired); whether this caller recorded that moment
+        finished: True for one caller only)."""
         first = self._shard_controls(job, shards)
         if not self._idle(first):
-            return False, False
+            return self._ended(first), False
         second = self._shard_controls(job, shards)
         fields = ("state", "epoch", "seen")
         if [[c.get(f) for f in fields] for c in first] != [[c.get(f) for f in fields] for c in second]:

@@ -371,3 +371,37 @@ def test_a_stale_save_with_another_shards_token_still_gets_its_body(tracker):
     stale = t.begin_save("j", by_shard[0], token, w, max_lost=3)
     assert (stale.status, stale.body) == (SaveStart.STALE, b"\x00page\xff")
     assert t.begin_save("j", by_shard[0], other, w, max_lost=3).body == b"other"
+
+
+def test_a_sharded_job_keeps_each_items_priority_in_the_items_shard(tracker):
+    """Seeds, and links found in a page of another shard (which go through add first), keep
+    their priority in their own shard; each shard hands out its highest first."""
+    t = tracker
+    w, _ = sharded_job(t, items=[])
+    rank = 2**24  # a live value's rank: priority * 2**24 + depth
+    t.add("j", ITEMS[:6], priority=4)
+    page, found = ITEMS[6], ITEMS[7:]
+    t.add("j", [page])
+    co = t.checkout("j", page, w, max_lost=3)  # its domain has room: leased, queued or not
+    assert co.status is LeaseStatus.OK, co
+    t.scraped("j", page, co.token, found, depth=1, priorities=[-2] * len(found))
+    # Queued or dispatched (each shard has room for two), at the rank they came with.
+    for items, want in ((ITEMS[:6], 4 * rank), (found, -2 * rank + 1)):
+        for item in items:
+            state = item_state(t.client, "j", item, shard_items(t)[item])
+            assert state[0] in "qd" and int(state[1:]) == want, (item, state)
+
+
+def test_a_sharded_job_out_of_time_ends_expired(tracker):
+    w = new_job(tracker, concurrency=3, spec=SPEC,
+                limits=CrawlLimits(shards=3, max_duration=1.0))
+    out = tracker.add("j", ITEMS).dispatch
+    time.sleep(1.1)
+    for item in out:
+        assert tracker.checkout("j", item, w, max_lost=3).status is LeaseStatus.HELD
+    assert tracker.maintain("j", max_lost=3).expired
+    info = tracker.job_info("j")
+    assert info.state is JobState.EXPIRED and info.final["queued"] == len(ITEMS)
+    assert "j" not in tracker.active_jobs()
+    with pytest.raises(JobStateError, match="expired"):
+        tracker.control("j", JobAction.RESUME)

@@ -7,7 +7,11 @@ Politeness is in the model too: items belong to domains with in-flight caps (dis
 a domain past its cap, and takes every item it may up to the broker's room), one domain whose fetch
 slot was taken for an hour (every checkout of its items is throttled and hands the item back),
 retries with a delay that wait in the delayed set until their backoff ends, max_pages and
-max_pages_per_domain, and retry_dead. So are job states: pause, resume and cancel (a paused or
+max_pages_per_domain, and retry_dead. So are priorities: items are added at random priorities
+(seeds by add, found links by scraped), keep them through every requeue, and within a domain
+dispatch takes the highest priority first, equal ones first come, first served (items put back
+at the head of their queue go first; those put back together by one call may come in any order
+among themselves). So are job states: pause, resume and cancel (a paused or
 cancelled job dispatches nothing, and a delivered message hands its item back), and completion,
 detected by exactly one maintenance; new items or retried dead ones make a finished job run again.
 
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -78,6 +82,8 @@ REASONS = ["boom", "HTTP 500", "x" * (MAX_REASON + 50)]  # the last one is cut t
 IN_FLIGHT = {"d": "dispatched", "l": "leased", "S": "leased", "s": "pending"}  # state -> set
 TIMED = {**IN_FLIGHT, "w": "delayed"}  # every state with a deadline or due time
 HELD = "lsS"  # states with a holder (worker, token)
+PRIORITIES = st.sampled_from([0, 0, 0, 1, 1, 2, -1, 1000, -1000])
+DEPTH_SPAN = 2**24  # an item's rank in its live value: priority * DEPTH_SPAN + depth
 MAX_WORKERS = 12  # registered in one example, dead ones included
 
 
@@ -104,7 +110,8 @@ class Snapshot:
 
     states: dict[str, str]  # item -> state letter
     depths: dict[str, int]
-    queues: dict[str, list[str]]  # domain -> its queue (empty ones left out)
+    priorities: dict[str, int]
+    queues: dict[str, list[str]]  # domain -> its list and priority zset (empty ones left out)
     listed: set[str]  # domains listed for dispatch
     inflight: dict[str, int]
     dispatched: dict[str, float]  # item -> deadline
@@ -125,6 +132,7 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     live_items_call(pipe, job)
     for domain in DOMAINS:
         pipe.lrange(k.domain_queue(domain), 0, -1)
+        pipe.zrange(k.priority_queue(domain), 0, -1)
     pipe.zrange(k.domains, 0, -1)
     pipe.hgetall(k.inflight)
     for zset in (k.dispatched, k.leased, k.pending, k.delayed):
@@ -134,7 +142,8 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     pipe.hget(k.stats, "queued")
     items, *rest = pipe.execute()
     items = parse_live_items(items)
-    queues, rest = dict(zip(DOMAINS, rest)), rest[len(DOMAINS):]
+    queues = {d: rest[2 * n] + rest[2 * n + 1] for n, d in enumerate(DOMAINS)}
+    rest = rest[2 * len(DOMAINS):]
     listed, inflight, dispatched, leased, pending, delayed, owners, fails, lost, dead, queued = rest
     # The job knows every item by its fingerprint: a live one in its bucket (named by the key its
     # state puts it in), a done one in the seen set.
@@ -142,7 +151,8 @@ def snapshot(tracker: Tracker, job: str) -> Snapshot:
     seen = len(items) + sum(tracker.client.scard(b) for b in buckets)
     return Snapshot(
         states={i: v[0] for i, v in items.items()},
-        depths={i: int(v[1:]) for i, v in items.items()},
+        depths={i: int(v[1:]) % DEPTH_SPAN for i, v in items.items()},
+        priorities={i: int(v[1:]) // DEPTH_SPAN for i, v in items.items()},
         queues={d: q for d, q in queues.items() if q}, listed=set(listed),
         inflight={d: int(n) for d, n in inflight.items()},
         dispatched=dict(dispatched), leased=dict(leased), pending=dict(pending),
@@ -169,6 +179,14 @@ class Item:
     reason: Optional[str] = None  # why it is dead
     cause: Optional[str] = None  # what made it dead: item, lost, or refused (not retryable)
     completed: int = 0  # complete() calls that changed it
+    priority: int = 0
+    # Its place among the queued items of its priority: lower goes first. Items put back at the
+    # head of their queue take ever lower numbers, those queued at the back ever higher; items
+    # queued by one call in an order the model does not know share one.
+    arrival: int = 0
+    # Of priority 0, leased straight from its queue once: its stale entry in its domain's list
+    # may bring it out again at its old place, so its place is not checked.
+    unplaced: bool = False
 
 
 class TrackerMachine(RuleBasedStateMachine):
@@ -189,6 +207,7 @@ class TrackerMachine(RuleBasedStateMachine):
         self.expiries = itertools.count(1)
         self.hosts = itertools.count(1)
         self.job_state = JobState.RUNNING
+        self.arrivals = itertools.count(1)
 
     def teardown(self) -> None:
         if isinstance(self.t, RedisTracker):
@@ -240,7 +259,12 @@ class TrackerMachine(RuleBasedStateMachine):
         for w in self.live():
             self.t.heartbeat(w)
 
-    def add_model(self, found: list[str], depth: int) -> int:
+    def place(self, front: bool) -> int:
+        """A new place in the queues: ahead of every other (``front``) or behind them."""
+        n = next(self.arrivals)
+        return -n if front else n
+
+    def add_model(self, found: list[str], depth: int, priorities=None) -> int:
         added = 0
         room = self.max_pages - len(self.items) if self.max_pages is not None else None
         for item in found:
@@ -250,7 +274,9 @@ class TrackerMachine(RuleBasedStateMachine):
             if self.per_domain is not None and seen >= self.per_domain:
                 continue
             if item not in self.items:
-                self.items[item] = Item("q", depth)
+                priority = priorities[found.index(item)] if priorities else 0
+                self.items[item] = Item("q", depth, priority=priority,
+                                        arrival=self.place(False))
                 added += 1
         if added and self.job_state is JobState.FINISHED:
             self.job_state = JobState.RUNNING  # new work: the job runs again
@@ -261,9 +287,10 @@ class TrackerMachine(RuleBasedStateMachine):
         queued again; then exactly enough queued items to fill the broker up to its bound of
         scrape messages, while the save pages are under theirs, as far as the domains' caps
         allow, each once; they become dispatched."""
+        due = self.place(False)  # queued again by one call, in the order of their due times
         for it in self.items.values():
             if it.state == "w" and it.expired:
-                it.state, it.expired = "q", False
+                it.state, it.expired, it.arrival = "q", False, due
         room = min(self.bound() - self.count("d"), self.save_bound() - self.count("s"),
                    MAX_DISPATCH_BATCH)
         if self.held():
@@ -274,16 +301,44 @@ class TrackerMachine(RuleBasedStateMachine):
         assert len(set(dispatch)) == len(dispatch), dispatch
         for dom, n in Counter(self.dom(i) for i in dispatch).items():
             assert n <= able[dom], (dom, n, able)
+        self.check_order(dispatch)
         for item in dispatch:
             it = self.items[item]
             assert it.state == "q", (item, it)
             it.state, it.expired = "d", False
 
+    def check_order(self, dispatch: list[str]) -> None:
+        """The order rule: within a domain, the items handed out come highest priority first,
+        and none waits that has a higher one; among equal priorities, first come first served
+        (items of priority 0 that the model cannot place aside)."""
+        taken: dict[str, list[str]] = defaultdict(list)
+        for item in dispatch:
+            taken[self.dom(item)].append(item)
+        for dom, items in taken.items():
+            waiting = [self.items[i] for i in self.in_state("q")
+                       if self.dom(i) == dom and i not in items]
+            out = [self.items[i] for i in items]
+            assert [it.priority for it in out] == sorted(
+                (it.priority for it in out), reverse=True), (dom, items)
+            last = out[-1].priority
+            assert all(it.priority <= last for it in waiting), (dom, items, waiting)
+
+            def places(its, priority):
+                return [it.arrival for it in its if it.priority == priority and not it.unplaced]
+
+            for priority in {it.priority for it in out}:
+                mine = places(out, priority)
+                assert mine == sorted(mine), (dom, items, priority)
+            later = places(waiting, last)
+            mine = places(out, last)
+            assert not mine or not later or max(mine) <= min(later), (dom, items, waiting)
+
     def held(self) -> bool:
         return self.job_state in (JobState.PAUSED, JobState.CANCELLED)
 
-    def requeue(self, it: Item) -> None:
+    def requeue(self, it: Item, front: bool = False, place: Optional[int] = None) -> None:
         it.state, it.owner, it.expired = "q", None, False
+        it.arrival = self.place(front) if place is None else place
 
     def give_up(self, item: str, reason: str, cause: str) -> None:
         it = self.items[item]
@@ -292,7 +347,8 @@ class TrackerMachine(RuleBasedStateMachine):
         self.final[item] = "X"
 
     def retry_or_dead(self, item: str, fault: Fault, retryable: bool, max_retries: int,
-                      reason: str, delay: float = 0.0) -> str:
+                      reason: str, delay: float = 0.0, front: bool = False,
+                      place: Optional[int] = None) -> str:
         """retry_or_dead of _lib.lua."""
         it = self.items[item]
         over = False
@@ -303,7 +359,7 @@ class TrackerMachine(RuleBasedStateMachine):
             it.lost += 1
             over = it.lost > self.max_lost
         if retryable and not over:
-            self.requeue(it)
+            self.requeue(it, front, place)
             if delay > 0:
                 it.state = "w"  # waits out its backoff in the delayed set
             return "retry"
@@ -435,16 +491,17 @@ class TrackerMachine(RuleBasedStateMachine):
         saves = [(i, self.items[i].owner[1] + (1000 if i in stale else 0)) for i in named]
         n = self.t.release(JOB, w, saves)
         want = 0
+        back = self.place(True)  # each at the head of its queue, in an order of its own
         for i, it in self.items.items():
             if it.owner and it.owner[0] == w:
                 if it.state == "s" and i in named and i not in stale:
                     # Waits for its message a save timeout from now, in the broker's hands.
                     it.owner, it.expired = ("-", it.owner[1]), False
                 elif it.state in "lSs":
-                    self.requeue(it)
+                    self.requeue(it, place=back)
                     want += 1
             elif it.state == "d":  # names no worker: may be one it never sent
-                self.requeue(it)
+                self.requeue(it, place=back)
                 want += 1
         assert n == want
         if self.workers[w][1]:
@@ -461,26 +518,29 @@ class TrackerMachine(RuleBasedStateMachine):
         self.step()
         n = self.t.release(JOB)
         want = 0
+        back = self.place(True)
         for it in self.items.values():
             if it.state in IN_FLIGHT:
-                self.requeue(it)
+                self.requeue(it, place=back)
                 want += 1
         assert n == want
         self.start_worker(2)
 
     # -- items -----------------------------------------------------------------------------
 
-    @rule(items=st.lists(st.sampled_from(UNIVERSE), max_size=4), depth=st.integers(0, 3))
-    def add(self, items, depth):
+    @rule(items=st.lists(st.sampled_from(UNIVERSE), max_size=4), depth=st.integers(0, 3),
+          priority=PRIORITIES)
+    def add(self, items, depth, priority):
         self.step()
-        res = self.t.add(JOB, items, depth)
-        assert res.added == self.add_model(items, depth)
+        res = self.t.add(JOB, items, depth, priority)
+        assert res.added == self.add_model(items, depth, [priority] * len(items))
         self.took(res.dispatch)
 
     @precondition(lambda self: self.live() and self.in_state("dlsS"))
     @rule(data=st.data(), found=st.lists(st.sampled_from(UNIVERSE), max_size=3),
-          depth=st.integers(0, 3), flaky=st.sampled_from([False] * 3 + [True]))
-    def progress(self, data, found, depth, flaky):
+          depth=st.integers(0, 3), flaky=st.sampled_from([False] * 3 + [True]),
+          priorities=st.lists(PRIORITIES, min_size=3, max_size=3))
+    def progress(self, data, found, depth, flaky, priorities):
         """The normal next step of one in-flight item: a live worker takes its scrape message,
         the holder reports it scraped (with what it found) or, now and then, that the download
         failed (the item's fault, retryable), its save starts, the save is done."""
@@ -494,7 +554,7 @@ class TrackerMachine(RuleBasedStateMachine):
             self.do_fail(item, it.owner[1], Fault.ITEM, True, "HTTP 503",
                          delay=data.draw(st.sampled_from([0.0, LEASE]), label="delay"))
         elif it.state == "l":
-            self.do_scraped(item, it.owner[1], found, depth)
+            self.do_scraped(item, it.owner[1], found, depth, priorities[:len(found)])
         elif it.state == "s":
             self.do_begin_save(item, it.owner[1], w)
         else:
@@ -510,11 +570,11 @@ class TrackerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.in_state("l"))
     @rule(data=st.data(), found=st.lists(st.sampled_from(UNIVERSE), max_size=3),
-          depth=st.integers(0, 3))
-    def scraped(self, data, found, depth):
+          depth=st.integers(0, 3), priorities=st.lists(PRIORITIES, min_size=3, max_size=3))
+    def scraped(self, data, found, depth, priorities):
         self.step()
         item = self.draw_item(data, self.in_state("l"))
-        self.do_scraped(item, self.draw_token(data, item), found, depth)
+        self.do_scraped(item, self.draw_token(data, item), found, depth, priorities[:len(found)])
 
     @precondition(lambda self: self.in_state("lsS") and self.live())
     @rule(data=st.data())
@@ -565,7 +625,7 @@ class TrackerMachine(RuleBasedStateMachine):
                 expected = LeaseStatus.BUSY  # a live lease: nobody else gets it
             elif self.retry_or_dead(
                 item, Fault.LOST, True, 0,
-                f"its worker vanished too often (last holder {it.owner[0]})",
+                f"its worker vanished too often (last holder {it.owner[0]})", front=True,
             ) == "dead":
                 expected = LeaseStatus.DEAD
         if expected is not None:
@@ -573,8 +633,10 @@ class TrackerMachine(RuleBasedStateMachine):
             return
         dom = self.dom(item)
         if self.held():
-            # Paused or cancelled: a delivered item goes back to its queue.
+            # Paused or cancelled: a delivered item goes back to the head of its queue.
             assert (co.status, co.token, co.dispatch) == (LeaseStatus.HELD, 0, []), (co, it)
+            if it.state == "d":
+                it.arrival = self.place(True)
             it.state, it.expired = "q", False
             return
         if (dom == SLOW and self.slow_closed) or (
@@ -584,21 +646,26 @@ class TrackerMachine(RuleBasedStateMachine):
             # its cap: it goes back to the head of its queue, the caller's slot is free.
             assert (co.status, co.token) == (LeaseStatus.THROTTLED, 0), (co, it)
             assert (co.wait > 0) is (dom == SLOW), co
+            if it.state == "d":
+                it.arrival = self.place(True)
             it.state, it.expired = "q", False
             self.took(co.dispatch)
             return
         assert co.status is LeaseStatus.OK, (co, it)
         assert co.token > self.last_token, (co.token, self.last_token)  # a new fencing token
         self.last_token = co.token
+        if it.state == "q" and it.priority == 0:
+            it.unplaced = True  # leased straight from its queue: its list entry goes stale
         it.tokens.append(co.token)
         it.state, it.owner, it.expired = "l", (w, co.token), False
         self.took(co.dispatch)
 
-    def do_scraped(self, item: str, token: int, found: list[str], depth: int) -> None:
-        res = self.t.scraped(JOB, item, token, found, depth)
+    def do_scraped(self, item: str, token: int, found: list[str], depth: int,
+                   priorities: Optional[list[int]] = None) -> None:
+        res = self.t.scraped(JOB, item, token, found, depth, priorities=priorities or ())
         # The finds are queued whoever reports them; the item moves only for its holder.
         held = item in self.items and self.items[item].state == "l" and self.holds(item, token)
-        assert res.added == self.add_model(found, depth)
+        assert res.added == self.add_model(found, depth, priorities)
         assert res.held is held
         if held:
             it = self.items[item]
@@ -745,6 +812,7 @@ class TrackerMachine(RuleBasedStateMachine):
     def do_maintain(self) -> None:
         res = self.t.maintain(JOB, max_lost=self.max_lost)
         outcomes: Counter = Counter()
+        back = self.place(True)  # reclaimed items go to the head of their queues
         for item in self.in_state("S"):  # a dead saving run: back to waiting for its save
             it = self.items[item]
             if it.expired:
@@ -766,7 +834,7 @@ class TrackerMachine(RuleBasedStateMachine):
                 if it.expired:
                     was = it.owner[0] if it.owner else "?"
                     outcome = self.retry_or_dead(
-                        item, fault, True, 0, f"{why} too often (last holder {was})")
+                        item, fault, True, 0, f"{why} too often (last holder {was})", place=back)
                     # A dispatch that expired is requeued, counted apart from lost holders.
                     outcomes["requeued" if states == "d" and outcome == "retry" else outcome] += 1
         assert (res.reclaimed, res.died, res.requeued) == (
@@ -801,9 +869,10 @@ class TrackerMachine(RuleBasedStateMachine):
         res = self.t.retry_dead(JOB)
         dead = self.in_state("X")
         assert res.requeued == len(dead)
+        again = self.place(False)
         for item in dead:
             it = self.items[item]
-            self.requeue(it)
+            self.requeue(it, place=again)
             it.fails = it.lost = 0
             it.reason = it.cause = None
             del self.final[item]
@@ -849,7 +918,8 @@ class TrackerMachine(RuleBasedStateMachine):
                 assert not any(item in m for m in (*sets.values(), snap.owners, snap.fails,
                                                    snap.lost, snap.dead)), item
                 continue
-            assert (snap.states[item], snap.depths[item]) == (it.state, it.depth), (item, it)
+            assert (snap.states[item], snap.depths[item], snap.priorities[item]) == (
+                it.state, it.depth, it.priority), (item, it)
             where = [name for name, members in sets.items() if item in members]
             assert where == ([TIMED[it.state]] if it.state in TIMED else []), (item, where)
             if where:

@@ -13,14 +13,18 @@
 --                              seen set: done items cost only their fingerprint). A live item's
 --                              name is kept only where its state puts it: its domain's queue (q),
 --                              delayed (w), dispatched (d), leased (l, S), pending (s), dead (X)
---   KEYS[2]  queues      the prefix of the per-domain queue lists: `KEYS[2] .. domain` is a list
---                        of the domain's queued items (entries whose state moved on are skipped
---                        when popped); the same rule as JobKeys.domain_queue in keys.py
+--   KEYS[2]  queues      the prefix of the per-domain queues: `KEYS[2] .. domain` is a list of
+--                        the domain's queued items of priority 0, and `KEYS[2] .. domain .. '/p'`
+--                        a zset of those of any other priority (score: priority, then arrival,
+--                        see queue_score in _lib_politeness.lua); entries whose state moved on
+--                        are skipped when popped. The same rules as JobKeys.domain_queue and
+--                        JobKeys.priority_queue in keys.py (a domain holds no '/')
 --   KEYS[3]  dispatched  zset  d items -> deadline
 --   KEYS[4]  leased      zset  l and S items -> deadline: a worker is working on them
 --   KEYS[5]  owners      hash  l, s and S items -> "<worker id> <fencing token>"
 --   KEYS[6]  stats       hash  counters: seen (items added), queued (q items), done, dead; tokens
---                              (last token); fn, fl and fs, the seen set's size, level and split
+--                              (last token); arrivals (items queued in a priority zset, for
+--                              their order); fn, fl and fs, the seen set's size, level and split
 --                              pointer (_lib_seen.lua); il and is, the live-item
 --                              buckets' level and split pointer (their size is seen - done)
 --   KEYS[7]  fails       hash  item -> failed attempts that were the item's fault
@@ -39,9 +43,14 @@
 --                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
 --                              http(s) URLs); a missing field is no limit
---   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished; missing:
---                              running), job (its name), started, ended, final_seen, final_done,
---                              final_dead (figures recorded when it ended), epoch (ends so far),
+--   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished, expired;
+--                              missing: running), job (its name), started, ended, final_seen,
+--                              final_done, final_dead (figures recorded when it ended; an
+--                              expired job's final_queued too), epoch (ends so far),
+--                              max_duration (seconds from started after which nothing more is
+--                              dispatched; missing: no limit), priorities (1 once an item of a
+--                              priority other than 0 was queued: only then are the domains'
+--                              priority zsets looked at),
 --                              format (the job's key layout: the scripts refuse any but 4,
 --                              keys.JOB_FORMAT, so a job of an older layout is not mixed up),
 --                              created (an ID of this creation of the job, see create_job.lua)
@@ -80,6 +89,13 @@ local K_SEEN, K_LATENCY
 -- The job's state, read with its format once a call (every call's dispatch top-up asks for it):
 -- set_job_state keeps it current when the call changes it.
 local job_state_now
+-- When the job's time budget (control's started + max_duration) runs out, in microseconds on
+-- Redis's clock; false without one. Read with the job's state, so a job without a budget pays
+-- nothing for it.
+local budget_end
+-- Whether the job ever queued an item of a priority other than 0 (control's priorities): until
+-- then its queues are the lists alone, as for every job that uses no priorities.
+local priorities_used
 -- Which creation of the job this is (create_job.lua), and from its second generation on which
 -- generation: checkout and begin_save hand it to the worker, whose components built from an
 -- earlier job of the same name (or for an earlier generation) must not be used.
@@ -114,7 +130,9 @@ end
 -- Lease times (lease_mean): by domain, and the job's; the domains whose mean a batch changed
 -- and has yet to write, as a set and in order.
 local lease_means, job_mean, means_unwritten, means_unwritten_order
-local seen, live, seen_count, STATE_SET
+-- The seen set and the live items (_lib_seen.lua; the seen set's size is `seen.count`), set by
+-- new_sets (_lib_known.lua).
+local seen, live, STATE_SET
 -- The known items (_lib_known.lua): their bucketed set (with `names`, the prefix of their
 -- names' lists, and `count`, their number, read with the others' geometry). One table: a Lua
 -- function has at most 60 upvalues, and begin (_begin.lua) sets nearly that many.
@@ -161,6 +179,33 @@ end
 -- `seconds` (a number or its text) in whole microseconds.
 local function micros(seconds)
   return math.floor(tonumber(seconds) * 1000000 + 0.5)
+end
+
+-- An item's rank: its depth and its priority in one integer, priority * DEPTH_SPAN + depth,
+-- which the live-item buckets pack with its state (pack in _lib_live.lua) and the scripts pass
+-- around as the item's "depth". An item of priority 0 (every item of a job that uses none) has
+-- its depth for rank, so its packed value is the same small integer as ever; the priority rides
+-- with the item through every state, so a retried or requeued item keeps it. Depths are kept
+-- below DEPTH_SPAN (deeper items count as DEPTH_SPAN - 1); priorities lie within
+-- -PRIORITY_MAX .. PRIORITY_MAX (tracker.base.PRIORITY_MAX).
+local DEPTH_SPAN = 16777216  -- 2^24
+local PRIORITY_MAX = 1000
+
+local function rank_of(depth, priority)
+  local d = tonumber(depth)
+  if d >= DEPTH_SPAN then d = DEPTH_SPAN - 1 end
+  return priority * DEPTH_SPAN + d
+end
+
+-- The depth of a rank (a number or its text).
+local function depth_of(rank)
+  return tonumber(rank) % DEPTH_SPAN
+end
+
+-- The priority of a rank (a number or its text).
+local function priority_of(rank)
+  local r = tonumber(rank)
+  return (r - r % DEPTH_SPAN) / DEPTH_SPAN
 end
 
 local function split_state(v)

@@ -20,7 +20,7 @@ local function requeue(item, state, depth, front)
   clear_inflight(item, state)
   live_set(item, 'q', depth)
   count('queued', 1)
-  enqueue(item, front)
+  enqueue(item, front, depth)
 end
 
 -- Leave whatever state `item` is in for the delayed set, until `due` (Redis time).

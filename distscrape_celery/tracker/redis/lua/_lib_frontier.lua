@@ -1,10 +1,27 @@
 -- The item scripts' library, part 7 of 10 (scripts.LIBRARY): the frontier and dispatch. New items
 -- added to their domains' queues, and queued items handed out within the broker's bound.
 
+-- The priorities of a call's items from their text: '' all 0, one number for all, or one number
+-- per item separated by spaces. Returns a table of them, or the one priority for all.
+local function parse_priorities(text)
+  if text == '' then return 0 end
+  local out = {}
+  for p in string.gmatch(text, '%S+') do
+    local n = tonumber(p)
+    if not n or n ~= math.floor(n) or n < -PRIORITY_MAX or n > PRIORITY_MAX then
+      error('bad priority: ' .. p)
+    end
+    out[#out + 1] = n
+  end
+  if #out == 1 then return out[1] end
+  return out
+end
+
 -- Queue the new items among args[first..] (a script's ARGV) at `depth`, deduplicated, within the
 -- job's max_pages and max_pages_per_domain (an item over a limit is dropped, not remembered).
--- Returns how many.
-local function add_items(args, first, depth)
+-- `priorities` (text, see parse_priorities): each item's priority, kept in its rank. Returns
+-- how many.
+local function add_items(args, first, depth, priorities)
   if not page_limits then
     local policy = redis_call('HMGET', K_POLICY, 'max_pages', 'max_pages_per_domain')
     page_limits = {tonumber(policy[1] or ''), tonumber(policy[2] or '')}
@@ -12,19 +29,26 @@ local function add_items(args, first, depth)
   local max_pages, per_domain = page_limits[1], page_limits[2]
   local room = math.huge
   if max_pages then room = max_pages - counters('seen')[1] end
-  -- The new items' names are written a slice at a time (one RPUSH per domain).
+  -- The new items' names are written a slice at a time (one RPUSH per domain); those of a
+  -- priority other than 0 go to the domain's zset, in the order they came.
   local added, new_by_domain, domains = 0, {}, {}
+  local ranked, ranked_count = {}, 0
+  local each = parse_priorities(priorities or '')
   local value = pack('q', depth)
   caching_items = false
   for i = first, #args do
     if added >= room then break end
     local item = args[i]
     local domain = domain_of(item)
+    local priority = each
+    if type(each) == 'table' then priority = each[i - first + 1] or 0 end
     if not per_domain or tonumber(redis_call('HGET', K_DSEEN, domain) or '0') < per_domain then
       -- New: not done, and not live (HSETNX makes it live unless it is, earlier in this batch
       -- too). A listpack bucket is searched field by field: one search, not two.
       local key, fp = live_slot(item)
-      if not is_finished(item) and redis_call('HSETNX', key, fp, value) == 1 then
+      local packed = value
+      if priority ~= 0 then packed = pack('q', rank_of(depth, priority)) end
+      if not is_finished(item) and redis_call('HSETNX', key, fp, packed) == 1 then
         if per_domain then redis_call('HINCRBY', K_DSEEN, domain, '1') end
         local new_items = new_by_domain[domain]
         if not new_items then
@@ -32,15 +56,38 @@ local function add_items(args, first, depth)
           new_by_domain[domain] = new_items
           domains[#domains + 1] = domain
         end
-        new_items[#new_items + 1] = item
+        if priority ~= 0 then
+          ranked_count = ranked_count + 1
+          new_items[#new_items + 1] = {item, priority, ranked_count}
+        else
+          new_items[#new_items + 1] = item
+        end
         added = added + 1
       end
     end
   end
   caching_items = true
   if added == 0 then return 0 end
+  local arrival_base = 0
+  if ranked_count > 0 then
+    use_priorities()
+    arrival_base = arrivals(ranked_count) - ranked_count
+  end
   for _, domain in ipairs(domains) do
     local new_items = new_by_domain[domain]
+    if ranked_count > 0 then  -- split the domain's new items: the list's, and the zset's
+      local listed, scored = {}, {}
+      for _, entry in ipairs(new_items) do
+        if type(entry) == 'table' then
+          scored[#scored + 1] = int_text(queue_score(entry[2], arrival_base + entry[3], false))
+          scored[#scored + 1] = entry[1]
+        else
+          listed[#listed + 1] = entry
+        end
+      end
+      new_items = listed
+      in_slices('ZADD', priority_queue(domain), scored, 256)
+    end
     for i = 1, #new_items, 256 do  -- slices keep unpack far from Lua's stack limit
       redis_call('RPUSH', K_QUEUES .. domain, unpack(new_items, i, math.min(i + 255, #new_items)))
     end
@@ -53,10 +100,27 @@ local function add_items(args, first, depth)
   return added
 end
 
--- The next queued item of `domain` and its depth, stale entries dropped; nil if none.
+-- The next queued entry of `domain`: the head of its zset if its priority is above 0, else the
+-- head of its list, else the head of its zset (a priority below 0); nil if none.
+local function next_entry(domain)
+  if not priorities_used then return redis_call('LPOP', K_QUEUES .. domain) end
+  local zset = priority_queue(domain)
+  local head = redis_call('ZRANGE', zset, '0', '0', 'WITHSCORES')
+  if head[1] and tonumber(head[2]) < PRIORITY_ZERO then
+    redis_call('ZREM', zset, head[1])
+    return head[1]
+  end
+  local item = redis_call('LPOP', K_QUEUES .. domain)
+  if item or not head[1] then return item end
+  redis_call('ZREM', zset, head[1])
+  return head[1]
+end
+
+-- The next queued item of `domain` (the highest priority, then the first come) and its rank,
+-- stale entries dropped; nil if none.
 local function pop_queued(domain)
   while true do
-    local item = redis_call('LPOP', K_QUEUES .. domain)
+    local item = next_entry(domain)
     if not item then return nil end
     local v = live_get(item)
     if v and str_sub(v, 1, 1) == 'q' then return item, str_sub(v, 2) end
@@ -73,7 +137,7 @@ local function promote_due(max_batch)
     if v and str_sub(v, 1, 1) == 'w' then
       live_set(item, 'q', str_sub(v, 2))
       count('queued', 1)
-      enqueue(item, false)
+      enqueue(item, false, str_sub(v, 2))
     end
   end
 end
@@ -130,8 +194,7 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
         out[#out + 1] = (interval == 0 and goes_first(domain)) and {item} or item
         taken = taken + 1
         room = room - 1
-        if redis_call('HINCRBY', K_INFLIGHT, domain, '1') >= cap
-            or redis_call('LLEN', K_QUEUES .. domain) == 0 then
+        if redis_call('HINCRBY', K_INFLIGHT, domain, '1') >= cap or queue_empty(domain) then
           redis_call('ZREM', K_DOMAINS, domain)
         elseif interval > 0 then
           redis_call('ZADD', K_DOMAINS, int_text(now + interval), domain)
@@ -147,12 +210,12 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   return out
 end
 
--- Dispatched `item` (at `depth`, of `domain`) goes back to the head of its queue: its checkout
--- was throttled, or its job is held. vacate lists the domain again.
+-- Dispatched `item` (at `depth`, its rank, of `domain`) goes back to the head of its priority in
+-- its queue: its checkout was throttled, or its job is held. vacate lists the domain again.
 local function undispatch(item, depth, domain)
   redis_call('ZREM', K_DISPATCHED, item)
   live_set(item, 'q', depth)
   count('queued', 1)
-  redis_call('LPUSH', K_QUEUES .. domain, item)
+  enqueue(item, true, depth, true)
   vacate(domain)
 end

@@ -14,7 +14,7 @@ local function queue_known(item, depth)
   if redis_call('HSETNX', key, fp, pack('q', depth)) == 0 then return false end
   count('seen', 1)
   count('queued', 1)
-  enqueue(item, false)
+  enqueue(item, false, depth)
   return true
 end
 
@@ -53,7 +53,7 @@ local function refill(budget)
     local bucket = bucket_key(known, n)
     for _, item in ipairs(redis_call('LRANGE', names_key(bucket), '0', '-1')) do
       local record = redis_call('HGET', bucket, (fingerprint(item)))
-      if record and record_due(record) <= started and queue_known(item, record_depth(record)) then
+      if record and records.due(record) <= started and queue_known(item, records.depth(record)) then
         queued = queued + 1
       end
       looked = looked + 1
@@ -92,9 +92,9 @@ local function begin_generation(generation, next_due)
     for n = first, math.min(first + 255, last) do slice[#slice + 1] = bucket_key(seen, n) end
     redis_call('UNLINK', unpack(slice))
   end
-  redis_call('HDEL', K_STATS, SEEN_SIZE, SEEN_LEVEL, SEEN_SPLIT)
+  redis_call('HDEL', K_STATS, STAT.seen_size, STAT.seen_level, STAT.seen_split)
   set_geometry(seen, 0, 0)
-  seen_count = 0
+  seen.count = 0
   redis_call('UNLINK', K_DSEEN)
   if dead > 0 then redis_call('RENAME', K_DEAD, redo_key()) end
   if dead > 0 or known.count > 0 then redis_call('HSET', K_CONTROL, 'refill', '0') end

@@ -4,14 +4,16 @@
 -- -- the job's counters ------------------------------------------------------------------------
 -- The stats fields of the bucketed sets (_lib_seen.lua): the seen set's size, and the level and
 -- split pointer of the seen set and of the live-item buckets. Every job keeps them under these
--- short names (keys.JOB_FORMAT 4), so the stored names stay; the locals say what each holds.
-local SEEN_SIZE, SEEN_LEVEL, SEEN_SPLIT = 'fn', 'fl', 'fs'
-local LIVE_LEVEL, LIVE_SPLIT = 'il', 'is'
--- The known items' size, level and split pointer (_lib_known.lua).
-local KNOWN_SIZE, KNOWN_LEVEL, KNOWN_SPLIT = 'kn', 'kl', 'ks'
+-- short names (keys.JOB_FORMAT 4), so the stored names stay; the table's keys say what each holds
+-- (one table, not eight locals: the library's locals count against Lua's limit of 200).
+local STAT = {
+  seen_size = 'fn', seen_level = 'fl', seen_split = 'fs', live_level = 'il', live_split = 'is',
+  -- The known items' size, level and split pointer (_lib_known.lua).
+  known_size = 'kn', known_level = 'kl', known_split = 'ks',
+}
 -- The counters in stats that calls add to; a batch writes them in this order. unchanged and gone
 -- count the revisits of this generation that found the page as it was, or gone (404, 410).
-local COUNTERS = {'seen', 'queued', 'done', 'dead', SEEN_SIZE, 'links_cut', KNOWN_SIZE,
+local COUNTERS = {'seen', 'queued', 'done', 'dead', STAT.seen_size, 'links_cut', STAT.known_size,
   'unchanged', 'gone'}
 
 -- Add `n` (a number) to the job's counter `field`.
@@ -61,22 +63,33 @@ local function set_job_state(state)
   job_state_now = state
 end
 
--- A paused or cancelled job hands out nothing; what is in flight goes on.
-local function dispatch_held()
-  local s = job_state()
-  return s == 'paused' or s == 'cancelled'
+-- Whether the job's time budget ran out (Redis's clock past started + max_duration). It is
+-- expired in all but name until maintain records it (expired_end in maintain.lua).
+local function out_of_time()
+  return budget_end and redis_now() >= budget_end
 end
 
--- The job ends as `state` (finished or cancelled): its end time and figures are recorded, and
--- workers stop maintaining it. The epoch counts these ends: a sharded job is finished when two
--- reads of every shard's state and epoch agree (redis/shards.py), so no shard finished again in
--- between unseen.
+-- A paused, cancelled or expired job hands out nothing (nor does one out of time); what is in
+-- flight goes on.
+local function dispatch_held()
+  local s = job_state()
+  return s == 'paused' or s == 'cancelled' or s == 'expired' or out_of_time()
+end
+
+-- The job ends as `state` (finished, cancelled or expired): its end time and figures are
+-- recorded, and workers stop maintaining it. The epoch counts these ends: a sharded job is
+-- finished when two reads of every shard's state and epoch agree (redis/shards.py), so no shard
+-- finished again in between unseen. An expired job's figures also name the items it left queued
+-- (final_queued: every item neither done nor dead, since none is in flight when it expires).
 local function record_end(state)
   local c = counters('seen', 'done', 'dead', 'unchanged', 'gone')
   local ended = str_format('%.6f', redis_now() / 1000000)
   redis_call('HSET', K_CONTROL, 'state', state, 'ended', ended,
     'final_seen', int_text(c[1]), 'final_done', int_text(c[2]), 'final_dead', int_text(c[3]),
     'final_unchanged', int_text(c[4]), 'final_gone', int_text(c[5]))
+  if state == 'expired' then
+    redis_call('HSET', K_CONTROL, 'final_queued', int_text(c[1] - c[2] - c[3]))
+  end
   job_state_now = state
   redis_call('HINCRBY', K_CONTROL, 'epoch', '1')
   if job_name then redis_call('SREM', K_ACTIVE, job_name) end
@@ -84,7 +97,8 @@ local function record_end(state)
 end
 
 -- New work arrived (items added, dead ones queued again): a finished job runs again, and one
--- that is not cancelled is maintained again.
+-- that is not cancelled is maintained again. An expired job stays expired: its time is spent,
+-- and the new items wait in its queues.
 local function reactivate()
   if reactivated then return end
   local state = job_state()
@@ -92,7 +106,9 @@ local function reactivate()
     set_job_state('running')
     redis_call('HDEL', K_CONTROL, 'ended')
   end
-  if state ~= 'cancelled' and job_name then redis_call('SADD', K_ACTIVE, job_name) end
+  if state ~= 'cancelled' and state ~= 'expired' and job_name then
+    redis_call('SADD', K_ACTIVE, job_name)
+  end
   reactivated = true
 end
 

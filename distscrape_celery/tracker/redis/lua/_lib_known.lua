@@ -9,47 +9,61 @@
 -- bytes). A record is binary, written by the worker that saved the item (tracker/revisits.py
 -- packs it) but for its first four bytes, when it is due again (Unix seconds, big-endian), which
 -- complete computes from the generation's start; then two bytes of depth. Level and split
--- pointer: stats KNOWN_LEVEL and KNOWN_SPLIT; size: KNOWN_SIZE. A known item is done for the
+-- pointer: stats STAT.known_level and STAT.known_split; size: STAT.known_size. A known item is
+-- done for the
 -- generation that fetched it and for every later one until it is due; it is queued again by the
--- generation it is due in (_lib_generation.lua).
-local KNOWN_FILL = 36
+-- generation it is due in (_lib_generation.lua). A bucket holds 36 on average (LIVE_FILL's reason).
+
+-- The call's bucketed sets (seen, live, known), their geometry to be read (bucket_geometry).
+-- begin calls it: a Lua function has at most 60 upvalues, and begin sets nearly that many.
+local function new_sets()
+  seen = bucketed(K_SEEN, STAT.seen_level, STAT.seen_split)
+  live = bucketed(K_ITEMS, STAT.live_level, STAT.live_split)
+  -- The known items' keys share the job's prefix (and hash tag) with the live items' buckets.
+  known = bucketed(str_sub(K_ITEMS, 1, -3) .. 'k:', STAT.known_level, STAT.known_split)
+  known.names = str_sub(K_ITEMS, 1, -3) .. 'u:'
+end
 
 local function names_key(bucket)
   return known.names .. str_sub(bucket, #known.prefix + 1)
 end
 
--- Unsigned big-endian integers of 2 and 4 bytes, as records hold them.
-local function read_u16(s, at)
+-- A record's fields (the layout in tracker/revisits.py), and the unsigned big-endian integers
+-- it holds. One table: the library's top-level locals count against Lua's limit of 200 in the
+-- script form of the item scripts.
+local records = {}
+
+function records.u16(s, at)
   local a, b = string.byte(s, at, at + 1)
   return a * 256 + b
 end
 
-local function read_u32(s, at)
+function records.u32(s, at)
   local a, b, c, d = string.byte(s, at, at + 3)
   return ((a * 256 + b) * 256 + c) * 256 + d
 end
 
-local function u32_bytes(n)
+function records.u32_bytes(n)
   n = math.floor(n)
   return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
     math.floor(n / 256) % 256, n % 256)
 end
 
--- A record's due time and depth.
-local function record_due(record)
-  return read_u32(record, 1)
+-- When the record's item is due again (Unix seconds), and its depth.
+function records.due(record)
+  return records.u32(record, 1)
 end
 
-local function record_depth(record)
-  return read_u16(record, 5)
+function records.depth(record)
+  return records.u16(record, 5)
 end
 
 -- When the page a record describes last changed, as far as the job knows: its Last-Modified,
 -- or else the start of the generation that fetched it (its due time less its interval).
-local function record_fetched(record)
-  local modified = read_u32(record, 20)
+function records.fetched(record)
+  local modified = records.u32(record, 20)
   if modified > 0 then return modified end
-  return read_u32(record, 1) - read_u32(record, 7)
+  return records.u32(record, 1) - records.u32(record, 7)
 end
 
 local function known_slot(item)
@@ -97,8 +111,8 @@ local function remember_known(item, record)
   if redis_call('HSET', key, fp, record) == 0 then return end  -- known already: record updated
   redis_call('RPUSH', names_key(key), item)
   known.count = known.count + 1
-  count(KNOWN_SIZE, 1)
-  if known.count > KNOWN_FILL * (known.span + known.split) and known.level < 33 then
+  count(STAT.known_size, 1)
+  if known.count > 36 * (known.span + known.split) and known.level < 33 then
     split_bucket(known, known_rehash)
   end
 end
@@ -110,7 +124,7 @@ local function forget_known(item)
   redis_call('HDEL', key, fp)
   redis_call('LREM', names_key(key), '1', item)
   known.count = known.count - 1
-  count(KNOWN_SIZE, -1)
+  count(STAT.known_size, -1)
 end
 
 -- Whether `item`, not live, is done for now: in the seen set, or known (its next due generation

@@ -8,8 +8,8 @@
 -- bucket holds at most hash-max-listpack-entries fields (128 by default). LIVE_FILL keeps a
 -- bucket not yet split in a round near 2 * 36 = 72, far from 128 at any size. The item's name is
 -- kept where its state puts it (KEYS[1] in _lib_call.lua), so a queued item's name is stored once,
--- in its domain's queue. Level and split pointer: stats LIVE_LEVEL and LIVE_SPLIT; size: seen -
--- done.
+-- in its domain's queue. Level and split pointer: stats STAT.live_level and STAT.live_split;
+-- size: seen - done.
 local LIVE_FILL = 36
 -- The states' letters and codes: ItemState and ItemState.code in tracker/model.py.
 local CODE = {q = 0, w = 1, d = 2, l = 3, s = 4, S = 5, X = 6}
@@ -90,7 +90,8 @@ local function grow_live()
 end
 
 -- The state of `item`: its state letter and depth if live, 'D0' if done (in the seen set or
--- known: its depth is not looked up), nil if never added (or taken for a fingerprint collision's twin).
+-- known: its depth is not looked up), nil if never added (or taken for a fingerprint
+-- collision's twin).
 local function item_value(item)
   local v = live_get(item)
   if v then return v end

@@ -149,10 +149,52 @@ local function schedule(domain, in_flight)
   end
 end
 
+-- -- a domain's queue -------------------------------------------------------------------------
+-- Items of priority 0 wait in the domain's list, first in first out, as in a job that uses no
+-- priorities; the others in its zset (KEYS[2] in _lib_call.lua), by queue_score. Dispatch
+-- (pop_queued in _lib_frontier.lua) takes the highest priority first, the list's items counting
+-- as priority 0. The zset is looked at only once the job queued such an item (priorities_used),
+-- so a job that uses no priorities makes the same commands as ever.
+
+local function priority_queue(domain)
+  return K_QUEUES .. domain .. '/p'
+end
+
+-- A zset score: the priority first (higher first: lower score), then the order of arrival, one
+-- sequence per job (stats field `arrivals`); an item put back at the front of its priority
+-- (`front`) goes ahead of every other of it. Exact as doubles: 2001 priorities x 2^42.
+local SCORE_SPAN, SCORE_MIDDLE = 4398046511104, 2199023255552  -- 2^42, 2^41
+-- Scores below this are of priorities above 0.
+local PRIORITY_ZERO = PRIORITY_MAX * SCORE_SPAN
+
+local function queue_score(priority, arrival, front)
+  local base = (PRIORITY_MAX - priority) * SCORE_SPAN + SCORE_MIDDLE
+  if front then return base - arrival end
+  return base + arrival
+end
+
+-- `n` new arrival numbers: the last of them (the first is last - n + 1).
+local function arrivals(n)
+  return redis_call('HINCRBY', K_STATS, 'arrivals', int_text(n))
+end
+
+-- The job queued its first item of a priority other than 0: from now on its zsets count.
+local function use_priorities()
+  if priorities_used then return end
+  redis_call('HSET', K_CONTROL, 'priorities', '1')
+  priorities_used = true
+end
+
+-- Whether `domain` has no queued item (stale entries aside, which are counted).
+local function queue_empty(domain)
+  if redis_call('LLEN', K_QUEUES .. domain) > 0 then return false end
+  return not priorities_used or redis_call('ZCARD', priority_queue(domain)) == 0
+end
+
 -- A d or l item of `domain` left flight: that may open room under the domain's cap.
 local function vacate(domain)
   local in_flight = redis_call('HINCRBY', K_INFLIGHT, domain, '-1')
-  local queued = redis_call('LLEN', K_QUEUES .. domain) > 0
+  local queued = not queue_empty(domain)
   if in_flight <= 0 then
     redis_call('HDEL', K_INFLIGHT, domain)
     -- An idle domain forgets its lease times: kept for every domain ever fetched, they would
@@ -173,14 +215,20 @@ local function occupy(domain)
   end
 end
 
--- Put `item` (queued now) in its domain's queue: at its head when `front`.
-local function enqueue(item, front)
+-- Put `item` (queued now, at `rank`: its depth and priority) in its domain's queue: at the head
+-- of its priority when `front`. vacate lists the domain when `quiet`, else this does.
+local function enqueue(item, front, rank, quiet)
   local domain = domain_of(item)
-  if front then
+  local priority = priority_of(rank)
+  if priority ~= 0 then
+    use_priorities()
+    redis_call('ZADD', priority_queue(domain), int_text(queue_score(priority, arrivals(1), front)),
+      item)
+  elseif front then
     redis_call('LPUSH', K_QUEUES .. domain, item)
   else
     redis_call('RPUSH', K_QUEUES .. domain, item)
   end
-  schedule(domain)
+  if not quiet then schedule(domain) end
 end
 

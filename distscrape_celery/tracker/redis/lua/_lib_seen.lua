@@ -94,18 +94,19 @@ end
 -- -- the seen set ----------------------------------------------------------------------------
 -- Done items, by fingerprint only: each bucket is a set that Redis keeps as an intset (8 bytes a
 -- member, while a bucket holds at most set-max-intset-entries, 512 by default). A fingerprint is
--- written when its item is done. Level and split pointer: stats SEEN_LEVEL and SEEN_SPLIT; size:
--- SEEN_SIZE.
+-- written when its item is done. Level and split pointer: stats STAT.seen_level and
+-- STAT.seen_split; size: STAT.seen_size.
 local SEEN_FILL = 160
 
--- The geometry of the bucketed sets (seen, live, known) and the sizes of seen and known, read in one HMGET once a call
--- (an item is looked up in both, or finished from one to the other).
+-- The geometry of the bucketed sets (seen, live, known) and the sizes of seen and known, read
+-- in one HMGET once a call (an item is looked up in several, or finished from one to another).
 local function bucket_geometry()
-  if not seen_count then
-    local geometry = redis_call('HMGET', K_STATS, SEEN_LEVEL, SEEN_SPLIT, SEEN_SIZE, LIVE_LEVEL,
-      LIVE_SPLIT, KNOWN_LEVEL, KNOWN_SPLIT, KNOWN_SIZE)
+  if not seen.count then
+    local geometry = redis_call('HMGET', K_STATS, STAT.seen_level, STAT.seen_split,
+      STAT.seen_size, STAT.live_level, STAT.live_split, STAT.known_level, STAT.known_split,
+      STAT.known_size)
     set_geometry(seen, tonumber(geometry[1] or '0'), tonumber(geometry[2] or '0'))
-    seen_count = tonumber(geometry[3] or '0')
+    seen.count = tonumber(geometry[3] or '0')
     set_geometry(live, tonumber(geometry[4] or '0'), tonumber(geometry[5] or '0'))
     set_geometry(known, tonumber(geometry[6] or '0'), tonumber(geometry[7] or '0'))
     known.count = tonumber(geometry[8] or '0')
@@ -126,10 +127,10 @@ local function remember_done(item)
   bucket_geometry()
   local fp, high = fingerprint(item)
   if redis_call('SADD', bucket_of(seen, high), fp) == 0 then return end  -- a twin's fingerprint
-  seen_count = seen_count + 1
-  count(SEEN_SIZE, 1)
+  seen.count = seen.count + 1
+  count(STAT.seen_size, 1)
   -- a has 33 bits: past 2^33 buckets (far beyond any job) the buckets just fill up.
-  if seen_count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
+  if seen.count > SEEN_FILL * (seen.span + seen.split) and seen.level < 33 then
     split_bucket(seen, seen_rehash)
   end
 end
@@ -137,7 +138,7 @@ end
 -- Whether `item`, not live, is done (or a done item's fingerprint twin).
 local function is_done(item)
   bucket_geometry()
-  if seen_count == 0 then return false end
+  if seen.count == 0 then return false end
   local fp, a = fingerprint(item)
   return redis_call('SISMEMBER', bucket_of(seen, a), fp) == 1
 end

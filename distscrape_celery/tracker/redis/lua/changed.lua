@@ -11,7 +11,7 @@ for i = 4, #ARGV - 1, 2 do
   local item, changed = ARGV[i], tonumber(ARGV[i + 1])
   local record = known_record(item)
   if record and changed and not live_get(item)
-      and changed > record_fetched(record) and queue_known(item, record_depth(record)) then
+      and changed > records.fetched(record) and queue_known(item, records.depth(record)) then
     queued = queued + 1
   end
 end

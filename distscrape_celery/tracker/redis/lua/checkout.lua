@@ -7,16 +7,17 @@
 -- open yet, or (for an item leased straight from its queue) the domain is at its in-flight cap,
 -- the item goes back to the head of its domain's queue and the caller gets 'throttled' with the
 -- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
--- While the job is paused or cancelled, a delivered item goes back to its queue the same way
--- ('held'); a lease in hand is kept.
+-- While the job is paused or cancelled, or out of time (its max_duration ran out), a delivered
+-- item goes back to its queue the same way ('held'); a lease in hand is kept.
 -- KEYS: the item keys (see _lib_call.lua)
 -- ARGV[1] item
 -- ARGV[2] worker      id of the worker taking the lease
 -- ARGV[3] lease       lease length in seconds
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
--- Returns {status, depth, failed_attempts, token, wait, created, record, dispatch_item...};
--- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
+-- Returns {status, depth, failed_attempts, token, wait, created, record, dispatch_item...}
+-- (depth: the item's hops from a seed, its priority left out of its rank); status is
+-- ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot; created is the job's
 -- creation (_lib_call.lua); record is the item's record in hex if the job knows it from an
 -- earlier generation (_lib_known.lua), else ''
@@ -27,27 +28,28 @@ local v = item_value(item)
 if not v then return {'unknown', 0, 0, 0, '0', job_created, ''} end
 local state, depth = split_state(v)
 local fails = fails_of(item)
-if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created, ''} end
-if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created, ''} end
+if state == 'D' then return {'done', depth_of(depth), fails, 0, '0', job_created, ''} end
+if state == 'X' then return {'dead', depth_of(depth), fails, 0, '0', job_created, ''} end
 if state == 's' or state == 'w' then
-  return {'busy', tonumber(depth), fails, 0, '0', job_created, ''}
+  return {'busy', depth_of(depth), fails, 0, '0', job_created, ''}
 end
 local now = redis_now()
 if state == 'l' or state == 'S' then
   local deadline = tonumber(redis_call('ZSCORE', K_LEASED, item) or '0')
-  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0', job_created, ''} end
+  if deadline > now then return {'busy', depth_of(depth), fails, 0, '0', job_created, ''} end
   local was = holder(item) or '?'
   if retry_or_dead(item, state, depth, 'lost', true, 0, max_lost,
       'its worker vanished too often (last holder ' .. was .. ')', true, 0) == 'dead' then
-    return {'dead', tonumber(depth), fails, 0, '0', job_created, ''}
+    return {'dead', depth_of(depth), fails, 0, '0', job_created, ''}
   end
   state = 'q'
 end
 local domain = domain_of(item)
 if dispatch_held() then
-  -- Paused or cancelled: the item waits in its queue until the job is resumed.
+  -- Paused or cancelled: the item waits in its queue until the job is resumed. Out of time: it
+  -- stays queued, counted in the job's final figures.
   if state == 'd' then undispatch(item, depth, domain) end
-  return {'held', tonumber(depth), fails, 0, '0', job_created, ''}
+  return {'held', depth_of(depth), fails, 0, '0', job_created, ''}
 end
 local interval, cap = limits(domain)
 local slot = 0
@@ -58,7 +60,7 @@ if slot > now or (state == 'q' and inflight(domain) >= cap) then
   if slot > now then redis_call('ZADD', K_DOMAINS, 'XX', 'GT', int_text(slot), domain) end
   local wait = slot - now
   if wait < 0 then wait = 0 end
-  local out = {'throttled', tonumber(depth), fails, 0, str_format('%.3f', wait / 1000000),
+  local out = {'throttled', depth_of(depth), fails, 0, str_format('%.3f', wait / 1000000),
     job_created, ''}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
@@ -75,6 +77,8 @@ redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int_text(token))
 live_set(item, 'l', depth)
 -- What fetching a known item again needs (a job that revisits), for the worker, in hex.
 local record = known_record(item)
-record = record and string.gsub(record, '.', function(c) return str_format('%02x', string.byte(c)) end) or ''
-local out = {'ok', tonumber(depth), fails, token, '0', job_created, record}
+record = record and string.gsub(record, '.', function(c)
+  return str_format('%02x', string.byte(c))
+end) or ''
+local out = {'ok', depth_of(depth), fails, token, '0', job_created, record}
 return take_for_dispatch(bound, max_batch, now + lease, out)

@@ -21,13 +21,17 @@
 --                  and seeded again under its name from the one they built components for)
 -- ARGV[6] whole    1: record the creation even if this shard's spec was there (its job is new:
 --                  shard 0's spec was not; a delete cut short left this one)
--- ARGV[7..] field, value pairs of the policy (written only when the job is created)
+-- ARGV[7] max_duration  seconds from the job's start after which it dispatches nothing more
+--                  ('' for no limit), recorded in control with started, since the item scripts
+--                  read the two together (written only when the job is created)
+-- ARGV[8..] field, value pairs of the policy (written only when the job is created)
 -- Returns {created (1 or 0), the stored spec}
 local created = redis.call('SET', KEYS[1], ARGV[2], 'NX') and 1 or 0
 if created == 1 then
   if tonumber(ARGV[3]) > 0 then redis.call('HSETNX', KEYS[4], 'tokens', ARGV[3]) end
   redis.call('HSET', KEYS[3], 'format', ARGV[4])
-  if #ARGV > 6 then redis.call('HSET', KEYS[2], unpack(ARGV, 7)) end
+  if ARGV[7] ~= '' then redis.call('HSET', KEYS[3], 'max_duration', ARGV[7]) end
+  if #ARGV > 7 then redis.call('HSET', KEYS[2], unpack(ARGV, 8)) end
 end
 if created == 1 or ARGV[6] == '1' then redis.call('HSET', KEYS[3], 'created', ARGV[5]) end
 -- A job created before job states had none: it starts running now.

@@ -33,7 +33,7 @@ begin_generation(target, ARGV[3])
 local seeds_known = false
 for i = 8, #ARGV do
   local record = known_record(ARGV[i])
-  if record and queue_known(ARGV[i], record_depth(record)) then seeds_known = true end
+  if record and queue_known(ARGV[i], records.depth(record)) then seeds_known = true end
 end
 if seeds_known then grow_live() end
 add_items(ARGV, 8, 0)

@@ -12,11 +12,15 @@
 -- ARGV[6] poll          wake at most this many seconds from now while items are dispatched or
 --                       leased (their failures may start backoffs that end before the next
 --                       heartbeat)
--- Returns {reclaimed, dead, wake, finished, requeued, dispatch_item...}; reclaimed counts leases
+-- A job whose time budget ran out (max_duration, see out_of_time) dispatches nothing more; once
+-- nothing of it is in flight (dispatched, leased, save pending), the call that sees it records
+-- it expired, its queued and delayed items left where they are.
+-- Returns {reclaimed, dead, wake, ended, requeued, dispatch_item...}; reclaimed counts leases
 -- and save-pending items that expired, requeued the dispatched items whose message did not start
--- within a lease; finished is 1 for the one call that found the running job with nothing left to
--- do (it is then recorded finished); wake (a string, seconds; '' for none) is when a domain's turn
--- or a backoff ends while the broker has room: a dispatch then hands out more.
+-- within a lease; ended is 'finished' for the one call that found the running job with nothing
+-- left to do (it is then recorded finished), 'expired' for the one that recorded it expired, else
+-- ''; wake (a string, seconds; '' for none) is when a domain's turn or a backoff ends while the
+-- broker has room: a dispatch then hands out more.
 local bound, max_batch, lease = ARGV[1], tonumber(ARGV[2]), micros(ARGV[3])
 local max_reclaim, max_lost, poll = tonumber(ARGV[4]), tonumber(ARGV[5]), micros(ARGV[6])
 local now = redis_now()
@@ -52,20 +56,29 @@ requeued = reclaim(K_DISPATCHED, 'd', 'free', '')
 local refilling = refill(5 * max_reclaim)
 -- Completion, detected once: only the call that sees a running job with nothing left ends it.
 -- A job's first generation has work once its first items come; a later one from its start.
-local finished = 0
-if job_state() == 'running' and not refilling
+-- So is the end of a job out of time, once what it had in flight came back.
+local ended = ''
+local state = job_state()
+if state == 'running' and not refilling
     and (tonumber(redis_call('HGET', K_STATS, 'seen') or '0') > 0
       or redis_call('HEXISTS', K_CONTROL, 'generation') == 1)
     and tonumber(redis_call('HGET', K_STATS, 'queued') or '0') == 0
     and redis_call('ZCARD', K_DISPATCHED) + redis_call('ZCARD', K_LEASED)
       + redis_call('ZCARD', K_PENDING) + redis_call('ZCARD', K_DELAYED) == 0 then
   record_end('finished')
-  finished = 1
+  ended = 'finished'
+elseif (state == 'running' or state == 'paused') and out_of_time()
+    and tonumber(redis_call('HGET', K_STATS, 'seen') or '0') > 0
+    and redis_call('ZCARD', K_DISPATCHED) + redis_call('ZCARD', K_LEASED)
+      + redis_call('ZCARD', K_PENDING) == 0 then
+  record_end('expired')
+  ended = 'expired'
 end
-local out = {reclaimed, died, '', finished, requeued}
+local out = {reclaimed, died, '', ended, requeued}
 take_for_dispatch(bound, max_batch, now + lease, out)
 local wake = nil
-if dispatch_room(bound) > 0 then
+-- Out of time, no turn of a domain brings a dispatch.
+if not out_of_time() and dispatch_room(bound) > 0 then
   for _, zset in ipairs({K_DOMAINS, K_DELAYED}) do
     local first = redis_call('ZRANGE', zset, 0, 0, 'WITHSCORES')
     if first[2] and (not wake or tonumber(first[2]) < wake) then wake = tonumber(first[2]) end
