@@ -35,8 +35,12 @@ class GenerationCalls(ShardLayout):
         if shards > 1:
             # Shard 0 alone cannot tell that the job is idle (a shard never given an item looks
             # running): the whole job is read first, and shard 0's generation decides the race.
-            if self.job_info(job).state not in (JobState.FINISHED, JobState.EXPIRED):
-                info = self.job_info(job)
+            info = self.job_info(job)
+            if self._lagging(job, shards, info.generation):
+                # A caller died after shard 0 began its generation: that one is finished first
+                # (the job is not idle until every shard follows shard 0).
+                generation = info.generation
+            elif info.state not in (JobState.FINISHED, JobState.EXPIRED):
                 return GenerationResult(status=info.state.value, generation=info.generation,
                                         next_due=info.next_due)
             check = 0
@@ -52,6 +56,13 @@ class GenerationCalls(ShardLayout):
             self._mirror_active(job, range(shards))
         return GenerationResult(dispatch=dispatch, status=status, generation=int(reply[1]),
                                 next_due=float(reply[2]) if reply[2] else None)
+
+    def _lagging(self, job: str, shards: int, generation: int) -> bool:
+        """Whether a shard of ``job`` is behind shard 0's ``generation``."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(1, shards):
+            pipe.hget(keys.JobKeys(job, s).control, "generation")
+        return any(int(g or 1) < generation for g in pipe.execute())
 
     # -- schedules ------------------------------------------------------------------------------
 
