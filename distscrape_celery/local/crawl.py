@@ -256,16 +256,17 @@ def _seed_or_resume(
     manager.seed(job, spec)
     if resumed:
         stats = tracker.stats(job)
-        if stats.finished and spec.revisit is not None:
+        finished = manager.finished(job, stats)
+        if finished and spec.revisit is not None:
             # A job that revisits runs again: its next generation fetches what is due. Its end
             # may not be recorded yet (the last run stopped as soon as it saw nothing left).
             tracker.maintain(job, max_lost=spec.max_lost)
             started = run_again(tracker, job, manager.publish)
             if started.started:
-                say(f"job {job}: generation {started.generation}, revisiting "
-                    f"{tracker.stats(job).known} known page(s) that are due")
+                say(f"job {job}: generation {started.generation}, revisiting the known "
+                    f"page(s) that are due ({tracker.stats(job).known} known)")
                 return True, None
-        if stats.finished:
+        if finished:
             return True, CrawlResult(job, stats, 0.0, tracker.dead_items(job),
                                      already_finished=True)
         say(

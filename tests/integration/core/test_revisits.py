@@ -61,3 +61,27 @@ def test_a_second_run_saves_exactly_what_changed(tmp_path, validators):
             assert sent <= 0.15 * bytes_first, (sent, bytes_first)
         assert f"({len(site.reachable) - len(change.changed) - len(change.removed)} unchanged, "\
             f"{len(change.removed)} gone)" in second.stdout, second.stdout
+
+
+def test_a_run_that_finds_nothing_due_ends(tmp_path):
+    """With a revisit interval of a day, the runs after the first find nothing due: each starts
+    its generation, fetches nothing, saves nothing and ends (it waited for ever: a generation
+    that sees no item never looked finished)."""
+    site = generate_site(20, seed=5, unreachable=0)
+    with SiteServer(site) as server:
+        out = tmp_path / "out"
+
+        def crawl():
+            return run("crawl", server.url("/"), "--output", str(out), "--quiet",
+                       "--concurrency", "2", "--revisit", "--revisit-interval", "1d", timeout=90)
+
+        first = crawl()
+        assert first.returncode == 0, (first.stdout, first.stderr)
+        before, requests = _inodes(out), len(server.requests)
+        for generation in (2, 3):
+            again = crawl()
+            assert again.returncode == 0, (again.stdout, again.stderr)
+            assert f"generation {generation}" in again.stderr, again.stderr
+            assert ": 0 saved, 0 dead, 0 seen in" in again.stdout, again.stdout
+            assert "revisiting 20 known page(s) that are due" not in again.stderr
+        assert len(server.requests) == requests and _inodes(out) == before
