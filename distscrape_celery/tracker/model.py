@@ -136,6 +136,9 @@ class Checkout:
     # A job that revisits: what fetching the item again needs, if it is known from an earlier
     # generation (tracker/revisits.py); None otherwise.
     record: Optional[Record] = None
+    # The job's generation (with OK): what the tracker holds of the links found is the
+    # generation's (KnownLinks).
+    generation: int = 1
 
 
 class Urgent(str):

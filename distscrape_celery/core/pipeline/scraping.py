@@ -128,7 +128,8 @@ class Scraping:
             if unchanged is not None:
                 return self._finish_unsaved(page, unchanged)
         found, cut = self._links_found(page, scraper, download)
-        created = page.checkout.created
+        # A next generation empties the seen set: its links are passed on again.
+        created = f"{page.checkout.created}/{page.checkout.generation}"
         found = self.known_links.unknown(page.job, created, found)
         reply = self._report_scraped(page, download, found, cut)
         # Stale or not, the tracker took the finds.

@@ -135,7 +135,8 @@ class ItemCalls(ShardLayout):
         return Checkout(
             status=LeaseStatus(reply[0]), depth=int(reply[1]), failed_attempts=int(reply[2]),
             token=int(reply[3]), wait=float(reply[4]), created=reply[5],
-            record=Record.from_hex(reply[6]), dispatch=dispatched(reply[7:]),
+            record=Record.from_hex(reply[6]), generation=int(reply[7] or 1),
+            dispatch=dispatched(reply[8:]),
         )
 
     @converts_redis_errors

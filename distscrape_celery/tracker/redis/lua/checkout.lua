@@ -15,31 +15,33 @@
 -- ARGV[3] lease       lease length in seconds
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
--- Returns {status, depth, failed_attempts, token, wait, created, record, dispatch_item...};
+-- Returns {status, depth, failed_attempts, token, wait, created, record, generation,
+-- dispatch_item...};
 -- status is ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
 -- is how long a throttled item's domain waits for its next fetch slot; created is the job's
 -- creation (_lib_call.lua); record is the item's record in hex if the job knows it from an
--- earlier generation (_lib_known.lua), else ''
+-- earlier generation (_lib_known.lua), else ''; generation is the job's (of this shard) with
+-- ok, else ''
 local item, worker = ARGV[1], ARGV[2]
 local lease, bound, max_batch = micros(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local max_lost = tonumber(ARGV[6])
 local v = item_value(item)
-if not v then return {'unknown', 0, 0, 0, '0', job_created, ''} end
+if not v then return {'unknown', 0, 0, 0, '0', job_created, '', ''} end
 local state, depth = split_state(v)
 local fails = fails_of(item)
-if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created, ''} end
-if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created, ''} end
+if state == 'D' then return {'done', tonumber(depth), fails, 0, '0', job_created, '', ''} end
+if state == 'X' then return {'dead', tonumber(depth), fails, 0, '0', job_created, '', ''} end
 if state == 's' or state == 'w' then
-  return {'busy', tonumber(depth), fails, 0, '0', job_created, ''}
+  return {'busy', tonumber(depth), fails, 0, '0', job_created, '', ''}
 end
 local now = redis_now()
 if state == 'l' or state == 'S' then
   local deadline = tonumber(redis_call('ZSCORE', K_LEASED, item) or '0')
-  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0', job_created, ''} end
+  if deadline > now then return {'busy', tonumber(depth), fails, 0, '0', job_created, '', ''} end
   local was = holder(item) or '?'
   if retry_or_dead(item, state, depth, 'lost', true, 0, max_lost,
       'its worker vanished too often (last holder ' .. was .. ')', true, 0) == 'dead' then
-    return {'dead', tonumber(depth), fails, 0, '0', job_created, ''}
+    return {'dead', tonumber(depth), fails, 0, '0', job_created, '', ''}
   end
   state = 'q'
 end
@@ -47,7 +49,7 @@ local domain = domain_of(item)
 if dispatch_held() then
   -- Paused or cancelled: the item waits in its queue until the job is resumed.
   if state == 'd' then undispatch(item, depth, domain) end
-  return {'held', tonumber(depth), fails, 0, '0', job_created, ''}
+  return {'held', tonumber(depth), fails, 0, '0', job_created, '', ''}
 end
 local interval, cap = limits(domain)
 local slot = 0
@@ -59,7 +61,7 @@ if slot > now or (state == 'q' and inflight(domain) >= cap) then
   local wait = slot - now
   if wait < 0 then wait = 0 end
   local out = {'throttled', tonumber(depth), fails, 0, str_format('%.3f', wait / 1000000),
-    job_created, ''}
+    job_created, '', ''}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
 if interval > 0 then redis_call('HSET', K_SLOTS, domain, int_text(now + interval)) end
@@ -76,5 +78,8 @@ live_set(item, 'l', depth)
 -- What fetching a known item again needs (a job that revisits), for the worker, in hex.
 local record = known_record(item)
 record = record and string.gsub(record, '.', function(c) return str_format('%02x', string.byte(c)) end) or ''
-local out = {'ok', tonumber(depth), fails, token, '0', job_created, record}
+-- The generation: a worker's memory of the links it passed on holds for one generation (the
+-- next empties the seen set).
+local generation = redis_call('HGET', K_CONTROL, 'generation') or '1'
+local out = {'ok', tonumber(depth), fails, token, '0', job_created, record, generation}
 return take_for_dispatch(bound, max_batch, now + lease, out)
