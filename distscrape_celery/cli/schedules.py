@@ -100,7 +100,10 @@ def resume(job, redis_url) -> None:
 @redis_url_option
 def delete(job, redis_url) -> None:
     """Remove JOB's schedule (the job and its data stay)."""
-    redis_tracker(settings_for(redis_url)).set_schedule(job, None, None)
+    tracker = redis_tracker(settings_for(redis_url))
+    if tracker.job_info(job).schedule is None:
+        raise ConfigError(f"job {job!r} has no schedule")
+    tracker.set_schedule(job, None, None)
     click.echo(f"job {job}: schedule deleted")
 
 

@@ -66,6 +66,14 @@ class CrawlManager:
         return SeedResult(created=created, added=added, already_seen=taken - added,
                           dispatched=dispatched, off_host=counter.off_host)
 
+    def finished(self, job: str, stats: JobStats) -> bool:
+        """Whether ``job``, whose figures are ``stats``, has nothing left to do. A generation
+        that found nothing due sees nothing at all, so its figures never look finished: its
+        recorded end says so."""
+        if stats.finished:
+            return True
+        return not stats.started and self.tracker.job_info(job).state is JobState.FINISHED
+
     def status(self, job: str) -> JobStats:
         self.tracker.load_spec(job)  # raises JobNotFound for a job never seeded
         return self.tracker.stats(job)
@@ -87,7 +95,7 @@ class CrawlManager:
             stats = self.tracker.stats(job)
             if on_progress is not None:
                 on_progress(stats)
-            if stats.finished:
+            if self.finished(job, stats):
                 return stats
             if self.tracker.job_info(job).state is JobState.EXPIRED:
                 return self.tracker.stats(job)

@@ -260,15 +260,16 @@ def _seed_or_resume(
     if resumed:
         stats = tracker.stats(job)
         expired = tracker.job_info(job).state is JobState.EXPIRED
-        if (stats.finished or expired) and spec.revisit is not None:
+        finished = manager.finished(job, stats)
+        if (finished or expired) and spec.revisit is not None:
             # A job that revisits runs again: its next generation fetches what is due. Its end
             # may not be recorded yet (the last run stopped as soon as it saw nothing left).
             started = run_again(tracker, job, manager.publish)
             if started.started:
-                say(f"job {job}: generation {started.generation}, revisiting "
-                    f"{tracker.stats(job).known} known page(s) that are due")
+                say(f"job {job}: generation {started.generation}, revisiting the known "
+                    f"page(s) that are due ({tracker.stats(job).known} known)")
                 return True, None
-        if stats.finished or expired:
+        if finished or expired:
             return True, CrawlResult(job, stats, 0.0, tracker.dead_items(job),
                                      already_finished=True, expired=expired)
         say(

@@ -3,8 +3,8 @@
 A record is packed into a few bytes (the tracker keeps one per known item, so its size is the
 job's memory): the tracker writes its first four bytes, when the item is due again, from the
 start of the generation that fetched it and the record's interval (complete.lua); a worker
-packs the rest. Layout, big-endian: due (u32, Unix seconds), depth (u16), interval (u32,
-seconds), gone (u8: generations in a row that found it gone), digest (8 bytes of the body's
+packs the rest. Layout, big-endian: due (u32, Unix seconds: the last second it is not due yet),
+depth (u16), interval (u32, seconds), gone (u8: generations in a row that found it gone), digest (8 bytes of the body's
 BLAKE2b; zero if none), Last-Modified (u32, Unix seconds; 0 if none), then the ETag as sent,
 if it is at most :data:`MAX_ETAG` bytes (a longer one is not kept: the digest decides)."""
 

@@ -36,10 +36,11 @@ def _known_link_bytes(key: tuple[str, str, str], _: object) -> int:
 
 class KnownLinks:
     """Links passed to the tracker, per (job, creation, link), within ``max_bytes`` (0: none
-    kept). The tracker answered for each: it holds it for good, or dropped it past max_pages or
-    max_pages_per_domain, limits that a job's creation never loosens. Sending it again would
-    cost a round of deduplication in Redis for nothing; a link forgotten here is only sent
-    again."""
+    kept); from a job's second generation on, the creation the tracker names carries the
+    generation too. The tracker answered for each: it holds it for the generation, or dropped
+    it past max_pages or max_pages_per_domain, limits that a job's creation never loosens.
+    Sending it again would cost a round of deduplication in Redis for nothing; a link forgotten
+    here is only sent again."""
 
     def __init__(self, max_bytes: int) -> None:
         self._links: Optional[ByteBoundedCache[tuple[str, str, str], bool]] = (

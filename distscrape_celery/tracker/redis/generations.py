@@ -36,8 +36,12 @@ class GenerationCalls(ShardLayout):
         if shards > 1:
             # Shard 0 alone cannot tell that the job is idle (a shard never given an item looks
             # running): the whole job is read first, and shard 0's generation decides the race.
-            if self.job_info(job).state not in (JobState.FINISHED, JobState.EXPIRED):
-                info = self.job_info(job)
+            info = self.job_info(job)
+            if self._lagging(job, shards, info.generation):
+                # A caller died after shard 0 began its generation: that one is finished first
+                # (the job is not idle until every shard follows shard 0).
+                generation = info.generation
+            elif info.state not in (JobState.FINISHED, JobState.EXPIRED):
                 return GenerationResult(status=info.state.value, generation=info.generation,
                                         next_due=info.next_due)
             check = 0
@@ -70,6 +74,13 @@ class GenerationCalls(ShardLayout):
         if queued:
             self._mirror_active(job, by_shard)
         return AddResult(dispatch=dispatch, added=queued)
+
+    def _lagging(self, job: str, shards: int, generation: int) -> bool:
+        """Whether a shard of ``job`` is behind shard 0's ``generation``."""
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(1, shards):
+            pipe.hget(keys.JobKeys(job, s).control, "generation")
+        return any(int(g or 1) < generation for g in pipe.execute())
 
     # -- schedules ------------------------------------------------------------------------------
 

@@ -258,7 +258,8 @@ class ItemCalls(ShardLayout):
             if shards > 1:
                 idle, finished = self._record_finish(job, shards)
             else:
-                idle = self._ended(self._shard_controls(job, shards))
+                controls = self._shard_controls(job, shards)
+                idle = self._idle(controls) or self._ended(controls)
             # Unlisted only once its end is recorded (or seen recorded): the maintain that
             # records it must still find it listed, even if an earlier one died after its script.
             if idle:

@@ -190,17 +190,21 @@ class ShardLayout(RedisCore):
             self.client.sadd(keys.ACTIVE_JOBS, job)
 
     def _marked(self, job: str, shards: int) -> bool:
-        """Whether a shard of ``job`` that was ever given an item is marked active. A shard never
-        given one has nothing to finish, so its marker (set by a resume) never clears: it does
-        not count. An add that gives it items and reads as unmarked here is caught by
-        :meth:`_unlist_if_idle`'s second read, or mirrored by its own caller after it."""
+        """Whether a shard of ``job`` that has work is marked active: it was given an item, or
+        its generation's refill is under way (it may find its first item due many maintain calls
+        from now). A shard never given one has nothing to finish, so its marker (set by a resume)
+        never clears: it does not count. An add that gives it items and reads as unmarked here is
+        caught by :meth:`_unlist_if_idle`'s second read, or mirrored by its own caller after
+        it."""
         pipe = self.client.pipeline(transaction=False)
         for s in range(shards):
             k = keys.JobKeys(job, s)
             pipe.sismember(k.active, job)
             pipe.hget(k.stats, "seen")
+            pipe.hexists(k.control, "refill")
         res = pipe.execute()
-        return any(res[2 * s] and int(res[2 * s + 1] or 0) > 0 for s in range(shards))
+        return any(res[3 * s] and (int(res[3 * s + 1] or 0) > 0 or res[3 * s + 2])
+                   for s in range(shards))
 
     def _unlist_if_idle(self, job: str) -> None:
         """Take ``job`` out of ``ds:active-jobs`` unless a shard is marked. The removal comes
@@ -244,20 +248,28 @@ class ShardLayout(RedisCore):
 
     @staticmethod
     def _idle(controls: list[dict[str, str]]) -> bool:
-        """Every shard finished or never given an item, and at least one item seen (or a
-        generation after the first begun: it may find nothing due)."""
+        """Every shard at shard 0's generation, each finished or with nothing to do (never
+        given an item, no refill under way), and at least one item seen (or a generation after
+        the first begun: it may find nothing due). A shard behind shard 0 has yet to start the
+        generation (start_generation runs shard 0 first); one whose refill has not queued its
+        first item has seen nothing yet."""
         started = sum(int(c["seen"]) for c in controls) > 0 or "generation" in controls[0]
+        generation = controls[0].get("generation", "1")
         return started and all(
-            c.get("state") == JobState.FINISHED.value
-            or (c.get("state", "running") == "running" and c["seen"] == "0")
+            c.get("generation", "1") == generation and (
+                c.get("state") == JobState.FINISHED.value
+                or (c.get("state", "running") == "running" and c["seen"] == "0"
+                    and "refill" not in c))
             for c in controls
         )
 
     @staticmethod
     def _ended(controls: list[dict[str, str]]) -> bool:
-        """Every shard finished, expired or never given an item, and at least one item seen:
-        nothing is left to maintain."""
-        return sum(int(c["seen"]) for c in controls) > 0 and all(
+        """Every shard finished, expired or never given an item, one of them expired, and at
+        least one item seen: nothing is left to maintain, and it ran out of time. (Finished
+        shards alone, of different generations, are a generation under way.)"""
+        return sum(int(c["seen"]) for c in controls) > 0 and any(
+            c.get("state") == JobState.EXPIRED.value for c in controls) and all(
             c.get("state") in (JobState.FINISHED.value, JobState.EXPIRED.value)
             or (c.get("state", "running") == "running" and c["seen"] == "0")
             for c in controls

@@ -176,3 +176,27 @@ def test_a_sitemap_lastmod_makes_a_known_page_due(redis_url, workers, tmp_path):
         second = collections.Counter(server.hits) - first
         assert {path: n for path, n in second.items() if path in pages} == {"/p3.html": 1}
         assert second["/sitemap.xml"] == 1
+
+
+def test_a_run_that_finds_nothing_due_ends(tmp_path):
+    """With a revisit interval of a day, the runs after the first find nothing due but their
+    seed (every generation fetches its seeds): each starts its generation, fetches the seed
+    alone, finds it unchanged, saves nothing and ends."""
+    site = generate_site(20, seed=5, unreachable=0)
+    with SiteServer(site) as server:
+        out = tmp_path / "out"
+
+        def crawl():
+            return run("crawl", server.url("/"), "--output", str(out), "--quiet",
+                       "--concurrency", "2", "--revisit", "--revisit-interval", "1d", timeout=90)
+
+        first = crawl()
+        assert first.returncode == 0, (first.stdout, first.stderr)
+        before, requests = _inodes(out), len(server.requests)
+        for generation in (2, 3):
+            again = crawl()
+            assert again.returncode == 0, (again.stdout, again.stderr)
+            assert f"generation {generation}" in again.stderr, again.stderr
+            assert ": 0 saved (1 unchanged, 0 gone), 0 dead, 1 seen in" in again.stdout, \
+                again.stdout
+        assert server.requests[requests:] == ["/", "/"] and _inodes(out) == before

@@ -43,7 +43,8 @@ local function refill(budget)
       looked = looked + 1
     end
   end
-  -- Then the known items that are due by the generation's start, a bucket at a time. A bucket
+  -- Then the known items that are due by the generation's start (records.due), a bucket at a
+  -- time. A bucket
   -- split meanwhile moves items to a bucket past the cursor, or to one it passed whose items
   -- are queued already or were fetched in this generation (not due): none is missed or doubled.
   bucket_geometry()
@@ -53,7 +54,7 @@ local function refill(budget)
     local bucket = bucket_key(known, n)
     for _, item in ipairs(redis_call('LRANGE', names_key(bucket), '0', '-1')) do
       local record = redis_call('HGET', bucket, (fingerprint(item)))
-      if record and records.due(record) <= started and queue_known(item, records.depth(record)) then
+      if record and records.due(record) < started and queue_known(item, records.depth(record)) then
         queued = queued + 1
       end
       looked = looked + 1
@@ -77,6 +78,10 @@ end
 -- seen set is emptied, and the refill is set to run. The caller adds the seeds.
 local function begin_generation(generation, next_due)
   local now = redis_now()
+  -- A generation starts in a later second than the one before (records.due counts in whole
+  -- seconds from the start of the generation that fetched an item).
+  local last = math.floor(tonumber(redis_call('HGET', K_CONTROL, 'started') or '0'))
+  if now < (last + 1) * 1000000 then now = (last + 1) * 1000000 end
   redis_call('HSET', K_CONTROL, 'generation', int_text(generation),
     'started', str_format('%.6f', now / 1000000))
   redis_call('HDEL', K_CONTROL, 'ended')

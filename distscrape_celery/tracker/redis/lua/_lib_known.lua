@@ -49,7 +49,14 @@ function records.u32_bytes(n)
     math.floor(n / 256) % 256, n % 256)
 end
 
--- When the record's item is due again (Unix seconds), and its depth.
+-- The last second the record's item is not due yet (Unix seconds): the start of the
+-- generation that fetched it (s, whole seconds) plus its interval (i) less one, or s for i = 0.
+-- It is due in a generation that starts later (whole seconds: a generation starts in a later
+-- second than the one before, generation.lua), and never again in the one that fetched it.
+function records.due_after(started, interval)
+  return started + math.max(interval, 1) - 1
+end
+
 function records.due(record)
   return records.u32(record, 1)
 end
@@ -63,7 +70,7 @@ end
 function records.fetched(record)
   local modified = records.u32(record, 20)
   if modified > 0 then return modified end
-  return records.u32(record, 1) - records.u32(record, 7)
+  return records.u32(record, 1) - math.max(records.u32(record, 7), 1) + 1
 end
 
 local function known_slot(item)

@@ -11,7 +11,8 @@
 --                  (a 404 or 410), each with ARGV[6]; or 'dropped' (gone for good: the item is
 --                  known no more, and done for this generation only)
 -- ARGV[6] record   the item's record (tracker/revisits.py) in hex, all but its due time, which
---                  is the generation's start plus the record's interval
+--                  follows from the generation's start and the record's interval
+--                  (records.due_after in _lib_known.lua)
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
@@ -29,7 +30,7 @@ if v then
     elseif revisit ~= '' then
       local rest = string.gsub(ARGV[6], '..', function(h) return string.char(tonumber(h, 16)) end)
       local started = math.floor(tonumber(redis_call('HGET', K_CONTROL, 'started') or '0'))
-      record = records.u32_bytes(started + records.u32(rest, 3)) .. rest
+      record = records.u32_bytes(records.due_after(started, records.u32(rest, 3))) .. rest
       if revisit ~= 'saved' then count(revisit, 1) end
     end
     finish(item, state, record)
