@@ -21,6 +21,14 @@ key                               type    holds
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
                                           hashing in _lib_seen.lua
+``P k:<n>``                       hash    known-item bucket ``n`` of a job that revisits: 63-bit
+                                          fingerprints of the items it saved -> each one's
+                                          record (tracker/revisits.py), listpack encoded;
+                                          :meth:`JobKeys.known_bucket`, addressed by linear
+                                          hashing in _lib_seen.lua (_lib_known.lua). Such a
+                                          job keeps its done items here, not in ``P f:<n>``
+``P u:<n>``                       list    the names of the items of known-item bucket ``n``
+                                          (:meth:`JobKeys.known_names`)
 ``P q:<domain>``                  list    the domain's queued items, waiting to be dispatched
                                           (stale entries skipped); :meth:`JobKeys.domain_queue`
 ``P domains``                     zset    domain -> when it may next be dispatched, µs: the
@@ -255,6 +263,20 @@ class JobKeys:
 
     def seen_bucket(self, n: int) -> str:
         return self.seen_buckets + str(n)
+
+    @property
+    def known_buckets(self) -> str:
+        """The prefix of every known-item bucket key (_begin.lua builds it from the
+        live-item buckets' prefix and appends the number)."""
+        return self.prefix + "k:"
+
+    def known_bucket(self, n: int) -> str:
+        return self.known_buckets + str(n)
+
+    @property
+    def known_names(self) -> str:
+        """The prefix of the lists of the known items' names, one a known-item bucket."""
+        return self.prefix + "u:"
 
     @property
     def domains(self) -> str:
