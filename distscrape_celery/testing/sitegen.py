@@ -431,9 +431,12 @@ class SiteServer:
         with self._lock:
             return self._robots_requests
 
-    def request_times(self, path: str) -> list[float]:
-        """When ``path`` was requested (Unix time), in order."""
+    def request_times(self, path: str | None = None) -> list[float]:
+        """When ``path`` was requested (Unix time), in order; without ``path``, when each request
+        of :attr:`requests` arrived."""
         with self._lock:
+            if path is None:
+                return list(self._times)
             return [t for p, t in zip(self._requests, self._times) if p == path]
 
     def counts(self) -> collections.Counter:

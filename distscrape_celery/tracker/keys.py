@@ -21,6 +21,14 @@ key                               type    holds
                                           done items, as decimal integers (intset encoded);
                                           :meth:`JobKeys.seen_bucket`, addressed by linear
                                           hashing in _lib_seen.lua
+``P k:<n>``                       hash    known-item bucket ``n`` of a job that revisits: 63-bit
+                                          fingerprints of the items it saved -> each one's
+                                          record (tracker/revisits.py), listpack encoded;
+                                          :meth:`JobKeys.known_bucket`, addressed by linear
+                                          hashing in _lib_seen.lua (_lib_known.lua). Such a
+                                          job keeps its done items here, not in ``P f:<n>``
+``P u:<n>``                       list    the names of the items of known-item bucket ``n``
+                                          (:meth:`JobKeys.known_names`)
 ``P q:<domain>``                  list    the domain's queued items of priority 0, waiting to
                                           be dispatched, first in first out (stale entries
                                           skipped); :meth:`JobKeys.domain_queue`
@@ -53,18 +61,27 @@ key                               type    holds
 ``P fails``                       hash    item -> failed attempts that were the item's fault
 ``P lost``                        hash    item -> times the worker holding it vanished
 ``P dead``                        hash    item -> reason it was given up on
+``P redo``                        hash    the items the last generation gave up on, with their
+                                          reasons, while a new generation's refill queues them
+                                          again (_lib_generation.lua)
 ``P stats``                       hash    counters: seen, queued, done, dead, tokens,
                                           arrivals (items queued in a priority zset); the
                                           seen set's size, level and split pointer (fn, fl,
-                                          fs) and the live-item buckets' (seen - done, il, is)
+                                          fs) and the live-item buckets' (seen - done, il, is);
+                                          the known items' size, level and split pointer (kn,
+                                          kl, ks); unchanged and gone (revisits' outcomes).
+                                          Every count but kn and tokens is the generation's
 ``P spec``                        string  the job spec as JSON
 ``P control``                     hash    the job's state (running, paused, cancelled,
                                           finished, expired), its name, started and ended
                                           (Redis clock), its time budget (max_duration), its
                                           figures when it ended (final_seen, ...), whether it
                                           ever queued an item of a priority other than 0
-                                          (priorities) and its key format (``format``,
-                                          :data:`JOB_FORMAT`)
+                                          (priorities), its key format (``format``,
+                                          :data:`JOB_FORMAT`); its generation (1 when absent),
+                                          a refill's cursor (refill: see _lib_generation.lua)
+                                          and on shard 0 its schedule (schedule, next_due,
+                                          schedule_paused; redis/generations.py)
 ``P body:<token>``                string  a downloaded body staged for the save task (has a TTL),
                                           in the shard that handed out the token (body_key)
 ``P active``                      set     the job's name while this shard has unfinished
@@ -74,6 +91,9 @@ key                               type    holds
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
+``ds:schedules``                  zset    job -> when its schedule next starts a generation
+                                          (Unix seconds): the unpaused schedules, an index of
+                                          what control holds (see redis/generations.py)
 ``ds:{robots}:r:<name>``          string  a host's robots.txt record (JSON: the groups of its
                                           first 500 KiB that apply to the fetching user agent,
                                           re-written and cut to 64 KiB, or its status, and when
@@ -272,6 +292,20 @@ class JobKeys:
 
     def seen_bucket(self, n: int) -> str:
         return self.seen_buckets + str(n)
+
+    @property
+    def known_buckets(self) -> str:
+        """The prefix of every known-item bucket key (_begin.lua builds it from the
+        live-item buckets' prefix and appends the number)."""
+        return self.prefix + "k:"
+
+    def known_bucket(self, n: int) -> str:
+        return self.known_buckets + str(n)
+
+    @property
+    def known_names(self) -> str:
+        """The prefix of the lists of the known items' names, one a known-item bucket."""
+        return self.prefix + "u:"
 
     @property
     def domains(self) -> str:

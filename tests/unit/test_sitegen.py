@@ -174,6 +174,9 @@ def test_server_serves_404_logs_and_counts(site):
         urllib.request.urlopen(srv.url("/"), timeout=5).read()
         assert srv.requests == ["/", q, "/nope.html", "/"]
         assert srv.counts() == Counter({"/": 2, q: 1, "/nope.html": 1})
+        every = srv.request_times()
+        assert len(every) == 4 and every == sorted(every)
+        assert srv.request_times("/") == [every[0], every[3]]
 
 
 def test_server_keep_alive_reuses_connection(site):
