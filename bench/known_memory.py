@@ -8,7 +8,7 @@ raised in-flight cap (all URLs are of one shop): one with ``[revisit]``, one wit
 ``--urls`` URLs of a shop's catalogue (~68 bytes, one domain) through
 ``RedisTracker.add_stream``, as ``distscrape seed`` does, then takes every one through dispatch
 and ``RedisTracker.complete_many`` (batches of 500, the download in between left out), in the
-job that revisits each with a record as a worker packs it: an 8-byte digest, a Last-Modified and
+job that revisits each with a record as a worker packs it: a 6-byte digest and
 an nginx-style ETag (``"65a1b2c3-1f2e"``, 15 bytes). Memory is read, with every URL done, as
 ``used_memory``'s growth from before the job was created, and as MEMORY USAGE (SAMPLES 0) of
 the job's keys by part: known-item buckets (fingerprint -> record), their lists of names, the

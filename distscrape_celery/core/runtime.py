@@ -19,7 +19,6 @@ from .context import JobContext
 from ..job.spec import JobSpec
 from ..web.robots import RobotsCache
 from ..web.robots_stores import MemoryRobotsStore, RedisRobotsStore, RobotsStore
-from ..web.scope import HostScope
 from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings

@@ -4,9 +4,11 @@ A record is packed into a few bytes (the tracker keeps one per known item, so it
 job's memory): the tracker writes its first four bytes, when the item is due again, from the
 start of the generation that fetched it and the record's interval (complete.lua); a worker
 packs the rest. Layout, big-endian: due (u32, Unix seconds: the last second it is not due yet),
-depth (u16), interval (u32, seconds), gone (u8: generations in a row that found it gone), digest (8 bytes of the body's
-BLAKE2b; zero if none), Last-Modified (u32, Unix seconds; 0 if none), then the ETag as sent,
-if it is at most :data:`MAX_ETAG` bytes (a longer one is not kept: the digest decides)."""
+depth (u8, at most 255), gone (u8: generations in a row that found it gone), interval (u16,
+whole minutes, at most 45 days), digest (6 bytes of the body's BLAKE2b; zero if none), then its
+validator: a strong ETag without its quotes, 0x01 and a weak ETag as sent, 0x00 and
+Last-Modified (u32, Unix seconds) when the server sent no ETag (or one longer than
+:data:`MAX_ETAG` bytes), or nothing."""
 
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
-_HEAD = struct.Struct(">IHIB8sI")
-DIGEST_BYTES = 8
+_HEAD = struct.Struct(">IBBH6s")
+DIGEST_BYTES = 6
 # Redis keeps a record in its compact encoding only up to 64 bytes.
 MAX_ETAG = 40
 _U32 = 2**32 - 1
+_MAX_MINUTES = 0xFFFF
+_LAST_MODIFIED, _WEAK = b"\x00", b"\x01"
 
 
 class RevisitOutcome(str, enum.Enum):
@@ -39,8 +43,9 @@ def digest(body: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class Record:
-    """A known item's record: its depth, the interval before it is due again (seconds), the
-    generations in a row it was gone, its body's digest and the validators its server sent."""
+    """A known item's record: its depth, the interval before it is due again (seconds, kept in
+    whole minutes), the generations in a row it was gone, its body's digest and the validators
+    its server sent (only one is kept: the ETag if any, else Last-Modified)."""
 
     depth: int = 0
     interval: int = 0
@@ -52,14 +57,21 @@ class Record:
 
     def pack(self) -> bytes:
         """The record as the tracker keeps it (``due`` included)."""
+        head = _HEAD.pack(
+            min(max(self.due, 0), _U32), min(max(self.depth, 0), 0xFF),
+            min(max(self.gone, 0), 0xFF), min(max(round(self.interval / 60), 0), _MAX_MINUTES),
+            self.digest[:DIGEST_BYTES].ljust(DIGEST_BYTES, b"\0"))
+        return head + self._validator()
+
+    def _validator(self) -> bytes:
         etag = self.etag.encode("latin-1", "replace")
-        if len(etag) > MAX_ETAG:
-            etag = b""
-        return _HEAD.pack(
-            min(max(self.due, 0), _U32), min(max(self.depth, 0), 0xFFFF),
-            min(max(self.interval, 0), _U32), min(max(self.gone, 0), 0xFF),
-            self.digest[:DIGEST_BYTES].ljust(DIGEST_BYTES, b"\0"),
-            min(max(self.last_modified, 0), _U32)) + etag
+        if 2 < len(etag) <= MAX_ETAG + 2 and etag[:1] == b'"' == etag[-1:]:
+            return etag[1:-1]  # a strong ETag: the quotes go back when it is sent
+        if etag.startswith(b"W/") and len(etag) <= MAX_ETAG:
+            return _WEAK + etag
+        if self.last_modified > 0:
+            return _LAST_MODIFIED + struct.pack(">I", min(self.last_modified, _U32))
+        return b""
 
     def update_hex(self) -> str:
         """What complete.lua takes: the record without its due time, in hex."""
@@ -67,10 +79,17 @@ class Record:
 
     @classmethod
     def unpack(cls, data: bytes) -> "Record":
-        due, depth, interval, gone, body_digest, last_modified = _HEAD.unpack_from(data)
-        return cls(depth=depth, interval=interval, gone=gone, digest=body_digest,
-                   last_modified=last_modified, etag=data[_HEAD.size:].decode("latin-1"),
-                   due=due)
+        due, depth, gone, minutes, body_digest = _HEAD.unpack_from(data)
+        validator = data[_HEAD.size:]
+        etag, last_modified = "", 0
+        if validator[:1] == _LAST_MODIFIED and len(validator) == 5:
+            last_modified = struct.unpack(">I", validator[1:])[0]
+        elif validator[:1] == _WEAK:
+            etag = validator[1:].decode("latin-1")
+        elif validator:
+            etag = '"' + validator.decode("latin-1") + '"'
+        return cls(depth=depth, interval=minutes * 60, gone=gone, digest=body_digest,
+                   last_modified=last_modified, etag=etag, due=due)
 
     @classmethod
     def from_hex(cls, text: str) -> Optional["Record"]:

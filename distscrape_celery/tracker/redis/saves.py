@@ -8,6 +8,7 @@ from typing import Any, Optional
 from .. import keys
 from ..base import MAX_ADD_BATCH
 from ..model import CompleteResult, SaveBegin, SaveStart
+from ..revisits import RevisitUpdate
 from .connection import converts_redis_errors
 from .scripts import dispatched
 from .shards import ShardLayout
@@ -118,7 +119,9 @@ class SaveCalls(ShardLayout):
         revisit: Optional[RevisitUpdate] = None,
     ) -> CompleteResult:
         script_keys, args, body_keys = self._complete_call(job, item, token, revisit)
-        res = self._eval("complete", script_keys, args)
+        # Combined with the calls other threads make at the same time: a revisit that finds a
+        # page unchanged completes it right after its checkout, and a generation makes many.
+        res = self._eval_combined("complete", script_keys, args)
         if token is not None and not body_keys:
             # A token of another shard (none can hold the item): its body is dropped on its own.
             self.client.unlink(keys.body_key(job, token))

@@ -8,11 +8,13 @@
 -- no name, so it stays short enough for Redis's listpack encoding, whose values end at 64
 -- bytes). A record is binary, written by the worker that saved the item (tracker/revisits.py
 -- packs it) but for its first four bytes, when it is due again (Unix seconds, big-endian), which
--- complete computes from the generation's start; then two bytes of depth. Level and split
+-- complete computes from the generation's start; then a byte of depth. Level and split
 -- pointer: stats STAT.known_level and STAT.known_split; size: STAT.known_size. A known item is
 -- done for the
 -- generation that fetched it and for every later one until it is due; it is queued again by the
--- generation it is due in (_lib_generation.lua). A bucket holds 36 on average (LIVE_FILL's reason).
+-- generation it is due in (_lib_generation.lua). A bucket not yet split in a round holds about
+-- 2 x 48: under hash-max-listpack-entries (128) by a margin, and the keys' own cost is spread
+-- over more items than the live items' 36 (_lib_live.lua).
 
 -- The call's bucketed sets (seen, live, known), their geometry to be read (bucket_geometry).
 -- begin calls it: a Lua function has at most 60 upvalues, and begin sets nearly that many.
@@ -62,15 +64,19 @@ function records.due(record)
 end
 
 function records.depth(record)
-  return records.u16(record, 5)
+  return string.byte(record, 5)
 end
 
--- When the page a record describes last changed, as far as the job knows: its Last-Modified,
--- or else the start of the generation that fetched it (its due time less its interval).
+-- The record's interval in seconds (it keeps whole minutes; `at`: where they are).
+function records.interval(record, at)
+  return records.u16(record, at or 7) * 60
+end
+
+-- When the page a record describes last changed, as far as the job knows: its Last-Modified
+-- (kept when its server sent no ETag), or else the start of the generation that fetched it (its due time less its interval).
 function records.fetched(record)
-  local modified = records.u32(record, 20)
-  if modified > 0 then return modified end
-  return records.u32(record, 1) - math.max(records.u32(record, 7), 1) + 1
+  if string.byte(record, 15) == 0 and #record == 19 then return records.u32(record, 16) end
+  return records.u32(record, 1) - math.max(records.interval(record), 1) + 1
 end
 
 local function known_slot(item)
@@ -119,7 +125,7 @@ local function remember_known(item, record)
   redis_call('RPUSH', names_key(key), item)
   known.count = known.count + 1
   count(STAT.known_size, 1)
-  if known.count > 36 * (known.span + known.split) and known.level < 33 then
+  if known.count > 48 * (known.span + known.split) and known.level < 33 then
     split_bucket(known, known_rehash)
   end
 end

@@ -30,7 +30,7 @@ if v then
     elseif revisit ~= '' then
       local rest = string.gsub(ARGV[6], '..', function(h) return string.char(tonumber(h, 16)) end)
       local started = math.floor(tonumber(redis_call('HGET', K_CONTROL, 'started') or '0'))
-      record = records.u32_bytes(records.due_after(started, records.u32(rest, 3))) .. rest
+      record = records.u32_bytes(records.due_after(started, records.interval(rest, 3))) .. rest
       if revisit ~= 'saved' then count(revisit, 1) end
     end
     finish(item, state, record)
