@@ -316,6 +316,9 @@ class Fetcher:
             _check_status(url, response)
             headers = response.headers
             if response.status == 304:
+                # No body follows: read to its end, the connection goes back to its pool for
+                # the next request (closed unread, a revisit would open one per page).
+                response.drain_conn()
                 return Download(url=url, status=304, content_type=headers.get("Content-Type", ""),
                                 body=b"", etag=headers.get("ETag", ""),
                                 last_modified=_http_date(headers.get("Last-Modified")))

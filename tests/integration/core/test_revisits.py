@@ -200,3 +200,23 @@ def test_a_run_that_finds_nothing_due_ends(tmp_path):
             assert ": 0 saved (1 unchanged, 0 gone), 0 dead, 1 seen in" in again.stdout, \
                 again.stdout
         assert server.requests[requests:] == ["/", "/"] and _inodes(out) == before
+
+
+def test_a_304_keeps_its_connection_for_the_next_request():
+    """A conditional request answered 304 hands its connection back to the pool: a generation
+    of revisits on one host reuses a connection, as a crawl of new pages does (closed unread,
+    it opened a connection a page)."""
+    from distscrape_celery.job.sections import FetchSpec
+    from distscrape_celery.web.fetch import Fetcher, conditional
+
+    site = generate_site(5, seed=1, unreachable=0)
+    with SiteServer(site, validators=True) as server:
+        opened = []
+        track = server._track
+        server._track = lambda conn, add: (opened.append(add), track(conn, add))
+        fetcher = Fetcher(FetchSpec())
+        first = fetcher.get(server.url("/"))
+        for _ in range(10):
+            with conditional(first.etag):
+                assert fetcher.get(server.url("/")).not_modified
+        assert opened.count(True) == 1
