@@ -93,8 +93,13 @@ class Record:
 
     @classmethod
     def from_hex(cls, text: str) -> Optional["Record"]:
-        """The record checkout handed out (hex), or None for ''."""
-        return cls.unpack(bytes.fromhex(text)) if text else None
+        """The record checkout handed out (hex), or None for '' or for a record that is not one
+        (anyone who can write to the tracker's Redis could put one there): the page is then
+        fetched whole, as a new one is."""
+        try:
+            return cls.unpack(bytes.fromhex(text)) if text else None
+        except (ValueError, struct.error):
+            return None
 
 
 @dataclass(frozen=True)
