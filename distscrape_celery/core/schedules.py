@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Optional
+from datetime import datetime, timezone
 
 from ..errors import JobNotFound
 from ..job.schedule import Schedule
@@ -72,10 +72,5 @@ def _fire(tracker: Tracker, job: str, due: str, publish: Publish) -> bool:
     return False
 
 
-def _when(t: Optional[float]) -> str:
-    import datetime
-
-    if t is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M:%S UTC")
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -60,9 +60,7 @@ class GenerationCalls(ShardLayout):
 
     @converts_redis_errors
     def changed(self, job: str, entries: Sequence[tuple[str, float]]) -> AddResult:
-        by_shard: dict[int, list[tuple[str, float]]] = {}
-        for item, when in entries:
-            by_shard.setdefault(self._shard_of(job, item), []).append((item, when))
+        by_shard = self._by_shard_with(job, entries)
         queued, dispatch = 0, []
         for s, pairs in sorted(by_shard.items()):
             for chunk in chunks(pairs, MAX_ADD_BATCH):
@@ -118,9 +116,7 @@ class GenerationCalls(ShardLayout):
     def due_schedules(self, limit: int = 100) -> list[tuple[str, str]]:
         """Up to ``limit`` (job, due time as the control hash has it) of the unpaused schedules
         whose time has come on the tracker's clock."""
-        seconds, micros = self.client.time()
-        due = self.client.zrangebyscore(keys.SCHEDULES, "-inf", seconds + micros / 1e6,
-                                        start=0, num=limit)
+        due = self.client.zrangebyscore(keys.SCHEDULES, "-inf", self.now(), start=0, num=limit)
         out: list[tuple[str, str]] = []
         for job in due:
             text = self.client.hget(keys.JobKeys(job).control, "next_due")

@@ -51,6 +51,15 @@ function records.u32_bytes(n)
     math.floor(n / 256) % 256, n % 256)
 end
 
+-- A record as text for a reply (hex), and back from an argument.
+function records.to_hex(record)
+  return (string.gsub(record, '.', function(c) return str_format('%02x', string.byte(c)) end))
+end
+
+function records.from_hex(text)
+  return (string.gsub(text, '..', function(h) return string.char(tonumber(h, 16)) end))
+end
+
 -- The last second the record's item is not due yet (Unix seconds): the start of the
 -- generation that fetched it (s, whole seconds) plus its interval (i) less one, or s for i = 0.
 -- It is due in a generation that starts later (whole seconds: a generation starts in a later

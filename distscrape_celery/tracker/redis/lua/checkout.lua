@@ -77,8 +77,6 @@ redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int_text(token))
 live_set(item, 'l', depth)
 -- What fetching a known item again needs (a job that revisits), for the worker, in hex.
 local record = known_record(item)
-record = record and string.gsub(record, '.', function(c)
-  return str_format('%02x', string.byte(c))
-end) or ''
+record = record and records.to_hex(record) or ''
 local out = {'ok', depth_of(depth), fails, token, '0', job_created, record}
 return take_for_dispatch(bound, max_batch, now + lease, out)

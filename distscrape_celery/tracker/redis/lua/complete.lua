@@ -28,7 +28,7 @@ if v then
       forget_known(item)
       count('gone', 1)
     elseif revisit ~= '' then
-      local rest = string.gsub(ARGV[6], '..', function(h) return string.char(tonumber(h, 16)) end)
+      local rest = records.from_hex(ARGV[6])
       local started = math.floor(tonumber(redis_call('HGET', K_CONTROL, 'started') or '0'))
       record = records.u32_bytes(records.due_after(started, records.interval(rest, 3))) .. rest
       if revisit ~= 'saved' then count(revisit, 1) end
