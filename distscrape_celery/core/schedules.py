@@ -47,6 +47,11 @@ def fire_due(tracker: Tracker, publish: Publish, limit: int = 100) -> list[str]:
                 started.append(job)
         except JobNotFound:  # deleted meanwhile
             tracker.index_schedule(job, None)
+        except (ValueError, TypeError) as exc:
+            # Not a schedule this version wrote (anyone who can write to Redis could): that job
+            # is left alone, and the others still run.
+            log.warning("job %s: its schedule cannot be read (%s); it is not run", job, exc)
+            tracker.index_schedule(job, None)
     return started
 
 

@@ -162,3 +162,23 @@ def test_an_item_gone_for_good_is_forgotten(tracker_factory):
     crawl_all(tracker, "j", worker, _update("unchanged"),
               tracker.start_generation("j", [], generation=3).dispatch)
     assert tracker.add("j", [SEEDS[0]]).added == 1
+
+
+def test_a_schedule_that_cannot_be_read_holds_back_no_other(tracker_factory):
+    """A schedule text no version wrote (written to Redis by hand) is dropped from the index
+    with a warning; the other due jobs start all the same."""
+    from distscrape_celery.core.schedules import fire_due
+    from distscrape_celery.tracker import keys
+
+    tracker = tracker_factory()
+    worker = new_job(tracker, "bad", spec=SPEC)
+    new_job(tracker, "good", spec=SPEC)
+    for job in ("bad", "good"):
+        crawl_all(tracker, job, worker, pending=tracker.add(job, SEEDS).dispatch)
+        tracker.set_schedule(job, "every 60", tracker.now() - 1)
+    tracker.client.hset(keys.JobKeys("bad").control, "schedule", "every soon")
+    published = []
+    started = fire_due(tracker, lambda job, items: published.append(job))
+    assert started == ["good"] and tracker.job_info("good").generation == 2
+    assert tracker.job_info("bad").generation == 1
+    assert [job for job, _ in tracker.due_schedules()] == []
