@@ -3,6 +3,14 @@ worker without the database setting, whose items fail with a clear error while i
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
 import pytest
 
 from distscrape_celery.core.manager import CrawlManager
@@ -12,6 +20,8 @@ from distscrape_celery.testing.sitegen import SiteServer, generate_site
 from distscrape_celery.tracker import RedisTracker
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.publish import publisher
+from tests.integration.deploy.test_readme_commands import REAL_SITE, REAL_SITE_REGEX
+from tests.support import REPO_ROOT
 from tests.support.crawl import check_all, crawl_settings
 from tests.support.postgres import rows
 
@@ -68,3 +78,32 @@ def test_a_worker_without_the_database_fails_the_items_and_lives_on(
     assert all("set DISTSCRAPE_POSTGRES_DSN on the workers" in reason for reason in dead.values())
     for proc in procs:
         proc.check()
+
+
+def test_the_guides_crawl_into_postgres(postgres_dsn, records_site, tmp_path):
+    """docs/guide.md's job file and `distscrape crawl` command, as written but for the site's
+    URL and the database; then its query."""
+    guide = (REPO_ROOT / "docs" / "guide.md").read_text()
+    section = guide[guide.index("### Into PostgreSQL"):guide.index("### Stopping it")]
+    job_file = re.search(r"```toml\n(.*?)```", section, re.S)[1]
+    command = next(line for line in section.splitlines()
+                   if line.startswith("DISTSCRAPE_POSTGRES_DSN="))
+    query = re.search(r"```sql\n(.*?)```", section, re.S)[1]
+    (tmp_path / "pages.toml").write_text(job_file)
+    with SiteServer(records_site) as server:
+        local = re.sub(r"DISTSCRAPE_POSTGRES_DSN='[^']*'",
+                       "DISTSCRAPE_POSTGRES_DSN=" + shlex.quote(postgres_dsn), command)
+        local = local.replace(REAL_SITE_REGEX, shlex.quote("^" + re.escape(server.url("/"))))
+        local = local.replace(REAL_SITE, server.url("/"))
+        local = local.replace(".venv/bin/", str(Path(sys.executable).parent) + "/")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")}
+        res = subprocess.run(["bash", "-c", local], cwd=tmp_path, env=env, capture_output=True,
+                             text=True, timeout=180)
+    n = len(records_site.reachable)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f": {n} saved, 0 dead, {n} seen in " in res.stdout, res.stdout
+    assert "output in table pages" in res.stdout, res.stdout
+    assert len(rows(postgres_dsn, "pages")) == n
+    with psycopg.connect(postgres_dsn) as conn:
+        latest = conn.execute(query).fetchall()
+    assert len(latest) == 10 and all(status == 200 for _, status, _ in latest)
