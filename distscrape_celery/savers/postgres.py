@@ -26,7 +26,7 @@ CONNECT_TIMEOUT = 10
 _UNSTORABLE = re.compile(r"\\u0000|[\ud800-\udfff]")
 _UNSTORABLE_CHARS = re.compile(r"[\x00\ud800-\udfff]")
 
-# A row's values in the order of PostgresItemSaver._columns: the key first.
+# A row's values in the order of PostgresItemSaver.columns: the key first.
 Row = tuple[Any, ...]
 
 
@@ -67,8 +67,11 @@ class PostgresItemSaver(ItemSaver):
         self.key = key
         self.job = job
         self.create_table = create_table
+        # The table's columns in the order rows give them: the key first.
+        self.columns = (key, *(c for c in RECORD_COLUMNS if c != key))
         self._lock = threading.Lock()
         self._conn: Optional["psycopg.Connection"] = None
+        self._upsert: Any = None
 
     @classmethod
     def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "PostgresItemSaver":
@@ -131,10 +134,6 @@ class PostgresItemSaver(ItemSaver):
         self._conn = conn
         return conn
 
-    def _columns(self) -> list[str]:
-        """The table's columns in the order rows give them: the key first."""
-        return [self.key, *(c for c in RECORD_COLUMNS if c != self.key)]
-
     def _table_sql(self) -> Any:
         from psycopg import sql
 
@@ -149,7 +148,7 @@ class PostgresItemSaver(ItemSaver):
             sql.SQL("{} {}").format(
                 sql.Identifier(name),
                 sql.SQL("text PRIMARY KEY" if name == self.key else types[name]))
-            for name in self._columns()
+            for name in self.columns
         )
         try:
             with conn.transaction():
@@ -180,7 +179,7 @@ class PostgresItemSaver(ItemSaver):
                 f"table {self.table} does not exist in the database of {DSN_SETTING}: create it "
                 "(docs/configuration.md shows its columns) or set saver.create_table"
             )
-        missing = [c for c in self._columns() if c not in columns]
+        missing = [c for c in self.columns if c not in columns]
         if missing:
             raise ConfigError(f"table {self.table} lacks the column(s) {', '.join(missing)}")
         if unique is None:
@@ -189,10 +188,10 @@ class PostgresItemSaver(ItemSaver):
                 "upserts by (make it the primary key)"
             )
 
-    def _upsert(self) -> Any:
+    def _upsert_sql(self) -> Any:
         from psycopg import sql
 
-        columns = self._columns()
+        columns = self.columns
         return sql.SQL(
             "INSERT INTO {table} AS t ({columns}) VALUES ({values}) "
             "ON CONFLICT ({key}) DO UPDATE SET {updates} "
@@ -261,11 +260,13 @@ class PostgresItemSaver(ItemSaver):
             return
         psycopg = _driver()
         conn = self._connection()
+        if self._upsert is None:
+            self._upsert = self._upsert_sql()
         try:
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.executemany(self._upsert(), rows)
+                cursor.executemany(self._upsert, rows)
         except psycopg.Error as exc:
-            if conn.closed or isinstance(exc, psycopg.OperationalError):
+            if conn.broken or conn.closed:
                 self._conn = None
                 conn.close()
             raise SaveError(f"cannot upsert {len(rows)} record(s) into {self.table}: {exc}") from exc
@@ -288,7 +289,7 @@ class PostgresItemSaver(ItemSaver):
             values = {"job": self.job, "url": _storable(download.url),
                       "status": download.status, "fetched_at": fetched_at, "record": text}
             key_text = key if isinstance(key, str) else json.dumps(key, sort_keys=True)
-            rows.append((_storable(key_text), *(values[c] for c in self._columns()[1:])))
+            rows.append((_storable(key_text), *(values[c] for c in self.columns[1:])))
         return rows
 
 

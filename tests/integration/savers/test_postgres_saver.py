@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -245,3 +246,23 @@ def test_the_table_created_holds_what_the_docs_say(postgres_dsn):
     finally:
         saver.close()
     assert json.dumps(rows(postgres_dsn, "pages")[0]["record"]["title"]) == '"T"'
+
+
+def test_threads_share_one_saver(postgres_dsn):
+    """A threads pool's tasks save through one saver at once: every batch lands whole."""
+    saver = _saver(postgres_dsn)
+
+    def save_batches(thread: int) -> list:
+        outcomes = []
+        for batch in range(10):
+            paths = [f"t{thread}/b{batch}/{i}" for i in range(8)]
+            outcomes += saver.save_many([(URL + p, _download(p, [_record(p)])) for p in paths])
+        return outcomes
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            outcomes = [o for result in pool.map(save_batches, range(8)) for o in result]
+    finally:
+        saver.close()
+    assert outcomes == ["pages (1 records)"] * 640
+    assert len(rows(postgres_dsn, "pages")) == 640
