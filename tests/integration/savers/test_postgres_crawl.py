@@ -22,6 +22,7 @@ from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.publish import publisher
 from tests.integration.deploy.test_readme_commands import REAL_SITE, REAL_SITE_REGEX
 from tests.support import REPO_ROOT
+from tests.support.cli import assert_one_line_error, run
 from tests.support.crawl import check_all, crawl_settings
 from tests.support.postgres import rows
 
@@ -107,3 +108,17 @@ def test_the_guides_crawl_into_postgres(postgres_dsn, records_site, tmp_path):
     with psycopg.connect(postgres_dsn) as conn:
         latest = conn.execute(query).fetchall()
     assert len(latest) == 10 and all(status == 200 for _, status, _ in latest)
+
+
+def test_seed_notes_that_the_workers_database_setting_decides(redis_url, tmp_path):
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('[saver]\nkind = "postgres"\ntable = "shop.products"\nkey = "sku"\n')
+    res = run("seed", "products", "http://127.0.0.1:8000/", "--config", str(job_file),
+              "--redis-url", redis_url)
+    assert res.returncode == 0, res.stderr
+    assert ("distscrape: note: workers write table shop.products into the database of their "
+            "own DISTSCRAPE_POSTGRES_DSN") in res.stderr
+    job_file.write_text('[saver]\nkind = "postgres"\n')
+    res = run("seed", "bad", "http://127.0.0.1:8000/", "--config", str(job_file),
+              "--redis-url", redis_url)
+    assert_one_line_error(res, "the postgres saver needs saver.table")
