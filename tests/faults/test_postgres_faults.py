@@ -8,6 +8,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.job.spec import build_spec
 from distscrape_celery.local.processes import wait_for_workers
@@ -80,15 +82,19 @@ def test_worker_sigkilled_while_saving_to_postgres(
     print(f"\npostgres crash test: killed at {done_at_kill}/{n} done, {rows_at_kill} rows")
 
 
+@pytest.mark.parametrize("batch_size", [pytest.param(None, id="save-batches"),
+                                        pytest.param(1, id="save-per-page")])
 def test_a_save_killed_after_its_commit_adds_no_second_row(
-        redis_url, redis_client, workers, postgres_dsn, tmp_path):
+        redis_url, redis_client, workers, postgres_dsn, tmp_path, batch_size):
     """Each of 6 pages' first save SIGKILLs its pool process right after its transaction
     committed, before the tracker marks it done: the page is saved again (upserted), and the
-    table still holds one row for it."""
+    table still holds one row for it. Saved in batches (one transaction, marked done together)
+    and a page at a time."""
     site = generate_site(n_pages=60, seed=59, unreachable=2)
     n = len(site.reachable)
     _, tracker, procs = _start(redis_url, workers, ["pg-commit-a", "pg-commit-b"],
-                               postgres_dsn=postgres_dsn, plugin_modules=PLUGIN_MODULES)
+                               postgres_dsn=postgres_dsn, plugin_modules=PLUGIN_MODULES,
+                               save_batch_size=batch_size)
     control = tmp_path / "control"
     job = "pgcommit"
     with SiteServer(site) as server:
