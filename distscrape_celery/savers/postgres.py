@@ -284,11 +284,12 @@ class PostgresItemSaver(ItemSaver):
                 raise SaveError(f"{item}: record {index} has no {self.key!r} field to key its row by")
             try:
                 text = _json(record)
+                key_text = key if isinstance(key, str) else json.dumps(
+                    key, sort_keys=True, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 raise SaveError(f"{item}: record {index} is not JSON: {exc}") from None
             values = {"job": self.job, "url": _storable(download.url),
                       "status": download.status, "fetched_at": fetched_at, "record": text}
-            key_text = key if isinstance(key, str) else json.dumps(key, sort_keys=True)
             rows.append((_storable(key_text), *(values[c] for c in self.columns[1:])))
         return rows
 
