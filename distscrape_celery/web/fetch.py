@@ -130,6 +130,9 @@ class Download:
     # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
     unchanged: bool = False
+    # The records extracted from the page, for a saver that saves records
+    # (ItemSaver.saves_records): filled in the save step, never sent through the broker.
+    records: tuple[dict, ...] = ()
 
     @property
     def not_modified(self) -> bool:
