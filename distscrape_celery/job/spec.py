@@ -34,6 +34,8 @@ else:  # pragma: no cover
 _LATER_FIELDS = {
     "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
     "politeness": ("max_duration",),
+    "fetch": ("headers", "auth", "proxies", "cookies", "cookies_per_domain", "cookie_bytes",
+              "domains"),
 }
 
 

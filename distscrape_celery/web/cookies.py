@@ -1,0 +1,182 @@
+"""A job's cookie jar, shared by all of its workers in Redis: the cookies its responses set,
+sent back on the requests they match. http.cookiejar does the reading of Set-Cookie and the
+matching (RFC 6265's domain, path, secure and expiry rules, as its DefaultCookiePolicy applies
+them); this module only keeps its cookies in Redis between requests, one hash field per cookie
+domain (keys: :meth:`..tracker.keys.JobKeys.cookies`).
+
+A request asks Redis once (one HMGET of the fields its host may match); a response that sets
+no cookie costs nothing more. Bounds: the cookies of a domain (the oldest set go first), and
+the bytes of the whole jar (cookies beyond are not kept)."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import logging
+import time
+import urllib.request
+from collections import defaultdict
+from typing import Any, Optional, Protocol
+
+import redis
+
+from ..tracker import keys
+from ..tracker.redis import scripts
+
+log = logging.getLogger(__name__)
+
+# The longest cookie kept, its name and value together (RFC 6265 asks a client to take 4096
+# bytes; a larger one is dropped).
+MAX_COOKIE_BYTES = 4096
+# The attributes of an http.cookiejar.Cookie kept for it, in its constructor's order.
+_FIELDS = (
+    "version", "name", "value", "port", "port_specified", "domain", "domain_specified",
+    "domain_initial_dot", "path", "path_specified", "secure", "expires", "discard", "comment",
+    "comment_url", "rest", "rfc2109",
+)
+
+
+class CookieStore(Protocol):
+    """Where the jars of jobs are kept: by job, then cookie domain, each a JSON object of its
+    cookies by ``"<path> <name>"``."""
+
+    def get(self, job: str, domains: list[str]) -> list[Optional[str]]:
+        """The stored cookies of each of ``domains`` (None where there are none)."""
+
+    def put(self, job: str, domain: str, changes: list[dict], now: float,
+            per_domain: int, max_bytes: int) -> bool:
+        """Apply ``changes`` ({"k": key, "c": cookie or absent to delete}) to ``domain``'s
+        cookies, drop the expired and, past ``per_domain``, the oldest; False if the jar would
+        then hold more than ``max_bytes`` (nothing is changed)."""
+
+
+class RedisCookieStore:
+    """A :class:`CookieStore` in Redis (a script keeps each jar within its bounds)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._put = scripts.register(client, "cookies_put")
+
+    def get(self, job: str, domains: list[str]) -> list[Optional[str]]:
+        values = self.client.hmget(keys.JobKeys(job).cookies, domains)
+        return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+    def put(self, job: str, domain: str, changes: list[dict], now: float,
+            per_domain: int, max_bytes: int) -> bool:
+        job_keys = keys.JobKeys(job)
+        return bool(self._put(keys=[job_keys.cookies, job_keys.cookie_bytes],
+                              args=[domain, repr(now), per_domain, max_bytes,
+                                    json.dumps(changes, separators=(",", ":"))]))
+
+
+class _Headers:
+    """The response headers as http.cookiejar reads them (``get_all``)."""
+
+    def __init__(self, headers: Any) -> None:
+        self.headers = headers
+
+    def get_all(self, name: str, default: Any = None) -> Any:
+        return self.headers.getlist(name) or default
+
+
+class _Response:
+    def __init__(self, headers: Any) -> None:
+        self._headers = _Headers(headers)
+
+    def info(self) -> _Headers:
+        return self._headers
+
+
+class _RecordingJar(http.cookiejar.CookieJar):
+    """A jar that notes which cookies a response deleted (an expiry in the past): http.cookiejar
+    clears them from the jar itself, which here holds none of the stored cookies."""
+
+    def __init__(self) -> None:
+        super().__init__(http.cookiejar.DefaultCookiePolicy())
+        self.deleted: list[tuple[str, str, str]] = []
+
+    def clear(self, domain: Optional[str] = None, path: Optional[str] = None,
+              name: Optional[str] = None) -> None:
+        if domain is not None and path is not None and name is not None:
+            self.deleted.append((domain, path, name))
+        super().clear(domain, path, name)
+
+
+def _key(cookie: http.cookiejar.Cookie) -> str:
+    return f"{cookie.path} {cookie.name}"
+
+
+def _to_json(cookie: http.cookiejar.Cookie) -> dict:
+    data = {field: getattr(cookie, field) for field in _FIELDS}
+    data["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]
+    data["e"], data["t"] = cookie.expires, int(time.time() * 1_000_000)
+    return data
+
+
+def _from_json(data: dict) -> http.cookiejar.Cookie:
+    return http.cookiejar.Cookie(**{field: data[field] for field in _FIELDS})
+
+
+class JobCookies:
+    """The jar of job ``job`` in ``store``: :meth:`header` for a request, :meth:`receive` for
+    its response. Threads may share it."""
+
+    def __init__(self, store: CookieStore, job: str, *, per_domain: int, max_bytes: int) -> None:
+        self.store = store
+        self.job = job
+        self.per_domain = per_domain
+        self.max_bytes = max_bytes
+        self._policy = http.cookiejar.DefaultCookiePolicy()
+
+    def header(self, url: str) -> Optional[str]:
+        """The Cookie header a request of ``url`` sends, or None when no stored cookie
+        matches it."""
+        request = urllib.request.Request(url)
+        domains = _domains_of(http.cookiejar.eff_request_host(request)[1])
+        stored = [value for value in self.store.get(self.job, domains) if value]
+        if not stored:
+            return None
+        jar = http.cookiejar.CookieJar(self._policy)
+        for value in stored:
+            for data in json.loads(value).values():
+                jar.set_cookie(_from_json(data))
+        jar.add_cookie_header(request)
+        return request.get_header("Cookie")
+
+    def receive(self, url: str, headers: Any) -> None:
+        """Keep the cookies that the response to ``url`` with ``headers`` (urllib3's) sets,
+        as far as the policy lets ``url`` set them; forget those it deletes."""
+        if "Set-Cookie" not in headers and "Set-Cookie2" not in headers:
+            return
+        request = urllib.request.Request(url)
+        jar = _RecordingJar()
+        changes: dict[str, list[dict]] = defaultdict(list)
+        for cookie in jar.make_cookies(_Response(headers), request):
+            if (self._policy.set_ok(cookie, request)
+                    and len(cookie.name) + len(cookie.value or "") <= MAX_COOKIE_BYTES):
+                changes[cookie.domain].append({"k": _key(cookie), "c": _to_json(cookie)})
+        for domain, path, name in jar.deleted:
+            # A site deletes only the cookies it could have set.
+            probe = http.cookiejar.Cookie(
+                0, name, "", None, False, domain, domain.startswith("."), domain.startswith("."),
+                path, True, False, None, True, None, None, {})
+            if self._policy.set_ok_domain(probe, request):
+                changes[domain].append({"k": f"{path} {name}"})
+        now = time.time()
+        for domain, domain_changes in changes.items():
+            if not self.store.put(self.job, domain, domain_changes, now, self.per_domain,
+                                  self.max_bytes):
+                log.info("%s: cookie jar full (fetch.cookie_bytes=%d): cookies of %s not kept",
+                         self.job, self.max_bytes, domain)
+
+
+def _domains_of(host: str) -> list[str]:
+    """The cookie domains whose cookies a request to ``host`` (http.cookiejar's effective host
+    name, lower case) may receive: its own host-only cookies, and the Domain cookies of it and
+    of each domain above it."""
+    domains = [host]
+    if host.replace(".", "").isdigit() or host.startswith("["):
+        return domains  # an IP address has no domain above it
+    labels = host.split(".")
+    domains.extend("." + ".".join(labels[i:]) for i in range(len(labels) - 1))
+    return domains
