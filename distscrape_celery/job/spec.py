@@ -128,8 +128,9 @@ class JobSpec(StrictModel):
             exclude["priority"] = True
         for section, names in _LATER_FIELDS.items():
             model = getattr(self, section)
-            later = {name for name in names
-                     if getattr(model, name) == type(model).model_fields[name].default}
+            fields = type(model).model_fields
+            later = {name for name in names if getattr(model, name)
+                     == fields[name].get_default(call_default_factory=True)}
             if later:
                 exclude[section] = later
         return self.model_dump_json(exclude=exclude)

@@ -107,8 +107,8 @@ def _key(cookie: http.cookiejar.Cookie) -> str:
 
 
 def _to_json(cookie: http.cookiejar.Cookie) -> dict:
-    data = {field: getattr(cookie, field) for field in _FIELDS}
-    data["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]
+    data = {field: getattr(cookie, field) for field in _FIELDS if field != "rest"}
+    data["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]  # no public accessor
     data["e"], data["t"] = cookie.expires, int(time.time() * 1_000_000)
     return data
 

@@ -235,3 +235,130 @@ def test_a_proxy_that_is_down_is_retryable_and_its_credentials_never_shown(two_s
             get(fetcher, policy, a + "/p")
         assert raised.value.retryable, str(raised.value)
         assert "hush" not in str(raised.value)
+
+
+# -- cookies --------------------------------------------------------------------------------------
+
+def set_cookies(*cookies: str):
+    def route(handler) -> None:
+        handler.send_response(200)
+        for cookie in cookies:
+            handler.send_header("Set-Cookie", cookie)
+        handler.send_header("Content-Length", "2")
+        handler.end_headers()
+        handler.wfile.write(b"ok")
+    return route
+
+
+def cookies_sent(entry: dict) -> set[str]:
+    header = entry["headers"].get("Cookie")
+    return set(header.split("; ")) if header else set()
+
+
+@pytest.fixture
+def cookie_store(redis_url):
+    import redis
+
+    from distscrape_celery.web.cookies import RedisCookieStore
+
+    client = redis.Redis.from_url(redis_url)
+    yield RedisCookieStore(client)
+    client.close()
+
+
+def test_cookies_follow_path_secure_and_expiry_rules(cookie_store):
+    routes = {
+        "/login": set_cookies("sid=abc; Path=/", "pref=dark; Path=/app", "tls=1; Secure",
+                              "brief=1; Max-Age=1"),
+        "/logout": set_cookies("pref=; Path=/app; Max-Age=0"),
+        "/app/page": ok, "/other": ok,
+    }
+    with serve(routes) as (base, _, log):
+        fetcher, policy = policy_fetcher({"cookies": True}, [base + "/"],
+                                         cookie_store=cookie_store)
+        get(fetcher, policy, base + "/login")
+        get(fetcher, policy, base + "/app/page")
+        get(fetcher, policy, base + "/other")
+        get(fetcher, policy, base + "/logout")
+        import time
+        time.sleep(1.1)
+        get(fetcher, policy, base + "/app/page")
+    by_request = [cookies_sent(entry) for entry in log]
+    assert by_request[0] == set()
+    assert by_request[1] == {"sid=abc", "pref=dark", "brief=1"}  # never the Secure one on http
+    assert by_request[2] == {"sid=abc", "brief=1"}  # pref's path is /app
+    assert by_request[4] == {"sid=abc"}  # pref deleted, brief expired
+
+
+def test_workers_share_one_jar_and_domain_rules_hold(cookie_store):
+    """Two fetchers (as two workers) and a jar in Redis: a Domain cookie set by one host is
+    sent by the other fetcher to a sibling host, never to another site, and a site cannot set
+    or delete another site's cookie."""
+    routes = {
+        "/login": set_cookies("sid=s1; Domain=shop.example; Path=/",
+                              "own=1; Path=/", "foreign=1; Domain=other.example"),
+        "/hijack": set_cookies("sid=; Domain=shop.example; Max-Age=0"),
+        "/p": ok,
+    }
+    hosts = {"a.shop.example": "a", "b.shop.example": "b", "other.example": "o"}
+    with serve(routes) as (base, _, log):
+        port = base.rsplit(":", 1)[1]
+        url = lambda host, path: f"http://{host}:{port}{path}"  # noqa: E731
+        first, policy = policy_fetcher({"cookies": True}, [url("a.shop.example", "/")],
+                                       cookie_store=cookie_store, **public_test_hooks(hosts))
+        second, policy_2 = policy_fetcher({"cookies": True}, [url("a.shop.example", "/")],
+                                          cookie_store=cookie_store, **public_test_hooks(hosts))
+        get(first, policy, url("a.shop.example", "/login"))
+        get(second, policy_2, url("b.shop.example", "/p"))
+        get(second, policy_2, url("a.shop.example", "/p"))
+        get(second, policy_2, url("other.example", "/p"))
+        get(first, policy, url("other.example", "/hijack"))
+        get(second, policy_2, url("b.shop.example", "/p"))
+    sent = [cookies_sent(entry) for entry in log]
+    assert sent[1] == {"sid=s1"}  # the Domain cookie, not a.shop.example's host-only one
+    assert sent[2] == {"sid=s1", "own=1"}
+    assert sent[3] == set()  # neither shop's cookies nor the one it tried to plant for itself
+    assert sent[5] == {"sid=s1"}  # other.example could not delete shop.example's cookie
+
+
+def test_the_jar_is_bounded_per_domain_and_in_bytes(cookie_store, redis_url):
+    import redis
+
+    many = [f"c{i}=v{i}; Max-Age=600" for i in range(8)]
+    big = "big=" + "x" * 3000
+    routes = {"/many": set_cookies(*many), "/big": set_cookies(big), "/p": ok}
+    with serve(routes) as (base, _, log):
+        fetcher, policy = policy_fetcher(
+            {"cookies": True, "cookies_per_domain": 3, "cookie_bytes": 2048}, [base + "/"],
+            cookie_store=cookie_store, job="bounded")
+        get(fetcher, policy, base + "/many")
+        get(fetcher, policy, base + "/p")
+        get(fetcher, policy, base + "/big")
+        get(fetcher, policy, base + "/p")
+    assert len(cookies_sent(log[1])) == 3
+    assert not any(c.startswith("big=") for c in cookies_sent(log[3]))
+    client = redis.Redis.from_url(redis_url)
+    held = client.hgetall("ds:{bounded}:cookies")
+    total = int(client.get("ds:{bounded}:cookie-bytes"))
+    assert total == sum(len(k) + len(v) for k, v in held.items()) <= 2048
+    client.close()
+
+
+def test_a_job_without_cookies_asks_redis_nothing(cookie_store, redis_url):
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+
+    def hmget_calls() -> int:
+        return client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+
+    with serve({"/set": set_cookies("sid=1"), "/p": ok}) as (base, _, log):
+        fetcher, policy = policy_fetcher({"headers": {"X-A": "1"}}, [base + "/"],
+                                         cookie_store=cookie_store, job="plain")
+        before = hmget_calls()
+        get(fetcher, policy, base + "/set")
+        get(fetcher, policy, base + "/p")
+        assert hmget_calls() == before
+    assert policy.cookies is None and cookies_sent(log[1]) == set()
+    assert client.keys("ds:{plain}:*") == []
+    client.close()
