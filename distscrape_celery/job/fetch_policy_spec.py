@@ -13,6 +13,10 @@ from pydantic import Field, field_validator
 
 from .strict import StrictModel
 
+# The fields of [fetch] that make its policy (besides its limits): all of them at their defaults,
+# a job's requests go as they always did.
+POLICY_FIELDS = ("headers", "auth", "proxies", "cookies", "cookies_per_domain", "cookie_bytes",
+                 "domains")
 # A header name: an RFC 9110 token.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # A header value: visible ASCII, spaces and tabs, and the octets above 127 (obs-text, sent as

@@ -16,6 +16,7 @@ from ..errors import ConfigError, format_validation_error
 from ..redaction import redact
 from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
+from .fetch_policy_spec import POLICY_FIELDS
 from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
 from .schedule import ScheduleSpec
@@ -34,8 +35,7 @@ else:  # pragma: no cover
 _LATER_FIELDS = {
     "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
     "politeness": ("max_duration",),
-    "fetch": ("headers", "auth", "proxies", "cookies", "cookies_per_domain", "cookie_bytes",
-              "domains"),
+    "fetch": POLICY_FIELDS,
 }
 
 

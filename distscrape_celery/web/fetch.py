@@ -29,7 +29,7 @@ from .deadline import Deadline, total_deadline, watched_pool_classes
 from ..errors import FetchError
 from ..job.sections import FetchSpec
 from ..job.spec import JobSpec
-from .fetch_policy import FetchPolicy, current_policy
+from .fetch_policy import FetchPolicy, PolicyRefused, current_policy
 from .proxies import check_target, proxy_manager
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
 from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
@@ -276,7 +276,8 @@ class Fetcher:
         among them), the job's cookies that match ``url``, and the domain's next proxy."""
         rules = policy.for_url(url)
         if rules.error:
-            raise FetchError(f"{rules.error}: {url}", retryable=False)
+            raise FetchError(f"{rules.error}: {url}", retryable=False) from PolicyRefused(
+                rules.error)
         headers = {**headers, **rules.headers}
         if policy.cookies is not None:
             cookie = policy.cookies.header(url)

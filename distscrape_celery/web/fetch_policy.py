@@ -17,6 +17,7 @@ from typing import Optional
 from pydantic import SecretStr
 from urllib3.util import make_headers
 
+from ..errors import DistscrapeError
 from ..job.fetch_policy_spec import AuthSpec
 from ..job.spec import JobSpec
 from ..settings import CREDENTIAL_PREFIX
@@ -39,6 +40,12 @@ def fetch_policy(policy: Optional["FetchPolicy"]) -> Iterator[None]:
 def current_policy() -> Optional["FetchPolicy"]:
     """The policy :func:`fetch_policy` set for this thread, if any."""
     return _policy.get()
+
+
+class PolicyRefused(DistscrapeError):
+    """This worker cannot send a request as the job's policy asks (a credential or proxy it
+    lacks): the cause of the :class:`..errors.FetchError` that fails the item; never the host's
+    answer."""
 
 
 @dataclass

@@ -362,3 +362,29 @@ def test_a_job_without_cookies_asks_redis_nothing(cookie_store, redis_url):
     assert policy.cookies is None and cookies_sent(log[1]) == set()
     assert client.keys("ds:{plain}:*") == []
     client.close()
+
+
+def test_robots_txt_is_fetched_under_the_policy_and_a_workers_lack_is_never_shared():
+    from distscrape_celery.web.robots import RobotsCache
+    from distscrape_celery.web.robots_stores import MemoryRobotsStore
+
+    robots = b"User-agent: *\nDisallow: /private\n"
+    routes = {"/robots.txt": lambda h: reply(h, 200, robots, {"Content-Type": "text/plain"})}
+    with serve(routes) as (base, _, log):
+        store = MemoryRobotsStore()
+        fetch = {"allow_private": True, "auth": {"scheme": "bearer", "credential": "T"}}
+        spec = build_spec({"seeds": [base + "/"], "fetch": fetch})
+        plain = build_spec({"seeds": [base + "/"], "fetch": {"allow_private": True}})
+        # Requests that differ never share a record.
+        assert (RobotsCache.from_spec(spec, store).digest
+                != RobotsCache.from_spec(plain, store).digest)
+        lacking = FetchPolicy.for_job("j", spec, proxies={}, credentials={}, cookie_store=None)
+        with fetch_policy(lacking):
+            RobotsCache.from_spec(spec, store).check(base + "/private")  # this job's own "allow"
+        assert log == [] and len(store) == 0
+        holding = FetchPolicy.for_job("j", spec, proxies={},
+                                      credentials={"T": SecretStr("tok")}, cookie_store=None)
+        with fetch_policy(holding), pytest.raises(FetchError, match="robots.txt"):
+            RobotsCache.from_spec(spec, store).check(base + "/private")
+    assert [r["headers"]["Authorization"] for r in log] == ["Bearer tok"]
+    assert len(store) == 1
