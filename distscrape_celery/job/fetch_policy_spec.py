@@ -34,6 +34,7 @@ _REFUSED_HEADERS = {
         "the HTTP client sets it"),
     "user-agent": "use fetch.user_agent",
     "authorization": "use auth, which names a credential each worker reads from its environment",
+    "cookie": "a cookie may be a credential; use cookies = true, which keeps what sites set",
     "proxy-authorization": "a proxy's credentials are the workers' proxies setting",
 }
 # A credential's name: it is read from DISTSCRAPE_CREDENTIAL_<NAME> on each worker.

@@ -282,8 +282,7 @@ class Fetcher:
         if policy.cookies is not None:
             cookie = policy.cookies.header(url)
             if cookie:
-                given = headers.get("Cookie")
-                headers["Cookie"] = f"{given}; {cookie}" if given else cookie
+                headers["Cookie"] = cookie
         proxy = rules.next_proxy()
         if proxy is None:
             return self._state()[1].urlopen("GET", url, headers=headers, **self._request_kw)

@@ -7,8 +7,9 @@ is retried later).
 
 The store keeps what the host answered for one kind of fetch, never a job's decision: a record is
 named by the origin and a digest of what the request sends and waits for (user agent, timeouts,
-redirects), each job reads the record only while it is fresh by its own TTLs, and a fetch the
-job's own guard refused is not shared. The origin is ``scheme://host[:port]``: scheme and host in
+redirects, the job's fetch policy), each job reads the record only while it is fresh by its own
+TTLs, and a fetch the job's own guard refused (or that this worker could not send as the job's
+policy asks) is not shared. The origin is ``scheme://host[:port]``: scheme and host in
 lower case (the host IDNA-encoded), no user info, no default port, so that ``http://u@h:80/`` and
 ``http://H/`` share one record.
 

@@ -24,7 +24,7 @@ def refused(fetch: dict) -> str:
 
 @pytest.mark.parametrize("name", ["Host", "content-length", "Transfer-Encoding", "Connection",
                                   "Keep-Alive", "TE", "Upgrade", "Proxy-Authorization",
-                                  "Proxy-Anything", "User-Agent", "Authorization"])
+                                  "Proxy-Anything", "User-Agent", "Authorization", "Cookie"])
 def test_headers_the_client_or_another_field_sets_are_refused(name):
     message = refused({"headers": {name: "x"}})
     assert "fetch.headers" in message and repr(name) in message

@@ -103,3 +103,32 @@ def test_a_worker_without_the_credential_fails_the_item_and_lives(redis_url, wor
     assert "credential SHOP_TOKEN" in reason and "DISTSCRAPE_CREDENTIAL_SHOP_TOKEN" in reason
     check_all(procs)()  # the worker is alive
     assert log == []  # not even robots.txt was asked without it
+
+
+def test_the_in_memory_crawl_keeps_cookies_and_reads_credentials(tmp_path):
+    """`distscrape crawl --in-memory`: the jar lives in its in-process tracker, the credential
+    comes from the command's environment."""
+    from tests.support.cli import run
+
+    links = "".join(f'<a href="/p/{n}">{n}</a>' for n in range(4))
+
+    def start(handler):
+        html(handler, links, {"Set-Cookie": "sid=S1; Path=/"})
+
+    def page(handler):
+        ok = "sid=S1" in (handler.headers.get("Cookie") or "")
+        reply(handler, 200 if ok else 403, b"ok" if ok else b"no session",
+              {"Content-Type": "text/html"})
+
+    routes = {"/": start, **{f"/p/{n}": page for n in range(4)}}
+    with serve(routes) as (base, _, log):
+        job = tmp_path / "job.toml"
+        job.write_text(f'seeds = ["{base}/"]\n[fetch]\ncookies = true\n'
+                       'auth = { scheme = "bearer", credential = "SHOP_TOKEN" }\n')
+        res = run("crawl", "--config", str(job), "--output", str(tmp_path / "out"),
+                  "--in-memory", env={"DISTSCRAPE_CREDENTIAL_SHOP_TOKEN": "tok-cli"})
+    assert res.returncode == 0, res.stderr
+    assert "tok-cli" not in res.stdout + res.stderr
+    pages = [entry for entry in log if entry["path"].startswith("/p/")]
+    assert len(pages) == 4 and all("sid=S1" in e["headers"]["Cookie"] for e in pages)
+    assert all(e["headers"]["Authorization"] == "Bearer tok-cli" for e in log)
