@@ -17,10 +17,10 @@ from typing import Optional
 from pydantic import SecretStr
 from urllib3.util import make_headers
 
-from ..errors import DistscrapeError
+from ..errors import ConfigError, DistscrapeError
 from ..job.fetch_policy_spec import AuthSpec
 from ..job.spec import JobSpec
-from ..settings import CREDENTIAL_PREFIX
+from ..settings import CREDENTIAL_PREFIX, Settings
 from ..tracker.keys import domain_of
 from .cookies import CookieStore, JobCookies
 
@@ -40,6 +40,31 @@ def fetch_policy(policy: Optional["FetchPolicy"]) -> Iterator[None]:
 def current_policy() -> Optional["FetchPolicy"]:
     """The policy :func:`fetch_policy` set for this thread, if any."""
     return _policy.get()
+
+
+def check_policy_settings(spec: JobSpec, settings: Settings, *, own_workers: bool) -> None:
+    """Raise ConfigError, naming the field, for a proxy (or with ``own_workers``, a credential)
+    that ``spec`` names and a worker with ``settings`` lacks. Without ``own_workers`` (a seeding
+    process, whose settings need not be the workers'), only proxies are checked, and only when
+    ``settings`` has any."""
+    fetch = spec.fetch
+    places = [("fetch", fetch.proxies, fetch.auth)] + [
+        (f'fetch.domains."{domain}"', own.proxies or [], own.auth)
+        for domain, own in fetch.domains.items()]
+    if own_workers or settings.proxies:
+        for where, names, _ in places:
+            for name in names:
+                if name not in settings.proxies:
+                    raise ConfigError(
+                        f"{where}.proxies: {name!r} is not one of the workers' proxies "
+                        f"({', '.join(sorted(settings.proxies)) or 'none'}: "
+                        "DISTSCRAPE_PROXIES)")
+    if own_workers:
+        for where, _, auth in places:
+            if auth is not None and auth.credential not in settings.credentials:
+                raise ConfigError(
+                    f"{where}.auth: credential {auth.credential} is not set: set "
+                    f"{CREDENTIAL_PREFIX}{auth.credential}")
 
 
 class PolicyRefused(DistscrapeError):

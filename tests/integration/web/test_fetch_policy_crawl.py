@@ -132,3 +132,32 @@ def test_the_in_memory_crawl_keeps_cookies_and_reads_credentials(tmp_path):
     pages = [entry for entry in log if entry["path"].startswith("/p/")]
     assert len(pages) == 4 and all("sid=S1" in e["headers"]["Cookie"] for e in pages)
     assert all(e["headers"]["Authorization"] == "Bearer tok-cli" for e in log)
+
+
+def test_what_the_seeding_side_knows_is_missing_is_refused_before_anything_is_fetched(
+        tmp_path, redis_url):
+    from tests.support.cli import assert_one_line_error, run
+
+    with serve({"/": lambda h: html(h, "ok")}) as (base, _, log):
+        job = tmp_path / "job.toml"
+        job.write_text(f'seeds = ["{base}/"]\n[fetch]\nproxies = ["eu"]\n'
+                       '[fetch.domains."api.example.org"]\n'
+                       'auth = { scheme = "basic", credential = "API" }\n')
+        # The crawl's own workers have this environment: the proxy and the credential.
+        res = run("crawl", "--config", str(job), "--output", str(tmp_path / "out"), "--in-memory",
+                  env={"DISTSCRAPE_PROXIES": "us=http://u:hush@127.0.0.1:9"})
+        assert_one_line_error(res, "fetch.proxies: 'eu' is not one of the workers' proxies (us")
+        assert "hush" not in res.stderr
+        res = run("crawl", "--config", str(job), "--output", str(tmp_path / "out"), "--in-memory",
+                  env={"DISTSCRAPE_PROXIES": "eu=http://127.0.0.1:9"})
+        assert_one_line_error(
+            res, 'fetch.domains."api.example.org".auth: credential API is not set: set '
+            "DISTSCRAPE_CREDENTIAL_API")
+        # A seeder knows the workers' proxies only if it has the setting; never their credentials.
+        res = run("seed", "j", "--config", str(job), "--redis-url", redis_url,
+                  env={"DISTSCRAPE_PROXIES": "us=http://127.0.0.1:9"})
+        assert_one_line_error(res, "fetch.proxies: 'eu' is not one of the workers' proxies")
+        assert RedisTracker.from_url(redis_url).jobs() == []
+        res = run("seed", "j", "--config", str(job), "--redis-url", redis_url)
+        assert res.returncode == 0, res.stderr
+    assert log == []
