@@ -7,6 +7,7 @@ Nothing else in the package reads the environment: the CLI and the Celery app bu
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -16,7 +17,6 @@ from pydantic import (
 )
 
 from .errors import ConfigError, format_validation_error
-from .job.fetch_policy_spec import CREDENTIAL_NAME, PROXY_NAME
 from .redaction import redact
 from .redis_urls import REDIS_SCHEMES, check_redis_url, is_redis_url
 from .tracker.defaults import (
@@ -26,6 +26,10 @@ from .tracker.defaults import (
 ENV_PREFIX = "DISTSCRAPE_"
 # DISTSCRAPE_CREDENTIAL_<NAME>: a credential a job spec's fetch.auth may name.
 CREDENTIAL_PREFIX = ENV_PREFIX + "CREDENTIAL_"
+# The name of a credential, as DISTSCRAPE_CREDENTIAL_<NAME> gives it and fetch.auth names it.
+CREDENTIAL_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+# The name of a proxy, as DISTSCRAPE_PROXIES gives it and fetch.proxies names it.
+PROXY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 # The robots.txt cache's bound in the tracker's Redis, shared by every job and worker: 1,024
 # records of the 64 KiB a record may take at most (a hostile site's), some 25,000 of a usual 2

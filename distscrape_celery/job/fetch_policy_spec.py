@@ -11,6 +11,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator
 
+from ..settings import CREDENTIAL_NAME, PROXY_NAME
 from .strict import StrictModel
 
 # The fields of [fetch] that make its policy (besides its limits): all of them at their defaults,
@@ -37,10 +38,6 @@ _REFUSED_HEADERS = {
     "cookie": "a cookie may be a credential; use cookies = true, which keeps what sites set",
     "proxy-authorization": "a proxy's credentials are the workers' proxies setting",
 }
-# A credential's name: it is read from DISTSCRAPE_CREDENTIAL_<NAME> on each worker.
-CREDENTIAL_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
-# A proxy's name, as the workers' proxies setting gives it.
-PROXY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # A key of a per-domain table: a domain as keys.domain_of gives it, an authority without user
 # info (host, or host:port).
 _HOST_PORT = re.compile(r"(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")

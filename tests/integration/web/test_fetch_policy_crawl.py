@@ -68,6 +68,10 @@ def test_two_workers_share_the_jobs_cookie_jar(redis_url, workers, tmp_path):
     # Pages came over more than one connection: from both workers (a worker of concurrency 1
     # keeps one connection to the site alive).
     assert len({entry["port"] for entry in pages}) >= 2
+    client = tracker.client
+    assert client.hkeys("ds:{jar}:cookies") == ["127.0.0.1"]  # the host-only cookie's domain
+    tracker.delete_job("jar")  # the jar goes with the job
+    assert client.keys("ds:{jar}:*") == []
 
 
 def test_a_crawl_through_a_proxy_with_a_credential_of_the_workers(redis_url, workers, tmp_path):
