@@ -20,6 +20,7 @@ from typing import Any, Optional, Protocol
 
 import redis
 
+from ..errors import FetchError
 from ..tracker import keys
 from ..tracker.redis import scripts
 
@@ -51,22 +52,34 @@ class CookieStore(Protocol):
 
 
 class RedisCookieStore:
-    """A :class:`CookieStore` in Redis (a script keeps each jar within its bounds)."""
+    """A :class:`CookieStore` in Redis (a script keeps each jar within its bounds). A Redis
+    error is a retryable :class:`FetchError`: a request sent without the job's cookies could
+    end its item for good (a 403 where a session was needed)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self._put = scripts.register(client, "cookies_put")
 
     def get(self, job: str, domains: list[str]) -> list[Optional[str]]:
-        values = self.client.hmget(keys.JobKeys(job).cookies, domains)
+        try:
+            values = self.client.hmget(keys.JobKeys(job).cookies, domains)
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from None
         return [v.decode() if isinstance(v, bytes) else v for v in values]
 
     def put(self, job: str, domain: str, changes: list[dict], now: float,
             per_domain: int, max_bytes: int) -> bool:
         job_keys = keys.JobKeys(job)
-        return bool(self._put(keys=[job_keys.cookies, job_keys.cookie_bytes],
-                              args=[domain, repr(now), per_domain, max_bytes,
-                                    json.dumps(changes, separators=(",", ":"))]))
+        try:
+            return bool(self._put(keys=[job_keys.cookies, job_keys.cookie_bytes],
+                                  args=[domain, repr(now), per_domain, max_bytes,
+                                        json.dumps(changes, separators=(",", ":"))]))
+        except redis.RedisError as exc:
+            raise _unavailable(exc) from None
+
+
+def _unavailable(exc: redis.RedisError) -> FetchError:
+    return FetchError(f"the job's cookie jar is unavailable: {exc}", retryable=True)
 
 
 class _Headers:

@@ -447,7 +447,7 @@ class Fetcher:
 
 def _cause(exc: urllib3.exceptions.ProxyError) -> str:
     """What went wrong with a proxy, without its URL (which may hold its credentials)."""
-    inner = exc.original_error if hasattr(exc, "original_error") else None
+    inner = getattr(exc, "original_error", None)
     if isinstance(inner, urllib3.exceptions.NewConnectionError):
         return "cannot connect to the proxy"
     if isinstance(inner, OSError) and "Tunnel connection failed" in str(inner):

@@ -142,7 +142,8 @@ def test_proxies_are_taken_in_turn_and_a_domain_may_go_direct(two_sites):
     (a, log_a), (b, log_b) = two_sites
     with http_proxy() as one, http_proxy() as two:
         fetcher, policy = policy_fetcher(
-            {"proxies": ["one", "two"], "domains": {domain(b): {"proxies": []}}}, [a + "/", b + "/"],
+            {"proxies": ["one", "two"], "domains": {domain(b): {"proxies": []}}},
+            [a + "/", b + "/"],
             proxies={"one": one.url("http"), "two": two.url("http")})
         for _ in range(4):
             get(fetcher, policy, a + "/p")
@@ -388,3 +389,22 @@ def test_robots_txt_is_fetched_under_the_policy_and_a_workers_lack_is_never_shar
             RobotsCache.from_spec(spec, store).check(base + "/private")
     assert [r["headers"]["Authorization"] for r in log] == ["Bearer tok"]
     assert len(store) == 1
+
+
+def test_a_jar_that_cannot_be_reached_is_a_retryable_failure():
+    """Sending without the job's cookies could end an item for good (a 403 for want of its
+    session): the request is not sent, and the item is tried again later."""
+    import redis
+
+    from distscrape_celery.web.cookies import RedisCookieStore
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # no Redis there
+    store = RedisCookieStore(redis.Redis(port=port, socket_connect_timeout=1))
+    with serve({"/p": ok}) as (base, _, log):
+        fetcher, policy = policy_fetcher({"cookies": True}, [base + "/"], cookie_store=store)
+        with pytest.raises(FetchError) as raised:
+            get(fetcher, policy, base + "/p")
+    assert raised.value.retryable and "cookie jar is unavailable" in str(raised.value)
+    assert log == []
