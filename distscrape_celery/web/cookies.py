@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 # The longest cookie kept, its name and value together (RFC 6265 asks a client to take 4096
 # bytes; a larger one is dropped).
 MAX_COOKIE_BYTES = 4096
+# Who may set a cookie for which domain: http.cookiejar's default rules, and no Domain of a
+# country's second level such as .co.uk (it knows no public suffix list beyond that).
+_POLICY = http.cookiejar.DefaultCookiePolicy(strict_domain=True)
 # The attributes of an http.cookiejar.Cookie kept for it, in its constructor's order.
 _FIELDS = (
     "version", "name", "value", "port", "port_specified", "domain", "domain_specified",
@@ -105,7 +108,7 @@ class _RecordingJar(http.cookiejar.CookieJar):
     clears them from the jar itself, which here holds none of the stored cookies."""
 
     def __init__(self) -> None:
-        super().__init__(http.cookiejar.DefaultCookiePolicy())
+        super().__init__(_POLICY)
         self.deleted: list[tuple[str, str, str]] = []
 
     def clear(self, domain: Optional[str] = None, path: Optional[str] = None,
@@ -139,7 +142,7 @@ class JobCookies:
         self.job = job
         self.per_domain = per_domain
         self.max_bytes = max_bytes
-        self._policy = http.cookiejar.DefaultCookiePolicy()
+        self._policy = _POLICY
 
     def header(self, url: str) -> Optional[str]:
         """The Cookie header a request of ``url`` sends, or None when no stored cookie

@@ -408,3 +408,16 @@ def test_a_jar_that_cannot_be_reached_is_a_retryable_failure():
             get(fetcher, policy, base + "/p")
     assert raised.value.retryable and "cookie jar is unavailable" in str(raised.value)
     assert log == []
+
+
+def test_no_site_sets_a_cookie_for_a_whole_country_domain(cookie_store):
+    routes = {"/set": set_cookies("wide=1; Domain=co.uk", "shop=1; Domain=shop.co.uk"), "/p": ok}
+    hosts = {"www.shop.co.uk": "a", "www.other.co.uk": "b", "x.shop.co.uk": "c"}
+    with serve(routes) as (base, _, log):
+        port = base.rsplit(":", 1)[1]
+        fetcher, policy = policy_fetcher({"cookies": True}, [f"http://www.shop.co.uk:{port}/"],
+                                         cookie_store=cookie_store, **public_test_hooks(hosts))
+        for host, path in [("www.shop.co.uk", "/set"), ("www.other.co.uk", "/p"),
+                           ("x.shop.co.uk", "/p")]:
+            get(fetcher, policy, f"http://{host}:{port}{path}")
+    assert [cookies_sent(entry) for entry in log[1:]] == [set(), {"shop=1"}]
