@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import urllib.request
+import warnings
 from collections import defaultdict
 from typing import Any, Optional, Protocol
 
@@ -25,10 +26,15 @@ from ..tracker import keys
 from ..tracker.redis import scripts
 
 log = logging.getLogger(__name__)
+# http.cookiejar warns, with a traceback, of each Set-Cookie it fails to read, then raises: the
+# raise is handled (and logged) in JobCookies.receive, the warning would only repeat it on stderr.
+warnings.filterwarnings("ignore", message="http.cookiejar bug!", category=UserWarning)
 
 # The longest cookie kept, its name and value together (RFC 6265 asks a client to take 4096
 # bytes; a larger one is dropped).
 MAX_COOKIE_BYTES = 4096
+# The longest a cookie is kept (RFC 6265bis caps Expires and Max-Age at 400 days).
+MAX_COOKIE_SECONDS = 400 * 86400
 # Who may set a cookie for which domain: http.cookiejar's default rules, and no Domain of a
 # country's second level such as .co.uk (it knows no public suffix list beyond that).
 _POLICY = http.cookiejar.DefaultCookiePolicy(strict_domain=True)
@@ -86,18 +92,18 @@ def _unavailable(exc: redis.RedisError) -> FetchError:
 
 
 class _Headers:
-    """The response headers as http.cookiejar reads them (``get_all``)."""
+    """One Set-Cookie header as http.cookiejar reads a response's (``get_all``)."""
 
-    def __init__(self, headers: Any) -> None:
-        self.headers = headers
+    def __init__(self, value: str) -> None:
+        self.value = value
 
     def get_all(self, name: str, default: Any = None) -> Any:
-        return self.headers.getlist(name) or default
+        return [self.value] if name == "Set-Cookie" else default
 
 
 class _Response:
-    def __init__(self, headers: Any) -> None:
-        self._headers = _Headers(headers)
+    def __init__(self, value: str) -> None:
+        self._headers = _Headers(value)
 
     def info(self) -> _Headers:
         return self._headers
@@ -122,7 +128,9 @@ def _key(cookie: http.cookiejar.Cookie) -> str:
     return f"{cookie.path} {cookie.name}"
 
 
-def _to_json(cookie: http.cookiejar.Cookie) -> dict:
+def _to_json(cookie: http.cookiejar.Cookie, now: float) -> dict:
+    if cookie.expires is not None:
+        cookie.expires = min(cookie.expires, int(now) + MAX_COOKIE_SECONDS)
     data = {field: getattr(cookie, field) for field in _FIELDS if field != "rest"}
     data["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]  # no public accessor
     data["e"], data["t"] = cookie.expires, int(time.time() * 1_000_000)
@@ -162,15 +170,22 @@ class JobCookies:
     def receive(self, url: str, headers: Any) -> None:
         """Keep the cookies that the response to ``url`` with ``headers`` (urllib3's) sets,
         as far as the policy lets ``url`` set them; forget those it deletes."""
-        if "Set-Cookie" not in headers and "Set-Cookie2" not in headers:
-            return
+        if "Set-Cookie" not in headers:
+            return  # (Set-Cookie2 is obsolete, and ignored as the default policy does)
         request = urllib.request.Request(url)
         jar = _RecordingJar()
         changes: dict[str, list[dict]] = defaultdict(list)
-        for cookie in jar.make_cookies(_Response(headers), request):
+        now = time.time()
+        cookies = []
+        for value in headers.getlist("Set-Cookie"):
+            try:
+                cookies += jar.make_cookies(_Response(value), request)
+            except Exception:  # a malformed Set-Cookie costs itself, never the page
+                log.info("%s: unreadable Set-Cookie of %s ignored", self.job, url, exc_info=True)
+        for cookie in cookies:
             if (self._policy.set_ok(cookie, request)
                     and len(cookie.name) + len(cookie.value or "") <= MAX_COOKIE_BYTES):
-                changes[cookie.domain].append({"k": _key(cookie), "c": _to_json(cookie)})
+                changes[cookie.domain].append({"k": _key(cookie), "c": _to_json(cookie, now)})
         for domain, path, name in jar.deleted:
             # A site deletes only the cookies it could have set.
             probe = http.cookiejar.Cookie(
@@ -178,7 +193,6 @@ class JobCookies:
                 path, True, False, None, True, None, None, {})
             if self._policy.set_ok_domain(probe, request):
                 changes[domain].append({"k": f"{path} {name}"})
-        now = time.time()
         for domain, domain_changes in changes.items():
             if not self.store.put(self.job, domain, domain_changes, now, self.per_domain,
                                   self.max_bytes):

@@ -104,7 +104,8 @@ class _HttpProxyHandler(socketserver.StreamRequestHandler):
         _relay(self.connection, upstream)
 
     def _forward(self, method: str, target: str, headers: list[tuple[str, str]]) -> None:
-        """Send the request on with Connection: close, and its whole answer back."""
+        """Send the request on with Connection: close, and its whole answer back (the test
+        sites frame every answer by its Content-Length)."""
         parts = urlsplit(target)
         if not _loopback(parts.hostname or ""):
             self.wfile.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
@@ -119,8 +120,7 @@ class _HttpProxyHandler(socketserver.StreamRequestHandler):
         while data := upstream.recv(65536):
             answer += data
         upstream.close()
-        self.wfile.write(answer)
-        self.connection.shutdown(socket.SHUT_RDWR)
+        self.wfile.write(answer)  # framed by its Content-Length: the client's connection stays
 
 
 class _Socks5Handler(socketserver.StreamRequestHandler):
