@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from urllib3 import HTTPHeaderDict
@@ -32,6 +33,8 @@ def hostile(handler) -> None:
     handler.wfile.write(b"ok")
 
 
+# pytest shows every warning; a worker ignores this one (web/cookies.py)
+@pytest.mark.filterwarnings("ignore:http.cookiejar bug")
 def test_hostile_set_cookie_headers_leave_the_page_done(redis_url, tmp_path):
     rt, url = crawl_one(redis_url, tmp_path, {"/": hostile}, "/", "hostile-cookies",
                         fetch={"cookies": True, "allow_private": True})
