@@ -238,11 +238,17 @@ class Settings(BaseModel):
     @field_validator("credentials")
     @classmethod
     def _check_credentials(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
-        for name in value:
+        for name, secret in value.items():
             if not CREDENTIAL_NAME.fullmatch(name):
                 raise ValueError(
                     f"{CREDENTIAL_PREFIX}{name}: a credential name is upper-case letters, digits "
                     "and '_', starting with a letter")
+            text = secret.get_secret_value()
+            # It goes into a header: a line break would split it, and an error naming the bad
+            # header would show it. The message never repeats the value.
+            if not text or not text.isprintable() or not text.isascii():
+                raise ValueError(
+                    f"{CREDENTIAL_PREFIX}{name}: must be one line of printable ASCII characters")
         return value
 
     @field_validator("save_batch_seconds")

@@ -91,6 +91,8 @@ def test_workers_read_proxies_and_credentials_from_their_environment():
     ({"DISTSCRAPE_PROXIES": "eu"}, "NAME=URL"),
     ({"DISTSCRAPE_PROXIES": "eu=http://a:1,eu=http://b:1"}, "given twice"),
     ({"DISTSCRAPE_CREDENTIAL_lower": "hush"}, "credential name"),
+    ({"DISTSCRAPE_CREDENTIAL_TOKEN": "hush\r\nX-Injected: 1"}, "printable ASCII"),
+    ({"DISTSCRAPE_CREDENTIAL_TOKEN": ""}, "printable ASCII"),
     ({"DISTSCRAPE_CREDENTIALS": "hush"}, "unknown setting"),
 ])
 def test_bad_proxies_or_credentials_are_refused_without_their_secrets(environ, why):
