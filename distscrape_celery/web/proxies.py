@@ -48,7 +48,9 @@ def proxy_manager(
             manager.pool_classes_by_scheme = guarded_pool_classes(
                 guard, manager.pool_classes_by_scheme)
     else:
-        auth = parse_url(proxy_url).auth
+        # The user info as the operator wrote it in the URL, %-escapes decoded (a password may
+        # hold a ':' or an '@' written so).
+        auth = parse_url(proxy_url).auth_decoded_joined
         manager = urllib3.ProxyManager(
             proxy_url, proxy_headers=make_headers(proxy_basic_auth=auth) if auth else None,
             **common)

@@ -125,10 +125,10 @@ def test_a_basic_credential_without_a_password_is_refused_without_showing_it():
 
 def test_requests_go_through_an_http_proxy_with_its_credentials(two_sites):
     (a, log_a), _ = two_sites
-    with http_proxy(credentials="px:secret") as proxy:
+    with http_proxy(credentials="px:se:cr@t") as proxy:
         fetcher, policy = policy_fetcher(
             {"proxies": ["office"], "headers": {"X-Job": "1"}}, [a + "/"],
-            proxies={"office": proxy.url("http", "px:secret")})
+            proxies={"office": proxy.url("http", "px:se%3Acr%40t")})
         assert get(fetcher, policy, a + "/p").body == b"ok"
         assert get(fetcher, policy, a + "/p").body == b"ok"
     assert [e["target"] for e in proxy.log.entries] == [a + "/p"] * 2
@@ -154,11 +154,11 @@ def test_proxies_are_taken_in_turn_and_a_domain_may_go_direct(two_sites):
 
 def test_a_socks_proxy_is_given_the_address_the_guard_checked():
     """Also with socks5h, the proxy resolves nothing: it is asked for the checked address."""
-    with serve({"/p": ok}) as (base, _, log), socks5_proxy(credentials="u:pw") as proxy:
+    with serve({"/p": ok}) as (base, _, log), socks5_proxy(credentials="u:p@ss") as proxy:
         port = int(base.rsplit(":", 1)[1])
         url = f"http://shop.example:{port}/p"
         fetcher, policy = policy_fetcher(
-            {"proxies": ["tor"]}, [url], proxies={"tor": proxy.url("socks5h", "u:pw")},
+            {"proxies": ["tor"]}, [url], proxies={"tor": proxy.url("socks5h", "u:p%40ss")},
             **public_test_hooks({"shop.example": "public"}))
         assert get(fetcher, policy, url).body == b"ok"
     [entry] = proxy.log.entries
