@@ -133,7 +133,7 @@ def _to_json(cookie: http.cookiejar.Cookie, now: float) -> dict:
         cookie.expires = min(cookie.expires, int(now) + MAX_COOKIE_SECONDS)
     data = {field: getattr(cookie, field) for field in _FIELDS if field != "rest"}
     data["rest"] = dict(cookie._rest)  # type: ignore[attr-defined]  # no public accessor
-    data["e"], data["t"] = cookie.expires, int(time.time() * 1_000_000)
+    data["t"] = int(time.time() * 1_000_000)
     return data
 
 
@@ -180,8 +180,8 @@ class JobCookies:
         for value in headers.getlist("Set-Cookie"):
             try:
                 cookies += jar.make_cookies(_Response(value), request)
-            except Exception:  # a malformed Set-Cookie costs itself, never the page
-                log.info("%s: unreadable Set-Cookie of %s ignored", self.job, url, exc_info=True)
+            except Exception as exc:  # a malformed Set-Cookie costs itself, never the page
+                log.info("%s: unreadable Set-Cookie of %s ignored: %r", self.job, url, exc)
         for cookie in cookies:
             if (self._policy.set_ok(cookie, request)
                     and len(cookie.name) + len(cookie.value or "") <= MAX_COOKIE_BYTES):

@@ -7,8 +7,9 @@
 --       5 a JSON array of changes: {k = "<path> <name>", c = the cookie, or absent to delete it}
 -- Returns 1 if the domain's cookies were stored, 0 if the jar had no room for them (the jar
 -- is then left as it was).
--- Each cookie carries "e" (its expiry, or null for a session cookie) and "t" (when it was set,
--- µs): expired ones are dropped here, and past the domain's bound the oldest set go first.
+-- Each cookie carries "expires" (Unix seconds, or null for a session cookie) and "t" (when it
+-- was set, µs): expired ones are dropped here, and past the domain's bound the oldest set go
+-- first.
 local domain, now = ARGV[1], tonumber(ARGV[2])
 local per_domain, bound = tonumber(ARGV[3]), tonumber(ARGV[4])
 local old = redis.call('HGET', KEYS[1], domain)
@@ -19,7 +20,7 @@ for _, change in ipairs(cjson.decode(ARGV[5])) do
 end
 local count = 0
 for k, cookie in pairs(jar) do
-  if type(cookie.e) == 'number' and cookie.e <= now then jar[k] = nil else count = count + 1 end
+  if type(cookie.expires) == 'number' and cookie.expires <= now then jar[k] = nil else count = count + 1 end
 end
 while count > per_domain do
   local oldest, first = nil, nil
