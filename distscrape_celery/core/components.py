@@ -25,6 +25,7 @@ from ..savers.files import FileItemSaver
 from ..savers.shards import ShardedItemSaver
 from ..scrapers import Scraper
 from ..settings import ENV_PREFIX, Settings, is_dotted_name
+from ..web.fetch_policy import check_policy_settings
 
 SCRAPERS = {
     "simple": "distscrape_celery.scrapers:SimpleScraper",
@@ -222,11 +223,13 @@ def check_components(
     """Check that the scraper and saver ``spec`` names can be loaded by this process (the
     seeding one) under its ``settings``, so a bad or refused dotted path, or an output outside
     the allowed roots, is a clear error at seed time, not one dead item after another. With no
-    ``output_roots`` here, any output passes (the workers' own roots decide). The error names
+    ``output_roots`` here, any output passes (the workers' own roots decide); likewise a proxy
+    the spec names is checked only against this process's own ``proxies``. The error names
     the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
     _saver_class(spec, settings, names or {}, worker=False)
     build_priority_rule(spec, settings, names or {})
+    check_policy_settings(spec, settings, own_workers=False)
 
 
 def writes_paths(spec: JobSpec, settings: Settings) -> bool:

@@ -24,6 +24,7 @@ from ...scrapers import Scraper
 from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
 from ...tracker.revisits import RevisitUpdate
 from ...web.fetch import Download, redirect_check
+from ...web.fetch_policy import fetch_policy
 from ...web.sitemap_items import is_sitemap_item
 from . import revisiting
 from .failures import Failures, left_for_recovery
@@ -131,7 +132,10 @@ class Scraping:
         page = self._leased_page(context, item, checkout)
         page.go_on = go_on
         try:
-            return self._scrape_leased(page), page.carried
+            # Its robots.txt, sitemaps and the page itself: every request carries what the
+            # job's fetch policy asks (headers, credentials, proxies, cookies).
+            with fetch_policy(context.fetch_policy):
+                return self._scrape_leased(page), page.carried
         except _Ended as ended:
             return ended.outcome, page.carried
         finally:
