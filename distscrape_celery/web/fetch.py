@@ -130,6 +130,10 @@ class Download:
     # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
     unchanged: bool = False
+    # What the response's headers say of the page itself (web/page_meta.py): its X-Robots-Tag
+    # and Link header lines. Read when the page is scraped; not in meta(), a save needs neither.
+    robots_tags: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
 
     @property
     def not_modified(self) -> bool:
@@ -321,7 +325,8 @@ class Fetcher:
                 response.drain_conn()
                 return Download(url=url, status=304, content_type=headers.get("Content-Type", ""),
                                 body=b"", etag=headers.get("ETag", ""),
-                                last_modified=_http_date(headers.get("Last-Modified")))
+                                last_modified=_http_date(headers.get("Last-Modified")),
+                                **_self_description(headers))
             self._check_type(url, response)
             body = (self._read_body(url, response, deadline) if sink is None
                     else self._stream_body(url, response, deadline, sink))
@@ -334,6 +339,7 @@ class Fetcher:
                 body=body,
                 etag=headers.get("ETag", ""),
                 last_modified=_http_date(headers.get("Last-Modified")),
+                **_self_description(headers),
             )
         except AddressRefused as exc:
             # Chained, so a caller can tell the guard's refusal from the host's answer.
@@ -400,6 +406,12 @@ class Fetcher:
             if deadline.passed():
                 raise _total_timeout(url, self.spec)
         return b""
+
+
+def _self_description(headers: urllib3.HTTPHeaderDict) -> dict[str, tuple[str, ...]]:
+    """The :class:`Download` fields of the headers in which a page speaks of itself."""
+    return {"robots_tags": tuple(headers.getlist("X-Robots-Tag")),
+            "links": tuple(headers.getlist("Link"))}
 
 
 def _total_timeout(url: str, spec: FetchSpec) -> FetchError:

@@ -1,0 +1,170 @@
+"""What a page says about itself: its robots directives (``<meta name=robots>``, a meta tag
+named after the crawler, the ``X-Robots-Tag`` header) and its canonical URL (``<link
+rel=canonical>``, a ``Link: <...>; rel="canonical"`` header), read as Google documents them.
+
+Only ``noindex``, ``nofollow`` and ``none`` (both) change anything; every other directive
+(``all``, ``index``, ``noarchive``, ``max-snippet: 20``, ``unavailable_after: ...``) is
+ignored. Where several tags or headers disagree the most restrictive wins. Nothing here raises
+because of what a site sent, and no value costs more than :data:`MAX_VALUE_CHARS` of work."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Optional
+
+# Of one meta content or header value, the characters read: real ones are a few dozen.
+MAX_VALUE_CHARS = 1024
+# Of a page's canonical hrefs, the distinct ones kept: two tell that the page names several.
+_MAX_CANONICALS = 2
+# Directives that take a value after a colon: "max-snippet: 20" names no user agent.
+_VALUE_DIRECTIVES = frozenset({
+    "unavailable_after", "max-snippet", "max-image-preview", "max-video-preview",
+})
+# A user agent token before a colon ("googlebot: noindex"); a date's "15:00" has none.
+_AGENT = re.compile(r"[a-z0-9_.*-]+\Z")
+_HTML_WHITESPACE = " \t\n\f\r"
+# One link-value of a Link header: the URL between angle brackets and its parameters.
+_LINK_VALUE = re.compile(r"<([^>]*)>([^<]*)")
+_REL_PARAM = re.compile(r';\s*rel\s*=\s*(?:"([^"]*)"|([^\s;,"]+))', re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Directives:
+    """The robots directives that apply to a page: ``noindex`` (do not keep it) and
+    ``nofollow`` (do not follow its links)."""
+
+    noindex: bool = False
+    nofollow: bool = False
+
+    def __or__(self, other: "Directives") -> "Directives":
+        return Directives(self.noindex or other.noindex, self.nofollow or other.nofollow)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing more could be added: further tags need not be read."""
+        return self.noindex and self.nofollow
+
+
+NO_DIRECTIVES = Directives()
+_NONE = Directives(True, True)
+
+
+@dataclass(frozen=True)
+class PageMeta:
+    """What a page's HTML says about itself: the robots directives of its meta tags that apply
+    to the crawler, and its ``<link rel=canonical>`` hrefs (distinct, as written, at most two:
+    more than one means the page names no single canonical URL)."""
+
+    robots: Directives = NO_DIRECTIVES
+    canonicals: tuple[str, ...] = ()
+
+
+NO_META = PageMeta()
+
+
+def agent_token(user_agent: str) -> str:
+    """The product token of a User-Agent, lower-cased, as a meta tag's name or an
+    ``X-Robots-Tag`` prefix names a crawler: "distscrape-celery/0.1 (+https://x)" gives
+    "distscrape-celery"."""
+    return user_agent.strip().split("/", 1)[0].split(None, 1)[0].lower() if user_agent.strip() else ""
+
+
+def _directive(word: str) -> Directives:
+    """What one directive (lower case, stripped) says."""
+    if word == "noindex":
+        return Directives(noindex=True)
+    if word == "nofollow":
+        return Directives(nofollow=True)
+    if word == "none":
+        return _NONE
+    return NO_DIRECTIVES
+
+
+def meta_directives(content: str) -> Directives:
+    """The directives of a robots meta tag's ``content`` ("noindex, nofollow")."""
+    found = NO_DIRECTIVES
+    for word in content[:MAX_VALUE_CHARS].lower().split(","):
+        found |= _directive(word.strip(_HTML_WHITESPACE))
+    return found
+
+
+def header_directives(values: Iterable[str], agent: str) -> Directives:
+    """The directives of ``X-Robots-Tag`` header ``values`` (one per header line) that apply to
+    the crawler whose :func:`agent_token` is ``agent``. A directive after a user agent and a colon
+    ("otherbot: noindex, nofollow") applies to that agent only, as do those after it on the same
+    line, up to the next agent named; the others to every crawler."""
+    found = NO_DIRECTIVES
+    for value in values:
+        applies = True
+        for part in value[:MAX_VALUE_CHARS].lower().split(","):
+            name, colon, rest = part.partition(":")
+            name = name.strip()
+            if colon:
+                if name in _VALUE_DIRECTIVES or not _AGENT.match(name):
+                    continue
+                applies = name == agent
+                part = rest
+            if applies:
+                found |= _directive(part.strip())
+    return found
+
+
+def header_canonicals(values: Iterable[str]) -> list[str]:
+    """The URLs of the ``Link`` header ``values`` whose ``rel`` includes ``canonical``, distinct,
+    as written (relative ones are the caller's to resolve), at most two."""
+    found: dict[str, None] = {}
+    for value in values:
+        for match in _LINK_VALUE.finditer(value[:8 * MAX_VALUE_CHARS]):
+            for rel in _REL_PARAM.finditer(match[2]):
+                if "canonical" in (rel[1] if rel[1] is not None else rel[2]).lower().split():
+                    found[match[1].strip()] = None
+                    break
+            if len(found) >= _MAX_CANONICALS:
+                return list(found)
+    return list(found)
+
+
+class MetaReader:
+    """Reads the robots meta tags and canonical links of one page from its parser's events
+    (:meth:`tag`), for the crawler whose :func:`agent_token` is ``agent``. Each tag costs at most
+    :data:`MAX_VALUE_CHARS` of work, and none once nothing more could be learned."""
+
+    def __init__(self, agent: str = "") -> None:
+        self.names = frozenset({"robots", agent} - {""})
+        self.reset()
+
+    def reset(self) -> None:
+        self.robots = NO_DIRECTIVES
+        self.canonicals: list[str] = []
+
+    def tag(self, tag: str, attrib: dict) -> None:
+        """An element the parser started (lower-case ``tag``); only ``meta`` and ``link`` count."""
+        if tag == "meta":
+            if self.robots.complete:
+                return
+            name = attrib.get("name")
+            content = attrib.get("content")
+            if (name is not None and content is not None
+                    and name[:64].strip(_HTML_WHITESPACE).lower() in self.names):
+                self.robots |= meta_directives(content)
+        elif tag == "link" and len(self.canonicals) < _MAX_CANONICALS:
+            rel, href = attrib.get("rel"), attrib.get("href")
+            if (rel is not None and href is not None
+                    and "canonical" in rel[:MAX_VALUE_CHARS].lower().split()):
+                href = href.strip(_HTML_WHITESPACE)
+                if href and href not in self.canonicals:
+                    self.canonicals.append(href)
+
+    def result(self) -> PageMeta:
+        return PageMeta(self.robots, tuple(self.canonicals))
+
+
+def single_canonical(hrefs: Iterable[Optional[str]]) -> Optional[str]:
+    """The one URL ``hrefs`` (resolved alike; None: unusable) agree on, or None when there is
+    none or they name several."""
+    found = {href for href in hrefs}
+    if len(found) != 1:
+        return None
+    return found.pop()
