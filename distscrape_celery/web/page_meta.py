@@ -16,6 +16,9 @@ from typing import Optional
 
 # Of one meta content or header value, the characters read: real ones are a few dozen.
 MAX_VALUE_CHARS = 1024
+# Of a page's robots meta tags (those named for the crawler), the first this many are read: a
+# real page has one or two, and a page of many thousands costs a name check each past these.
+MAX_ROBOTS_TAGS = 32
 # Of a page's canonical hrefs, the distinct ones kept: two tell that the page names several.
 _MAX_CANONICALS = 2
 # Directives that take a value after a colon: "max-snippet: 20" names no user agent.
@@ -40,11 +43,6 @@ class Directives:
 
     def __or__(self, other: "Directives") -> "Directives":
         return Directives(self.noindex or other.noindex, self.nofollow or other.nofollow)
-
-    @property
-    def complete(self) -> bool:
-        """Nothing more could be added: further tags need not be read."""
-        return self.noindex and self.nofollow
 
 
 NO_DIRECTIVES = Directives()
@@ -82,12 +80,16 @@ def _directive(word: str) -> Directives:
     return NO_DIRECTIVES
 
 
+def _meta_flags(content: str) -> tuple[bool, bool]:
+    """(noindex, nofollow) of a robots meta tag's ``content``."""
+    words = {word.strip(_HTML_WHITESPACE) for word in content[:MAX_VALUE_CHARS].lower().split(",")}
+    none = "none" in words
+    return none or "noindex" in words, none or "nofollow" in words
+
+
 def meta_directives(content: str) -> Directives:
     """The directives of a robots meta tag's ``content`` ("noindex, nofollow")."""
-    found = NO_DIRECTIVES
-    for word in content[:MAX_VALUE_CHARS].lower().split(","):
-        found |= _directive(word.strip(_HTML_WHITESPACE))
-    return found
+    return Directives(*_meta_flags(content))
 
 
 def header_directives(values: Iterable[str], agent: str) -> Directives:
@@ -129,26 +131,31 @@ def header_canonicals(values: Iterable[str]) -> list[str]:
 class MetaReader:
     """Reads the robots meta tags and canonical links of one page from its parser's events
     (:meth:`tag`), for the crawler whose :func:`agent_token` is ``agent``. Each tag costs at most
-    :data:`MAX_VALUE_CHARS` of work, and none once nothing more could be learned."""
+    :data:`MAX_VALUE_CHARS` of work; past the first :data:`MAX_ROBOTS_TAGS` robots meta tags, or
+    once nothing more could be learned of them, a meta tag costs nothing more."""
 
     def __init__(self, agent: str = "") -> None:
         self.names = frozenset({"robots", agent} - {""})
         self.reset()
 
     def reset(self) -> None:
-        self.robots = NO_DIRECTIVES
+        self.noindex = self.nofollow = False
+        self._robots_left = MAX_ROBOTS_TAGS
         self.canonicals: list[str] = []
 
     def tag(self, tag: str, attrib: dict) -> None:
         """An element the parser started (lower-case ``tag``); only ``meta`` and ``link`` count."""
         if tag == "meta":
-            if self.robots.complete:
+            if self._robots_left <= 0:
                 return
-            name = attrib.get("name")
-            content = attrib.get("content")
-            if (name is not None and content is not None
-                    and name[:64].strip(_HTML_WHITESPACE).lower() in self.names):
-                self.robots |= meta_directives(content)
+            name, content = attrib.get("name"), attrib.get("content")
+            if (name is None or content is None
+                    or name[:64].strip(_HTML_WHITESPACE).lower() not in self.names):
+                return
+            noindex, nofollow = _meta_flags(content)
+            self.noindex |= noindex
+            self.nofollow |= nofollow
+            self._robots_left = 0 if self.noindex and self.nofollow else self._robots_left - 1
         elif tag == "link" and len(self.canonicals) < _MAX_CANONICALS:
             rel, href = attrib.get("rel"), attrib.get("href")
             if (rel is not None and href is not None
@@ -158,7 +165,7 @@ class MetaReader:
                     self.canonicals.append(href)
 
     def result(self) -> PageMeta:
-        return PageMeta(self.robots, tuple(self.canonicals))
+        return PageMeta(Directives(self.noindex, self.nofollow), tuple(self.canonicals))
 
 
 def single_canonical(hrefs: Iterable[Optional[str]]) -> Optional[str]:

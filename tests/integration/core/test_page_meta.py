@@ -208,3 +208,32 @@ def test_a_noindex_page_is_judged_again_at_each_revisit(tmp_path):
 def _saved_paths(out: Path, base: str, pages: dict) -> set[str]:
     saver = FileItemSaver(str(out))
     return {path for path in pages if (out / saver.name_for(base + path)).is_file()}
+
+
+def test_an_unchanged_page_whose_header_now_says_noindex_gets_no_revisit_record(tmp_path):
+    """A revisit that finds a page unchanged does not parse it, but reads its X-Robots-Tag: the
+    WARC saver, which records unchanged pages as revisit records, records none for a page whose
+    header says noindex now; the unchanged page without it gets its revisit record."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    headers = {"/a": {}}
+    pages = {"/": _page("/a", "/b"), "/a": _page(), "/b": _page()}
+
+    def route(path: str, _n: int):
+        body = pages.get(path)
+        return (200 if body is not None else 404), body or b"", dict(headers.get(path, {})), 0
+
+    warc = tmp_path / "site.warc.gz"
+    with RouteServer(route) as server:
+        for _ in range(2):
+            res = run("crawl", server.base + "/", "--output", str(warc), "--revisit", "--quiet",
+                      "--concurrency", "2", timeout=180)
+            assert res.returncode == 0, (res.stdout, res.stderr)
+            headers["/a"] = {"X-Robots-Tag": "noindex"}
+        base = server.base
+    with open(warc, "rb") as fh:
+        records = [(r.rec_type, r.rec_headers.get_header("WARC-Target-URI"))
+                   for r in ArchiveIterator(fh) if r.rec_type in ("response", "revisit")]
+    assert sorted(records) == sorted([
+        ("response", base + "/"), ("response", base + "/a"), ("response", base + "/b"),
+        ("revisit", base + "/"), ("revisit", base + "/b")])
