@@ -15,7 +15,9 @@ import lxml.html
 from ..caches import ByteBoundedCache, text_bytes
 from ..web.encoding import decode_html
 from ..web.fetch import Download, Fetcher, media_type_of
-from ..web.page_meta import NO_META, MAX_VALUE_CHARS, MetaReader, PageMeta, agent_token
+from ..web.page_meta import (
+    MAX_VALUE_CHARS, NO_META, MetaReader, PageMeta, agent_token, meta_names,
+)
 from ..job.scraper_spec import DEFAULT_MAX_LINKS_PER_PAGE, HREFS_LOOKED_AT_PER_LINK
 from ..job.sections import FetchSpec
 from ..job.spec import JobSpec
@@ -74,7 +76,7 @@ class SimpleScraper(Scraper):
         self.scope = scope if scope is not None else LinkScope()
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
         self.max_links = max_links
-        self.meta_names = MetaReader(agent).names
+        self.meta_names = meta_names(agent)
         self.skip_rel_nofollow = skip_rel_nofollow
         self.max_hrefs = HREFS_LOOKED_AT_PER_LINK * max_links
         self._links: ByteBoundedCache[_LinkKey, Optional[str]] = ByteBoundedCache(

@@ -128,6 +128,12 @@ def header_canonicals(values: Iterable[str]) -> list[str]:
     return list(found)
 
 
+def meta_names(agent: str) -> frozenset[str]:
+    """The names of the meta tags whose directives apply to the crawler whose
+    :func:`agent_token` is ``agent``: ``robots``, and ``agent`` itself."""
+    return frozenset({"robots", agent} - {""})
+
+
 class MetaReader:
     """Reads the robots meta tags and canonical links of one page from its parser's events
     (:meth:`tag`), for the crawler whose :func:`agent_token` is ``agent``. Each tag costs at most
@@ -135,7 +141,7 @@ class MetaReader:
     once nothing more could be learned of them, a meta tag costs nothing more."""
 
     def __init__(self, agent: str = "") -> None:
-        self.names = frozenset({"robots", agent} - {""})
+        self.names = meta_names(agent)
         self.reset()
 
     def reset(self) -> None:

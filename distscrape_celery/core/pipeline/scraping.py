@@ -261,7 +261,7 @@ class Scraping:
             log.exception("%s %s: scraper find_items raised", page.job, page.item)
             raise self._fail(page, f"scraper error: {exc!r}", fault=Fault.ITEM) from None
         links, cut = (cap_links(page.job, page.item, found, scraper_spec.max_links_per_page)
-                      if verdict.follow and found else ([], 0))
+                      if verdict.follow else ([], 0))
         if verdict.canonical is not None:
             links = [verdict.canonical, *(link for link in links if link != verdict.canonical)]
         return links, cut, verdict
