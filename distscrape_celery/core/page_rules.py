@@ -15,15 +15,15 @@ from urllib.parse import urljoin, urlsplit
 
 from ..job.patterns import PatternTimeout
 from ..job.spec import JobSpec
+from ..job.urls import DEFAULT_PORTS
+from ..tracker.model import SKIP_COUNTERS
 from ..web.fetch import Download
 from ..web.page_meta import PageMeta, agent_token, header_canonicals, header_directives
 from ..web.scope import LinkScope
-from ..job.urls import DEFAULT_PORTS
 from ..web.ssrf import AddressGuard, AddressRefused, literal_addresses
 
-# Why a page was not saved: the name of the job's counter that counts it (complete.lua).
-NOINDEX = "noindex"
-CANONICAL = "canonical"
+# Why a page was not saved: the name of the job's counter that counts it (Tracker.complete).
+NOINDEX, CANONICAL = SKIP_COUNTERS
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,21 @@ rel=canonical>``, a ``Link: <...>; rel="canonical"`` header), read as Google doc
 Only ``noindex``, ``nofollow`` and ``none`` (both) change anything; every other directive
 (``all``, ``index``, ``noarchive``, ``max-snippet: 20``, ``unavailable_after: ...``) is
 ignored. Where several tags or headers disagree the most restrictive wins. Nothing here raises
-because of what a site sent, and no value costs more than :data:`MAX_VALUE_CHARS` of work."""
+because of what a site sent, and no tag or header line costs more than a few KiB of work."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Optional
 
 # Of one meta content or header value, the characters read: real ones are a few dozen.
 MAX_VALUE_CHARS = 1024
 # Of a page's robots meta tags (those named for the crawler), the first this many are read: a
 # real page has one or two, and a page of many thousands costs a name check each past these.
 MAX_ROBOTS_TAGS = 32
+# Of one Link header line, the characters read: it may list many links (preloads, alternates).
+_MAX_LINK_CHARS = 8 * MAX_VALUE_CHARS
 # Of a page's canonical hrefs, the distinct ones kept: two tell that the page names several.
 _MAX_CANONICALS = 2
 # Directives that take a value after a colon: "max-snippet: 20" names no user agent.
@@ -52,8 +53,9 @@ _NONE = Directives(True, True)
 @dataclass(frozen=True)
 class PageMeta:
     """What a page's HTML says about itself: the robots directives of its meta tags that apply
-    to the crawler, and its ``<link rel=canonical>`` hrefs (distinct, as written, at most two:
-    more than one means the page names no single canonical URL)."""
+    to the crawler, and its ``<link rel=canonical>`` hrefs (distinct, at most two: more than one
+    means the page names no single canonical URL; as written in :class:`MetaReader`, resolved
+    against the page's base in what a scraper returns)."""
 
     robots: Directives = NO_DIRECTIVES
     canonicals: tuple[str, ...] = ()
@@ -118,7 +120,7 @@ def header_canonicals(values: Iterable[str]) -> list[str]:
     as written (relative ones are the caller's to resolve), at most two."""
     found: dict[str, None] = {}
     for value in values:
-        for match in _LINK_VALUE.finditer(value[:8 * MAX_VALUE_CHARS]):
+        for match in _LINK_VALUE.finditer(value[:_MAX_LINK_CHARS]):
             for rel in _REL_PARAM.finditer(match[2]):
                 if "canonical" in (rel[1] if rel[1] is not None else rel[2]).lower().split():
                     found[match[1].strip()] = None
@@ -173,11 +175,3 @@ class MetaReader:
     def result(self) -> PageMeta:
         return PageMeta(Directives(self.noindex, self.nofollow), tuple(self.canonicals))
 
-
-def single_canonical(hrefs: Iterable[Optional[str]]) -> Optional[str]:
-    """The one URL ``hrefs`` (resolved alike; None: unusable) agree on, or None when there is
-    none or they name several."""
-    found = {href for href in hrefs}
-    if len(found) != 1:
-        return None
-    return found.pop()
