@@ -94,24 +94,27 @@ def _saved(out: Path, base: str) -> set[str]:
     return {path for path in SITE if (out / saver.name_for(base + path)).is_file()}
 
 
-def _crawl(tmp_path: Path, server: RouteServer, scraper: dict, *extra: str):
+def _crawl(tmp_path: Path, server: RouteServer, scraper: dict, *extra: str, env=None):
     config = tmp_path / "job.toml"
     config.write_text("[scraper]\n" + "".join(
         f"{name} = {str(value).lower()}\n" for name, value in scraper.items()))
     out = tmp_path / "out"
     res = run("crawl", server.base + "/", "--output", str(out), "--config", str(config),
-              "--concurrency", "4", *extra, timeout=180)
+              "--concurrency", "4", *extra, env=env, timeout=180)
     assert res.returncode == 0, (res.stdout, res.stderr)
     return out, res
 
 
-@pytest.mark.parametrize("tracker", ["redis", "memory"])
+@pytest.mark.parametrize("tracker", ["redis", "redis-save-tasks", "memory"])
 def test_robots_directives_are_obeyed_by_default(tmp_path, tracker):
     """Default spec: noindex pages are not saved but counted as done (and as noindex), their
     links followed; nofollow pages are saved and none of their links requested; tags and header
-    lines for another crawler change nothing; rel=nofollow and canonical links are left alone."""
+    lines for another crawler change nothing; rel=nofollow and canonical links are left alone.
+    Saved inline (the crawl's default) or by save tasks that other worker processes run."""
+    extra = ["--in-memory"] if tracker == "memory" else []
+    env = {"DISTSCRAPE_SAVE_INLINE": "false"} if tracker == "redis-save-tasks" else None
     with _server() as server:
-        out, res = _crawl(tmp_path, server, {}, *(["--in-memory"] if tracker == "memory" else []))
+        out, res = _crawl(tmp_path, server, {}, *extra, env=env)
         hits = set(server.page_hits)
     saved = _saved(out, server.base)
     expected_hits = REACHABLE - NOT_FOLLOWED
