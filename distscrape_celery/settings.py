@@ -175,6 +175,14 @@ class Settings(BaseModel):
         "where Python imports from is refused still.",
     )
 
+    postgres_dsn: Optional[str] = Field(
+        None,
+        description="The PostgreSQL database the postgres saver writes to, as a libpq connection "
+        "string (postgresql://user@host:5432/db, or key=value pairs); its password is best left "
+        "to ~/.pgpass or PGPASSWORD. A job spec names only the table: the address and its "
+        "credentials stay with the workers. Unset, a job with the postgres saver fails its items.",
+    )
+
     metrics_auth: Optional[str] = Field(
         None,
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "

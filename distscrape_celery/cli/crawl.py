@@ -167,6 +167,8 @@ def _run(
         # The workers are stopped: join their archive shards into the file the user named,
         # still holding the state directory, so that no other crawl adds shards meanwhile.
         output, join_failed = spec.saver.output, None
+        if spec.saver.table is not None and spec.saver.kind == "postgres":
+            output = f"table {spec.saver.table}"
         try:
             join_archive(spec, job)
         except SaveError as exc:

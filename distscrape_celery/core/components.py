@@ -35,6 +35,7 @@ SAVERS = {
     "redis": "distscrape_celery.savers:RedisItemSaver",
     "tar": "distscrape_celery.savers:TarItemSaver",
     "warc": "distscrape_celery.savers:WarcItemSaver",
+    "postgres": "distscrape_celery.savers.postgres:PostgresItemSaver",
 }
 # The built-in classes, by kind or by their own path, need no allow-list; nothing else of this
 # package does either (importing an arbitrary module of ours is no business of a spec).
@@ -255,7 +256,8 @@ def build_scraper(spec: JobSpec, settings: Settings) -> Scraper:
 def build_saver(spec: JobSpec, job: str, worker_id: str, settings: Settings) -> ItemSaver:
     """The job's saver, not yet opened, if ``settings`` allow its class and its output
     (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`: for a path, roots must be set)."""
-    return _saver_class(spec, settings, {}, worker=True).from_spec(spec.saver, job=job, worker_id=worker_id)
+    return _saver_class(spec, settings, {}, worker=True).for_worker(
+        spec.saver, job=job, worker_id=worker_id, settings=settings)
 
 
 def build_priority_rule(

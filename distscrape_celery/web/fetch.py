@@ -134,6 +134,9 @@ class Download:
     # and Link header lines. Read when the page is scraped; not in meta(), a save needs neither.
     robots_tags: tuple[str, ...] = ()
     links: tuple[str, ...] = ()
+    # The records extracted from the page, for a saver that saves records
+    # (ItemSaver.saves_records): filled in the save step, never sent through the broker.
+    records: tuple[dict, ...] = ()
 
     @property
     def not_modified(self) -> bool:
