@@ -189,10 +189,16 @@ def _report(
     """Print how the crawl ended, and exit with its status: 2 when the join failed, 1 with
     dead items."""
     job, stats = plan.job, result.stats
-    saved = stats.done - stats.unchanged - stats.gone
-    # A job that revisits says what its revisits found.
-    revisits = (f" ({stats.unchanged} unchanged, {stats.gone} gone)"
-                if stats.unchanged or stats.gone else "")
+    saved = stats.saved
+    # A job that revisits says what its revisits found; any job, the pages it left unsaved
+    # because of what they said.
+    unsaved = ([f"{stats.unchanged} unchanged", f"{stats.gone} gone"]
+               if stats.unchanged or stats.gone else [])
+    if stats.noindex:
+        unsaved.append(f"{stats.noindex} noindex")
+    if stats.canonical:
+        unsaved.append(f"{stats.canonical} canonical elsewhere")
+    revisits = f" ({', '.join(unsaved)})" if unsaved else ""
     left = f", {stats.queued} left queued" if result.expired else ""
     if result.already_finished:
         ended = "expired (its max_duration ran out)" if result.expired else "finished"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Optional, TypeVar
 
 from .components import build_priority_rule, build_saver, build_scraper
+from .page_rules import PageRules
 from .priorities import PriorityRule
 from ..job.spec import JobSpec
 from ..savers import ItemSaver
@@ -59,6 +60,7 @@ class JobContext:
         self.fetch_policy = FetchPolicy.for_job(
             job, spec, proxies=settings.proxies, credentials=settings.credentials,
             cookie_store=cookie_store)
+        self._page_rules: Optional[PageRules] = None
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""
@@ -100,6 +102,13 @@ class JobContext:
         rule = self._priority_rule
         return rule if rule is not None else self._once(
             "_priority_rule", lambda: build_priority_rule(self.spec, self.settings))
+
+    def page_rules(self) -> PageRules:
+        """What the job makes of what its pages say about themselves (robots meta tags and
+        headers, canonical URLs)."""
+        rules = self._page_rules
+        return rules if rules is not None else self._once(
+            "_page_rules", lambda: PageRules.from_spec(self.spec))
 
     def saver(self) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its

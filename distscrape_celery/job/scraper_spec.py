@@ -115,6 +115,26 @@ class ScraperSpec(StrictModel):
         "(the page is still saved), and the worker logs why.",
     )
 
+    obey_noindex: bool = Field(
+        True,
+        description="A page whose robots meta tag or X-Robots-Tag header says noindex (or "
+        "none) is not saved: it counts as done, and among them as noindex.",
+    )
+    obey_nofollow: bool = Field(
+        True,
+        description="A page whose robots meta tag or X-Robots-Tag header says nofollow (or "
+        "none) adds none of its links.",
+    )
+    obey_rel_nofollow: bool = Field(
+        False, description='Skip the links (<a>, <area>) whose rel says "nofollow".',
+    )
+    dedupe_canonical: bool = Field(
+        False,
+        description="A page whose canonical URL (<link rel=canonical>, or a Link header) is "
+        "another URL the job follows is not saved (it counts as done, and among them as "
+        "canonical); its canonical URL is queued instead, as a link of the page.",
+    )
+
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 from ..web.fetch import Download
+from ..web.page_meta import NO_META, PageMeta
 from ..job.spec import JobSpec
 from ..job.urls import is_url
 
@@ -16,15 +17,19 @@ class FoundItems(list[str]):
     the page had that the scraper left out because a limit stopped it early (``cut``, with
     ``limit`` naming the limit for the log). ``looked_at``: the candidates the scraper examined
     (for a link scraper, the hrefs it resolved or dropped), so that a test or a log can tell
-    how much work the page cost. A plain list means nothing was left out."""
+    how much work the page cost. ``meta``: what the page says about itself (robots meta tags,
+    canonical links), read in the same parse, if the scraper reads it. A plain list means
+    nothing was left out and nothing was read of the page's meta tags."""
 
     def __init__(
-        self, items: Iterable[str] = (), *, cut: int = 0, limit: str = "", looked_at: int = 0
+        self, items: Iterable[str] = (), *, cut: int = 0, limit: str = "", looked_at: int = 0,
+        meta: PageMeta = NO_META,
     ) -> None:
         super().__init__(items)
         self.cut = cut
         self.limit = limit
         self.looked_at = looked_at
+        self.meta = meta
 
 
 class Scraper(ABC):
@@ -47,4 +52,12 @@ class Scraper(ABC):
     def find_items(self, item: str, download: Download) -> list[str]:
         """New items found in ``download`` (duplicates allowed; the tracker deduplicates). The
         pipeline keeps the first ``scraper.max_links_per_page`` distinct ones; a scraper that
-        stops before that to save work returns a :class:`FoundItems` saying how many it cut."""
+        stops before that to save work returns a :class:`FoundItems` saying how many it cut,
+        and one that reads the page's robots meta tags and canonical links returns them in its
+        :attr:`FoundItems.meta`."""
+
+    def page_meta(self, item: str, download: Download) -> PageMeta:
+        """What ``download`` says about itself in its content (robots meta tags, canonical
+        links, resolved to absolute URLs), for a page whose links are not wanted (the job's
+        max_depth reached). Default: nothing, as for any scraper that does not read them."""
+        return NO_META

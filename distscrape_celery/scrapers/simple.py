@@ -15,6 +15,9 @@ import lxml.html
 from ..caches import ByteBoundedCache, text_bytes
 from ..web.encoding import decode_html
 from ..web.fetch import Download, Fetcher, media_type_of
+from ..web.page_meta import (
+    MAX_VALUE_CHARS, NO_META, MetaReader, PageMeta, agent_token, meta_names,
+)
 from ..job.scraper_spec import DEFAULT_MAX_LINKS_PER_PAGE, HREFS_LOOKED_AT_PER_LINK
 from ..job.sections import FetchSpec
 from ..job.spec import JobSpec
@@ -58,17 +61,23 @@ class SimpleScraper(Scraper):
     ``scope`` accepts, in its canonical form, at most ``max_links`` a page. Other content types
     are downloaded (and saved) but have no links. An href longer than the scope's
     ``max_url_length`` is dropped before anything else is done with it. At most
-    ``HREFS_LOOKED_AT_PER_LINK * max_links`` hrefs of a page are looked at (``max_hrefs``)."""
+    ``HREFS_LOOKED_AT_PER_LINK * max_links`` hrefs of a page are looked at (``max_hrefs``).
+    With ``skip_rel_nofollow``, a link whose ``rel`` says ``nofollow`` is no link at all. The
+    same parse reads the page's robots meta tags (``robots``, or named ``agent``: the crawler's
+    :func:`~distscrape_celery.web.page_meta.agent_token`) and canonical links."""
 
     def __init__(
         self, scope: Optional[LinkScope] = None, fetcher: Optional[Fetcher] = None,
-        max_links: int = DEFAULT_MAX_LINKS_PER_PAGE,
+        max_links: int = DEFAULT_MAX_LINKS_PER_PAGE, *, agent: str = "",
+        skip_rel_nofollow: bool = False,
     ) -> None:
         if max_links < 1:
             raise ValueError(f"scraper.max_links_per_page must be at least 1, not {max_links}")
         self.scope = scope if scope is not None else LinkScope()
         self.fetcher = fetcher if fetcher is not None else Fetcher(FetchSpec())
         self.max_links = max_links
+        self.meta_names = meta_names(agent)
+        self.skip_rel_nofollow = skip_rel_nofollow
         self.max_hrefs = HREFS_LOOKED_AT_PER_LINK * max_links
         self._links: ByteBoundedCache[_LinkKey, Optional[str]] = ByteBoundedCache(
             _CACHED_LINK_BYTES, _link_bytes
@@ -79,7 +88,8 @@ class SimpleScraper(Scraper):
         """Follow the links ``spec.scraper`` scopes in, at most its max_links_per_page a page,
         fetched with the job's guarded fetcher."""
         return cls(LinkScope.from_spec(spec), Fetcher.for_job(spec),
-                   spec.scraper.max_links_per_page)
+                   spec.scraper.max_links_per_page, agent=agent_token(spec.fetch.user_agent),
+                   skip_rel_nofollow=spec.scraper.obey_rel_nofollow)
 
     def download(self, item: str) -> Download:
         return self.fetcher.get(item)
@@ -92,22 +102,39 @@ class SimpleScraper(Scraper):
 
         The page's hrefs are parsed a slice at a time and looked at as they come. Extraction
         stops once ``max_links`` links are found or ``max_hrefs`` hrefs were looked at; the
-        hrefs after that are counted (as ``cut``), never resolved or kept."""
+        hrefs after that are counted (as ``cut``), never resolved or kept.
+
+        The page's robots meta tags and canonical links come in the same parse
+        (:attr:`FoundItems.meta`)."""
         if not _looks_like_html(download):
             return FoundItems()
         text = decode_html(download.content_type, download.body)
         budget = self.scope.page_budget()
-        with _HrefStream(text) as hrefs:
+        with self._hrefs(text) as hrefs:
             base_href = hrefs.leading_base()
             found = self._collect(item, download.url, base_href, hrefs, budget)
             # Known once the whole page was parsed (not after a pattern timeout).
             first_base = hrefs.base_href if hrefs.ended else base_href
+            found.meta = hrefs.meta(_page_base(download.url, first_base))
         if first_base == base_href:
             return found
         # A <base> after the first link applies to the links before it as well (it is the
         # page's first): the page once more, knowing it. Rare, and twice the work at most.
-        with _HrefStream(text) as hrefs:
-            return self._collect(item, download.url, first_base, hrefs, budget)
+        with self._hrefs(text) as hrefs:
+            again = self._collect(item, download.url, first_base, hrefs, budget)
+        again.meta = found.meta
+        return again
+
+    def page_meta(self, item: str, download: Download) -> PageMeta:
+        """The page's robots meta tags and canonical links, its hrefs counted, not resolved."""
+        if not _looks_like_html(download):
+            return NO_META
+        with self._hrefs(decode_html(download.content_type, download.body)) as hrefs:
+            hrefs.count_rest()
+            return hrefs.meta(_page_base(download.url, hrefs.base_href))
+
+    def _hrefs(self, text: str) -> "_HrefStream":
+        return _HrefStream(text, self.meta_names, self.skip_rel_nofollow)
 
     def _collect(
         self, item: str, url: str, base_href: Optional[str], hrefs: "_HrefStream", budget: Budget,
@@ -199,6 +226,15 @@ def _looks_like_html(download: Download) -> bool:
     return head.startswith(_HTML_STARTS)
 
 
+def _joined(base: str, href: str) -> str:
+    """``href`` resolved against ``base``; as written if urljoin refuses it (a bad IPv6
+    literal)."""
+    try:
+        return urljoin(base, href)
+    except ValueError:
+        return href
+
+
 def _page_base(url: str, base_href: Optional[str]) -> str:
     """The URL a page's hrefs are resolved against: its ``<base href>`` joined to its own
     ``url``, or ``url`` when it has none or a malformed one."""
@@ -229,36 +265,53 @@ def _base_parts(
 
 
 class _LinkCollector:
-    """lxml parser target: the first ``<base href>`` and every ``<a>``/``<area>`` href, in order.
-    While ``counting``, hrefs are only counted (``counted``), not kept.
+    """lxml parser target: the first ``<base href>`` and every ``<a>``/``<area>`` href, in order
+    (without those whose ``rel`` says nofollow, with ``skip_nofollow``), and the robots meta tags
+    and canonical links (``meta``). While ``counting``, hrefs are only counted (``counted``), not
+    kept.
 
     Events instead of a tree, because libxml2 gives up on trees nested deeper than its limit
     and the links after that would be lost.
     """
 
     def __init__(self) -> None:
+        self.meta = MetaReader()
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, meta_names: frozenset[str] = frozenset(), skip_nofollow: bool = False) -> None:
         self.base_href: Optional[str] = None
         self.hrefs: list[str] = []
         self.counting = False
         self.counted = 0
+        self.skip_nofollow = skip_nofollow
+        self.meta.names = meta_names
+        self.meta.reset()
 
     def start(self, tag: str, attrib: dict) -> None:
         href = attrib.get("href")
         if href is None:
+            if tag == "meta":
+                self.meta.tag(tag, attrib)
             return
         if tag in ("a", "area"):
+            if self.skip_nofollow and _says_nofollow(attrib.get("rel")):
+                return
             if self.counting:
                 self.counted += 1
             else:
                 self.hrefs.append(href.strip(_HTML_WHITESPACE))
         elif tag == "base" and self.base_href is None:
             self.base_href = href.strip(_HTML_WHITESPACE)
+        elif tag == "link":
+            self.meta.tag(tag, attrib)
 
     def close(self) -> None:
         pass
+
+
+def _says_nofollow(rel: Optional[str]) -> bool:
+    """Whether a link's ``rel`` attribute includes ``nofollow``."""
+    return rel is not None and "nofollow" in rel[:MAX_VALUE_CHARS].lower().split()
 
 
 _parsers = threading.local()
@@ -287,10 +340,11 @@ class _HrefStream:
     A context manager: leaving it ends the parse, which the thread's reused parser needs before
     its next page."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, meta_names: frozenset[str] = frozenset(),
+                 skip_nofollow: bool = False) -> None:
         self._text = text
         self._collector, self._parser = _thread_parser()
-        self._collector.reset()
+        self._collector.reset(meta_names, skip_nofollow)
         self._fed = 0  # characters of the text fed to the parser
         self._batch: list[str] = []  # the hrefs of the last slice fed
         self._taken = 0  # of them, handed out
@@ -321,6 +375,15 @@ class _HrefStream:
     def base_href(self) -> Optional[str]:
         """The page's first ``<base href>`` as far as it has been parsed."""
         return self._collector.base_href
+
+    def meta(self, base: str) -> PageMeta:
+        """The robots meta tags and canonical links of the page as far as it has been parsed,
+        the canonical hrefs resolved against ``base`` (the page's base URL; one urljoin
+        refuses stays as written, a URL no scope takes)."""
+        found = self._collector.meta.result()
+        if not found.canonicals:
+            return found
+        return PageMeta(found.robots, tuple(_joined(base, href) for href in found.canonicals))
 
     def leading_base(self) -> Optional[str]:
         """The ``<base href>`` of the page before its first href or in the slice holding it

@@ -69,7 +69,9 @@ key                               type    holds
                                           seen set's size, level and split pointer (fn, fl,
                                           fs) and the live-item buckets' (seen - done, il, is);
                                           the known items' size, level and split pointer (kn,
-                                          kl, ks); unchanged and gone (revisits' outcomes).
+                                          kl, ks); unchanged and gone (revisits' outcomes);
+                                          noindex and canonical (done unsaved: what the page
+                                          said).
                                           Every count but kn and tokens is the generation's
 ``P spec``                        string  the job spec as JSON
 ``P control``                     hash    the job's state (running, paused, cancelled,

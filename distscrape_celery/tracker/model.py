@@ -275,6 +275,11 @@ class CrawlLimits:
         return out
 
 
+# Why an item may be done without a save (Tracker.complete's ``skipped``), each the name of the
+# job's counter of such items: its page said noindex, or named another page as its canonical URL.
+SKIP_COUNTERS = ("noindex", "canonical")
+
+
 @dataclass(frozen=True)
 class JobStats:
     """Counts of a job's items by state. ``queued`` is the frontier plus dispatched items;
@@ -284,6 +289,8 @@ class JobStats:
     that many hrefs looked at), which were not added: counted, not resolved, so some may have
     been repeats. A job that revisits counts, among ``done``, the pages found ``unchanged`` (not
     saved) and ``gone`` (a 404 or 410), and ``known`` the items it keeps a record of.
+    ``noindex`` and ``canonical`` count, among ``done``, the pages not saved because they said
+    noindex, or named another page as their canonical URL (:data:`SKIP_COUNTERS`).
     Every count but ``known`` is the current generation's.
 
     :meth:`to_dict` (``distscrape status --json``) names ``save_pending`` ``saving``, as it
@@ -301,6 +308,14 @@ class JobStats:
     unchanged: int = 0
     gone: int = 0
     known: int = 0
+    noindex: int = 0
+    canonical: int = 0
+
+    @property
+    def saved(self) -> int:
+        """The done items that were saved: neither found unchanged or gone by a revisit, nor
+        left unsaved by what their page said."""
+        return self.done - self.unchanged - self.gone - self.noindex - self.canonical
 
     @property
     def queued(self) -> int:
@@ -332,6 +347,8 @@ class JobStats:
             "unchanged": self.unchanged,
             "gone": self.gone,
             "known": self.known,
+            "noindex": self.noindex,
+            "canonical": self.canonical,
             "finished": self.finished,
         }
 

@@ -132,6 +132,10 @@ class Download:
     # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
     unchanged: bool = False
+    # What the response's headers say of the page itself (web/page_meta.py): its X-Robots-Tag
+    # and Link header lines. Read when the page is scraped; not in meta(), a save needs neither.
+    robots_tags: tuple[str, ...] = ()
+    links: tuple[str, ...] = ()
     # The records extracted from the page, for a saver that saves records
     # (ItemSaver.saves_records): filled in the save step, never sent through the broker.
     records: tuple[dict, ...] = ()
@@ -367,7 +371,8 @@ class Fetcher:
                 response.drain_conn()
                 return Download(url=url, status=304, content_type=headers.get("Content-Type", ""),
                                 body=b"", etag=headers.get("ETag", ""),
-                                last_modified=_http_date(headers.get("Last-Modified")))
+                                last_modified=_http_date(headers.get("Last-Modified")),
+                                **_self_description(headers))
             self._check_type(url, response)
             body = (self._read_body(url, response, deadline) if sink is None
                     else self._stream_body(url, response, deadline, sink))
@@ -380,6 +385,7 @@ class Fetcher:
                 body=body,
                 etag=headers.get("ETag", ""),
                 last_modified=_http_date(headers.get("Last-Modified")),
+                **_self_description(headers),
             )
         except AddressRefused as exc:
             # Chained, so a caller can tell the guard's refusal from the host's answer.
@@ -456,6 +462,12 @@ def _cause(exc: urllib3.exceptions.ProxyError) -> str:
     if isinstance(inner, OSError) and "Tunnel connection failed" in str(inner):
         return str(inner).partition(": ")[2] or "tunnel refused"
     return type(inner or exc).__name__
+
+
+def _self_description(headers: urllib3.HTTPHeaderDict) -> dict[str, tuple[str, ...]]:
+    """The :class:`Download` fields of the headers in which a page speaks of itself."""
+    return {"robots_tags": tuple(headers.getlist("X-Robots-Tag")),
+            "links": tuple(headers.getlist("Link"))}
 
 
 def _total_timeout(url: str, spec: FetchSpec) -> FetchError:

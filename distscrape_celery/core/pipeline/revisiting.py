@@ -48,6 +48,17 @@ def judge(spec: RevisitSpec, checkout: Checkout, download: Download
     return dataclasses.replace(download, revisit=record.update_hex()), None
 
 
+def unsaved(spec: RevisitSpec, checkout: Checkout) -> RevisitUpdate:
+    """The update of a page fetched and left unsaved for what it said (noindex, a canonical URL
+    elsewhere): known, due again by its interval, with no digest or validators, so that its
+    next revisit fetches it whole and judges it again (never "unchanged": no copy of it was
+    kept to be unchanged from)."""
+    old = checkout.record
+    return RevisitUpdate.of(RevisitOutcome.SAVED, Record(
+        depth=checkout.depth,
+        interval=spec.next_interval(old.interval if old is not None else None, changed=True)))
+
+
 def gone(spec: RevisitSpec, checkout: Checkout) -> RevisitUpdate:
     """The update of a page found gone: kept (to be asked again in its next due generation)
     until it has been gone ``drop_gone_after`` times in a row, then dropped."""

@@ -1,5 +1,7 @@
 """Scraping one page: lease it, download it, find its links, report it to the tracker, and pass
-it on to its save (a save message now, its save batch, or a save in this process).
+it on to its save (a save message now, its save batch, or a save in this process); or, for a
+page that asks not to be kept (noindex, or another page named as its canonical URL), mark it
+done unsaved.
 
 Each step that ends the page early (the scraper cannot be built, the download or the link
 finding fails) hands the item back to the tracker and says how it ended; what the checkout
@@ -16,15 +18,17 @@ from typing import Optional
 
 from ..backoff import Backoff
 from ..context import JobContext
+from ..page_rules import SAVE, Verdict
 from ..priorities import link_priorities
 from ..runtime import Runtime
 from ...errors import ConfigError, FetchError, TrackerUnavailable
 from ...job.sitemap_spec import ONLY
-from ...scrapers import Scraper
+from ...scrapers import FoundItems, Scraper
 from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
 from ...tracker.revisits import RevisitUpdate
 from ...web.fetch import Download, redirect_check
 from ...web.fetch_policy import fetch_policy
+from ...web.page_meta import NO_META
 from ...web.sitemap_items import is_sitemap_item
 from . import revisiting
 from .failures import Failures, left_for_recovery
@@ -165,15 +169,19 @@ class Scraping:
         if revisit is not None:
             download, unchanged = revisiting.judge(revisit, page.checkout, download)
             if unchanged is not None:
-                if not self._writes_revisits(page.context):
+                if (not self._writes_revisits(page.context)
+                        or page.context.page_rules().header_noindex(download)):
                     return self._finish_unsaved(page, unchanged)
                 # Its saver records the revisit: saved as any page is, its links (the same as
                 # last time) left alone.
                 download = dataclasses.replace(download, revisit=unchanged.record_hex,
                                                unchanged=True)
-        found, cut = ([], 0) if unchanged is not None else self._links_found(page, scraper, download)
+        found, cut, verdict = (([], 0, SAVE) if unchanged is not None
+                               else self._links_found(page, scraper, download))
         created = page.checkout.created
         found = self.known_links.unknown(page.job, created, found)
+        if verdict.skip:
+            return self._finish_skipped(page, found, cut, verdict)
         reply = self._report_scraped(page, download, found, cut)
         # Stale or not, the tracker took the finds.
         self.known_links.remember(page.job, created, found)
@@ -202,6 +210,28 @@ class Scraping:
             page.carried, items = items[0], items[1:]
         dispatch(self.publisher, page.job, items)
         return update.outcome.value
+
+    def _finish_skipped(self, page: LeasedPage, found: list[str], cut: int, verdict: Verdict) -> str:
+        """The page is done without a save, for what it said about itself (``verdict.skip``,
+        counted under that name); the links it lets the job follow (``found``, its canonical
+        URL among them) are queued first, in the step that puts it under this worker's saving
+        lease, as if it were to be saved here."""
+        runtime, job = self.runtime, page.job
+        if found or cut:
+            depth = page.checkout.depth + 1
+            reply = runtime.tracker.scraped(
+                job, page.item, page.token, found, depth, save_as=runtime.worker_id, cut=cut,
+                priorities=self._priorities(page, found, depth))
+            self.known_links.remember(job, page.checkout.created, found)
+            dispatch(self.publisher, job, reply.dispatch)
+            if not reply.held:
+                return "stale"
+        revisit = page.context.spec.revisit
+        update = revisiting.unsaved(revisit, page.checkout) if revisit is not None else None
+        completed = runtime.tracker.complete(job, page.item, page.token, update,
+                                             skipped=verdict.skip)
+        dispatch(self.publisher, job, completed.dispatch)
+        return verdict.skip
 
     def _fail(self, page: LeasedPage, reason: str, **how) -> _Ended:
         """Hand the page's item back for ``reason`` (``how``: as :meth:`Failures.fail` takes
@@ -249,19 +279,33 @@ class Scraping:
 
     def _links_found(
         self, page: LeasedPage, scraper: Scraper, download: Download
-    ) -> tuple[list[str], int]:
-        """The items found in the page, capped (:func:`cap_links`), with how many were cut."""
+    ) -> tuple[list[str], int, Verdict]:
+        """The items found in the page, capped (:func:`cap_links`), with how many were cut, and
+        what becomes of the page by what it says about itself (the job's page rules, read in
+        the scraper's parse): none of its links if it says nofollow, its canonical URL first if
+        the page is left unsaved for it."""
         scraper_spec = page.context.spec.scraper
-        if scraper_spec.max_depth is not None and page.checkout.depth >= scraper_spec.max_depth:
-            return [], 0  # its links would be deeper than the job goes
-        if page.context.spec.sitemaps.mode == ONLY:
-            return [], 0  # the job takes pages from sitemaps alone
+        rules = page.context.page_rules()
+        # Not when its links would be deeper than the job goes, or the job takes pages from
+        # sitemaps alone.
+        wanted = ((scraper_spec.max_depth is None or page.checkout.depth < scraper_spec.max_depth)
+                  and page.context.spec.sitemaps.mode != ONLY)
         try:
-            found = scraper.find_items(page.item, download)
+            if wanted:
+                found = scraper.find_items(page.item, download)
+                meta = found.meta if isinstance(found, FoundItems) else NO_META
+            else:
+                found = []
+                meta = scraper.page_meta(page.item, download) if rules.reads_pages else NO_META
+            verdict = rules.judge(page.item, download, meta)
         except Exception as exc:
             log.exception("%s %s: scraper find_items raised", page.job, page.item)
             raise self._fail(page, f"scraper error: {exc!r}", fault=Fault.ITEM) from None
-        return cap_links(page.job, page.item, found, scraper_spec.max_links_per_page)
+        links, cut = (cap_links(page.job, page.item, found, scraper_spec.max_links_per_page)
+                      if verdict.follow else ([], 0))
+        if verdict.canonical is not None:
+            links = [verdict.canonical, *(link for link in links if link != verdict.canonical)]
+        return links, cut, verdict
 
     def _priorities(self, page: LeasedPage, found: list[str], depth: int) -> list[int]:
         """The priorities of the page's links by the job's rule; [] for breadth-first (all 0)."""

@@ -15,6 +15,7 @@ from ...errors import JobConflict, JobNotFound, JobStateError, TrackerUnavailabl
 from ..base import MAX_ADD_BATCH
 from ..model import (
     ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
+    SKIP_COUNTERS,
 )
 from .connection import converts_redis_errors
 from .scripts import dispatched
@@ -273,7 +274,8 @@ class JobCalls(ShardLayout):
         total = Counter()
         for s in range(shards):
             counters, dispatched, leased, pending, delayed = replies[5 * s : 5 * s + 5]
-            for name in ("seen", "queued", "done", "dead", "links_cut", "unchanged", "gone", "kn"):
+            for name in ("seen", "queued", "done", "dead", "links_cut", "unchanged", "gone", "kn",
+                         *SKIP_COUNTERS):
                 total[name] += int(counters.get(name, 0))
             total.update(dispatched=dispatched, leased=leased, pending=pending, delayed=delayed)
         return JobStats(
@@ -281,6 +283,7 @@ class JobCalls(ShardLayout):
             leased=total["leased"], done=total["done"], dead=total["dead"],
             save_pending=total["pending"], delayed=total["delayed"], links_cut=total["links_cut"],
             unchanged=total["unchanged"], gone=total["gone"], known=total["kn"],
+            noindex=total["noindex"], canonical=total["canonical"],
         )
 
     def _hscan(self, job: str, name: str) -> Iterator[tuple[str, str]]:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from .. import keys
 from ..base import MAX_ADD_BATCH
-from ..model import CompleteResult, SaveBegin, SaveStart
+from ..model import SKIP_COUNTERS, CompleteResult, SaveBegin, SaveStart
 from ..revisits import RevisitUpdate
 from .connection import converts_redis_errors
 from .scripts import dispatched
@@ -87,16 +87,18 @@ class SaveCalls(ShardLayout):
 
     def _complete_call(
         self, job: str, item: str, token: Optional[int], revisit: Optional[RevisitUpdate] = None,
-        carry: bool = False,
+        skipped: str = "", carry: bool = False,
     ) -> tuple[list[str], list[Any], list[str]]:
         """The keys and arguments of complete.lua for one item, and its body keys among them:
         the body key only if the token is of the item's shard (another's body is dropped on its
         own, see complete)."""
+        if skipped and skipped not in SKIP_COUNTERS:
+            raise ValueError(f"skipped must be one of {', '.join(SKIP_COUNTERS)}, not {skipped!r}")
         home = self._shard_of(job, item)
         body_keys = self._body_keys(job, token, home) if token is not None else []
         args = [item, *self._top_up_args(job), *(revisit.args() if revisit else ())]
-        if carry:
-            args += [*(() if revisit else ("", "")), "1"]
+        if carry or skipped:
+            args += [*(() if revisit else ("", "")), "1" if carry else "", skipped]
         return [*self._item_keys(job, home), *body_keys], args, body_keys
 
     @converts_redis_errors
@@ -119,9 +121,10 @@ class SaveCalls(ShardLayout):
     @converts_redis_errors
     def complete(
         self, job: str, item: str, token: Optional[int] = None,
-        revisit: Optional[RevisitUpdate] = None, *, carry: bool = False,
+        revisit: Optional[RevisitUpdate] = None, skipped: str = "", *, carry: bool = False,
     ) -> CompleteResult:
-        script_keys, args, body_keys = self._complete_call(job, item, token, revisit, carry)
+        script_keys, args, body_keys = self._complete_call(job, item, token, revisit, skipped,
+                                                           carry)
         # Combined with the calls other threads make at the same time: a revisit that finds a
         # page unchanged completes it right after its checkout, and a generation makes many.
         res = self._eval_combined("complete", script_keys, args)

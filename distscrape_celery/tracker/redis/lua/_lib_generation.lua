@@ -89,7 +89,7 @@ local function begin_generation(generation, next_due)
   set_job_state('running')
   local dead = counters('dead')[1]
   redis_call('HSET', K_STATS, 'seen', int_text(dead), 'done', '0', 'queued', '0', 'links_cut', '0',
-    'unchanged', '0', 'gone', '0')
+    'unchanged', '0', 'gone', '0', 'noindex', '0', 'canonical', '0')
   bucket_geometry()
   local last = seen.span + seen.split - 1
   for first = 0, last, 256 do

@@ -12,9 +12,10 @@ local STAT = {
   known_size = 'kn', known_level = 'kl', known_split = 'ks',
 }
 -- The counters in stats that calls add to; a batch writes them in this order. unchanged and gone
--- count the revisits of this generation that found the page as it was, or gone (404, 410).
+-- count the revisits of this generation that found the page as it was, or gone (404, 410);
+-- noindex and canonical the pages done unsaved because of what they said (complete.lua).
 local COUNTERS = {'seen', 'queued', 'done', 'dead', STAT.seen_size, 'links_cut', STAT.known_size,
-  'unchanged', 'gone'}
+  'unchanged', 'gone', 'noindex', 'canonical'}
 
 -- Add `n` (a number) to the job's counter `field`.
 local function count(field, n)

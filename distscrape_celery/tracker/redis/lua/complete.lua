@@ -13,12 +13,15 @@
 -- ARGV[6] record   the item's record (tracker/revisits.py) in hex, all but its due time, which
 --                  follows from the generation's start and the record's interval
 --                  (records.due_after in _lib_known.lua)
--- ARGV[7] carry   '1': the caller goes on with one more item itself, in the slot this completion
---                 frees: take_carried hands it one past the dispatch bound, first of the items
+-- ARGV[7] carry    '1': the caller goes on with one more item itself, in the slot this completion
+--                  frees: take_carried hands it one past the dispatch bound, first of the items
+-- ARGV[8] skipped  '' (saved), or why the item is done without a save, counted in the job's
+--                  counter of that name: 'noindex' or 'canonical' (model.SKIP_COUNTERS)
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
 local revisit = ARGV[5] or ''
+local skipped = ARGV[8] or ''
 local changed = 0
 if KEYS[22] then redis_call('UNLINK', KEYS[22]) end
 local v = live_get(item)
@@ -36,6 +39,7 @@ if v then
       if revisit ~= 'saved' then count(revisit, 1) end
     end
     finish(item, state, record)
+    if skipped == 'noindex' or skipped == 'canonical' then count(skipped, 1) end
     changed = 1
   end
 end
