@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from distscrape_celery.lifecycle import die_with_parent
+
 ADDRESS_POOL = "base=10.213.64.0/18,size=24"
 DATA_ROOT = Path(os.environ.get("DISTSCRAPE_TEST_DOCKER_ROOT", "/var/tmp/distscrape-test-docker"))
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -69,6 +71,8 @@ class DockerEngine:
              "--exec-root", str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "docker.pid"),
              "--host", f"unix://{self.run_dir}/docker.sock"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            # A test run killed outright takes its engine along: none is left on the data root.
+            preexec_fn=die_with_parent(signal.SIGTERM),
         )
         deadline = time.monotonic() + 60
         while self.docker("version", check=False, timeout=20).returncode != 0:

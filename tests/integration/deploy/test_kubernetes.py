@@ -180,17 +180,16 @@ def _matches(selector: dict, labels: dict) -> bool:
 
 def test_services_budgets_and_the_network_policy_select_the_right_pods():
     docs = rendered(BASE)
-    pods = {name: doc["spec"]["template"]["metadata"]["labels"]
-            for (kind, name), doc in docs.items() if kind in ("Deployment", "StatefulSet")}
+    workloads = {name: doc for (kind, name), doc in docs.items() if kind in ("Deployment", "StatefulSet")}
+    pods = {name: doc["spec"]["template"]["metadata"]["labels"] for name, doc in workloads.items()}
+    for name, doc in workloads.items():
+        assert _matches(doc["spec"]["selector"]["matchLabels"], pods[name]), name
     for (kind, name), doc in docs.items():
         if kind == "Service":
             chosen = [p for p, labels in pods.items() if _matches(doc["spec"]["selector"], labels)]
             assert len(chosen) == 1, (name, chosen)
-            ports = {p["name"] for c in pod_spec(docs[next(k for k in docs if k[1] == chosen[0] and k[0] != "Service")])["containers"]
-                     for p in c.get("ports", [])}
+            ports = {p["name"] for c in pod_spec(workloads[chosen[0]])["containers"] for p in c.get("ports", [])}
             assert {p["targetPort"] for p in doc["spec"]["ports"]} <= ports, name
-        if kind in ("Deployment", "StatefulSet"):
-            assert _matches(doc["spec"]["selector"]["matchLabels"], pods[name]), name
     budget = docs[("PodDisruptionBudget", "distscrape-worker")]["spec"]
     assert [p for p, labels in pods.items() if _matches(budget["selector"]["matchLabels"], labels)] == ["distscrape-worker"]
     assert budget["maxUnavailable"] == 1
