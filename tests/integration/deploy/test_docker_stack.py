@@ -1,0 +1,201 @@
+"""The Docker stack as a user runs it: a Docker engine of the test's own, the image built from
+docker/Dockerfile on a base made from Debian's packages (Docker Hub is out of reach here), the
+compose stack up, a generated site served by a container in the stack's network crawled whole,
+Flower and the exporter answering only with their passwords, and a worker container stopped
+mid-crawl losing nothing.
+
+Needs root and Debian's docker.io, docker-compose (or the compose v2 plug-in) and debootstrap
+(.ci/run installs them); skipped, with the reason, where no engine can be started. The first run
+on a machine makes the base image (2 to 6 minutes) and the image's dependency layer (1.5 to 3
+minutes), by the machine's load; both stay in the engine's data root, so that later runs build
+nothing and take about a minute and a half."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from distscrape_celery.savers import FileItemSaver
+from distscrape_celery.testing.sitegen import generate_site
+from distscrape_celery.tracker import RedisTracker
+from distscrape_celery.tracker.keys import JobKeys
+from tests.support import REPO_ROOT as ROOT
+from tests.support.docker_engine import DockerEngine, EngineUnavailable, base_image
+from tests.support.ops import free_port, http_get, wait_for
+
+pytestmark = [pytest.mark.docker_engine, pytest.mark.timeout(1800)]
+
+PROJECT = "dstest"
+IMAGE = "distscrape-celery:latest"  # compose.yaml's image
+PAGES, SITE_PORT, SITE_DELAY = 200, 8301, 0.3
+REDIS_PASSWORD = "test-redis-7f3a9c"
+FLOWER_AUTH = "admin:test-flower-51be"
+METRICS_AUTH = "prometheus:test-metrics-c04d"
+JOB = "site"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    try:
+        with DockerEngine() as engine:
+            yield engine
+    except EngineUnavailable as exc:
+        pytest.skip(f"no Docker engine can be started here: {exc}")
+
+
+class Stack:
+    """The compose project ``PROJECT`` of docker/compose.yaml plus the test's site service."""
+
+    def __init__(self, engine: DockerEngine, tmp: Path, base: str) -> None:
+        self.engine = engine
+        self.flower_port, self.metrics_port = free_port(), free_port()
+        env_file = tmp / "stack.env"
+        env_file.write_text("\n".join([
+            f"COMPOSE_PROJECT_NAME={PROJECT}", f"REDIS_PASSWORD={REDIS_PASSWORD}",
+            f"FLOWER_BASIC_AUTH={FLOWER_AUTH}", f"METRICS_AUTH={METRICS_AUTH}",
+            "WORKERS=2", "WORKER_CONCURRENCY=8", f"FLOWER_PORT={self.flower_port}",
+            f"METRICS_PORT={self.metrics_port}", f"BASE_IMAGE={base}", f"REDIS_IMAGE={base}", ""]))
+        # The site: the crawler's own generated site, served by a container of the stack.
+        site_file = tmp / "site.yaml"
+        site_file.write_text(f"""\
+services:
+  site:
+    image: {IMAGE}
+    init: true
+    command: ["python3", "-m", "distscrape_celery.testing.local_site", "--pages", "{PAGES}",
+              "--delay", "{SITE_DELAY}", "--host", "0.0.0.0", "--port", "{SITE_PORT}"]
+""")
+        self.base = [*engine.compose_command(), "--env-file", str(env_file),
+                     "-f", str(ROOT / "docker" / "compose.yaml"), "-f", str(site_file)]
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True):
+        res = subprocess.run([*self.base, *args], env=self.engine.env, capture_output=True, text=True,
+                             timeout=timeout, cwd=ROOT)
+        if check and res.returncode != 0:
+            raise AssertionError(f"compose {' '.join(args)} failed ({res.returncode}):\n"
+                                 f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        return res
+
+    def containers(self, service: str) -> list[str]:
+        return self.compose("ps", "-q", service).stdout.split()
+
+    def ip(self, container: str) -> str:
+        return self.engine.docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                                  container).stdout.strip()
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "40", check=False).stdout[-6000:]
+
+
+def _saved(engine: DockerEngine, container: str, path: str) -> dict[str, bytes]:
+    """Every file under ``path`` in ``container`` (relative path -> content)."""
+    raw = subprocess.run([shutil.which("docker"), "cp", f"{container}:{path}", "-"], env=engine.env,
+                         capture_output=True, timeout=300, check=True).stdout
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and not Path(member.name).name.startswith(".~tmp-"):
+                out[str(Path(*Path(member.name).parts[1:]))] = tar.extractfile(member).read()
+    return out
+
+
+def test_the_compose_stack_crawls_a_site_guards_its_uis_and_loses_nothing_when_a_worker_stops(
+    engine, tmp_path
+):
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    base, timings["base image (0: cached)"] = base_image(engine)
+    t = time.monotonic()
+    engine.docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
+                  "-f", "docker/Dockerfile", "-t", IMAGE, ".", cwd=ROOT, timeout=1200)
+    timings["image build"] = time.monotonic() - t
+    # The images of earlier builds, which this one replaced, would fill the data root run by run.
+    engine.docker("image", "prune", "-f")
+    stack = Stack(engine, tmp_path, base)
+    t = time.monotonic()
+    stack.compose("up", "-d", "--no-build")
+    try:
+        timings["compose up"] = time.monotonic() - t
+        redis_ip = stack.ip(stack.containers("redis")[0])
+        site_ip = stack.ip(stack.containers("site")[0])
+        workers = stack.containers("worker")
+        assert len(workers) == 2, stack.logs()
+        tracker = RedisTracker.from_url(f"redis://:{REDIS_PASSWORD}@{redis_ip}:6379/0")
+        wait_for("both worker containers registered",
+                 lambda: sum(1 for w in tracker.workers() if w.alive) == 2, timeout=180)
+        hosts = {w.host: w.id for w in tracker.workers() if w.alive}
+        ids = {cid: hosts[cid[:12]] for cid in workers}  # a worker's host is its container's
+        wait_for("the site answering", lambda: http_get(f"http://{site_ip}:{SITE_PORT}/")[0] == 200, timeout=120)
+
+        # Flower and the exporter, published on the host's loopback, answer only with auth.
+        flower = f"http://127.0.0.1:{stack.flower_port}"
+        metrics = f"http://127.0.0.1:{stack.metrics_port}/metrics"
+        wait_for("Flower answering", lambda: http_get(flower + "/")[0] == 401, timeout=120)
+        assert http_get(flower + "/", auth=FLOWER_AUTH)[0] == 200
+        assert http_get(flower + "/", auth="admin:wrong")[0] == 401
+        assert http_get(flower + "/metrics")[0] == 401
+        assert http_get(flower + "/api/workers")[0] == 401
+        wait_for("the exporter answering", lambda: http_get(metrics)[0] == 401, timeout=120)
+        assert http_get(metrics, auth="prometheus:wrong")[0] == 401
+        status, body = http_get(metrics, auth=METRICS_AUTH)
+        assert status == 200 and b"distscrape_up 1.0" in body
+
+        # Seed as the compose file's header says, with the site container's address.
+        t = time.monotonic()
+        seeded = stack.compose("run", "--rm", "seed", JOB, f"http://{site_ip}:{SITE_PORT}/",
+                               "--output", "/data/site")
+        assert f"job {JOB} created" in seeded.stdout + seeded.stderr, seeded.stdout + seeded.stderr
+        owners = JobKeys(JOB).owners
+        client = redis.Redis(host=redis_ip, password=REDIS_PASSWORD, decode_responses=True)
+
+        def victim():
+            """A worker container holding items, once a quarter of the site is done."""
+            if tracker.stats(JOB).done < PAGES // 4:
+                return None
+            held = {}
+            for item, owner in client.hgetall(owners).items():
+                held.setdefault(owner.split()[0], []).append(item)
+            return next(((cid, held[wid]) for cid, wid in ids.items() if len(held.get(wid, [])) >= 2), None)
+
+        stopped, held = wait_for("a worker holding items mid-crawl", victim, timeout=120, interval=0.05)
+        assert not tracker.stats(JOB).finished
+        t_stop = time.monotonic()
+        engine.docker("stop", "-t", "330", stopped)  # SIGTERM via the container's init to the worker
+        timings["worker container stop"] = time.monotonic() - t_stop
+        state = engine.docker("inspect", "-f", "{{.State.ExitCode}} {{.State.Running}}", stopped).stdout.split()
+        still = [i for i, o in client.hgetall(owners).items() if o.split()[0] == ids[stopped]]
+        stats = wait_for("the crawl finished by the other worker",
+                         lambda: (s := tracker.stats(JOB)).finished and s, timeout=180, interval=0.2)
+        after_stop = time.monotonic() - t_stop
+        timings["crawl"] = time.monotonic() - t
+        logs = engine.docker("logs", "--tail", "30", stopped)
+        log = logs.stdout + logs.stderr
+        assert state == ["0", "false"], (state, log)
+        assert not still, f"items still held by the stopped worker: {still}\n{log}"
+        assert "Warm shutdown" in log, log
+        assert (stats.done, stats.dead, stats.seen) == (PAGES, 0, PAGES), stats
+        # Given back, not waited out: well within the lease (60 s) of the stop.
+        assert after_stop < 60, after_stop
+
+        survivor = next(c for c in workers if c != stopped)
+        site = generate_site(n_pages=PAGES)  # what local_site --pages PAGES serves
+        saver = FileItemSaver("/data/site")
+        expected = {str(saver.name_for(f"http://{site_ip}:{SITE_PORT}{p}")): site.pages[p] for p in site.reachable}
+        assert _saved(engine, survivor, "/data/site") == expected
+        status, body = http_get(metrics, auth=METRICS_AUTH)
+        assert f'distscrape_job_done_items_total{{job="{JOB}"}} {PAGES}.0'.encode() in body
+        timings["total"] = time.monotonic() - started
+        print(f"\nworker {ids[stopped]} held {len(held)} items when stopped; compose "
+              f"{' '.join(engine.compose_command())}; " + "; ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+    except BaseException:
+        print(stack.logs())
+        raise
+    finally:
+        stack.compose("down", "-v", "--remove-orphans", "-t", "5", check=False)
