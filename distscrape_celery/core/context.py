@@ -11,8 +11,9 @@ import threading
 from collections.abc import Callable
 from typing import Optional, TypeVar
 
-from .components import build_priority_rule, build_saver, build_scraper
+from .components import build_extractor, build_priority_rule, build_saver, build_scraper
 from .priorities import PriorityRule
+from ..extract import Extractor
 from ..job.spec import JobSpec
 from ..savers import ItemSaver
 from ..scrapers import Scraper
@@ -28,7 +29,7 @@ class JobContext:
     """One creation of job ``job``, as this process knows it: its stored ``spec`` (a stored spec
     never changes) and the components built from it, each on first use, under this process's
     ``settings``: the hosts its redirects may lead to, its robots.txt policy (whose files go to
-    ``robots_store``), its scraper, and its saver (named after ``worker_id()``, the worker's ID
+    ``robots_store``), its scraper, its extractor of records, and its saver (named after ``worker_id()``, the worker's ID
     when the saver opens).
 
     A scraper or saver that fails to build is not kept: the next item asks again (a refused
@@ -52,6 +53,7 @@ class JobContext:
         self._saver: Optional[ItemSaver] = None
         self._sitemaps: Optional[JobSitemaps] = None
         self._priority_rule: Optional[PriorityRule] = None
+        self._extractor: Optional[Extractor] = None
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""
@@ -93,6 +95,15 @@ class JobContext:
         rule = self._priority_rule
         return rule if rule is not None else self._once(
             "_priority_rule", lambda: build_priority_rule(self.spec, self.settings))
+
+    def extractor(self) -> Optional[Extractor]:
+        """The job's extractor of records; None when the job has no ``[extract]``. Raises
+        ConfigError when this worker's settings refuse the function its spec names."""
+        if self.spec.extract is None:
+            return None
+        extractor = self._extractor
+        return extractor if extractor is not None else self._once(
+            "_extractor", lambda: build_extractor(self.spec, self.job, self.settings))
 
     def saver(self) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its

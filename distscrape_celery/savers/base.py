@@ -16,6 +16,11 @@ from ..job.saver_spec import SaverSpec
 class ItemSaver(ABC):
     """Stores downloaded items. One instance per job per worker process.
 
+    ``saves_records``: the saver stores a page's records (:attr:`~Download.records`, which the
+    save step fills for a job with ``[extract]``), not its body; a page without records writes
+    nothing and still counts as saved. A job that extracts needs such a saver (or the redis
+    saver, which keeps the records beside each page), and such a saver needs a job that extracts.
+
     ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
     ``worker_id`` the worker (a saver that writes shards names them after it and the process).
 
@@ -26,6 +31,7 @@ class ItemSaver(ABC):
     """
 
     writes_revisits: bool = False
+    saves_records: bool = False
 
     @classmethod
     @abstractmethod

@@ -130,6 +130,10 @@ class Download:
     # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
     unchanged: bool = False
+    # A job that extracts: the page's records (dicts of JSON values, each with url, status,
+    # fetched_at and job), filled by the save step before the saver sees the download. Never
+    # in the meta: the broker carries no records.
+    records: tuple[dict, ...] = field(default=(), repr=False)
 
     @property
     def not_modified(self) -> bool:

@@ -2,10 +2,12 @@
 
 A save begins in the tracker (the item turns saving under this worker's lease, and its staged
 body comes back), goes to the saver, and completes in the tracker: only after the saver returned.
+For a job that extracts records, the page's records are made here, just before the saver.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import NamedTuple, Optional
@@ -28,6 +30,15 @@ def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
         return None
     outcome = RevisitOutcome.UNCHANGED if download.unchanged else RevisitOutcome.SAVED
     return RevisitUpdate(outcome, download.revisit)
+
+
+def with_records(context: JobContext, download: Download) -> Download:
+    """``download`` with its records, for a job that extracts them (a page found unchanged has
+    none: it was not saved again). Raises ConfigError when the job's extractor cannot be built."""
+    extractor = context.extractor()
+    if extractor is None or download.unchanged:
+        return download
+    return dataclasses.replace(download, records=extractor.records(download))
 
 
 class ItemToStore(NamedTuple):
@@ -177,7 +188,7 @@ class Saving:
         happened to the others goes to ``results``."""
         saver = context.saver()
         try:
-            outcomes = saver.save_many([(s.item, s.download) for s in stores])
+            outcomes = saver.save_many([(s.item, with_records(context, s.download)) for s in stores])
             if len(outcomes) != len(stores):
                 raise RuntimeError(f"save_many returned {len(outcomes)} results for {len(stores)} items")
         except Exception as exc:  # a saver bug: as if each save had raised it
@@ -235,7 +246,7 @@ class Saving:
     ) -> str:
         """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
-            context.saver().save(item, download)
+            context.saver().save(item, with_records(context, download))
         except Exception as exc:
             return self.failures.save_failed(context, item, token, download, exc, stale=stale)
         # Drops the staged body too.
