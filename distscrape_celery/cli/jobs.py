@@ -271,10 +271,11 @@ def export(job, which, output, redis_url) -> None:
 def export_records(tracker: Tracker, job: str, output: Optional[str]) -> None:
     """Write the records that ``job``'s redis saver keeps as JSON Lines to ``output`` (a file,
     replaced once complete) or the standard output."""
+    from ..job.spec import JobSpec
     from ..savers.jsonl import encode_records
     from ..savers.redis import RedisItemSaver
 
-    spec = tracker.load_spec(job)
+    spec = JobSpec.from_json(tracker.load_spec(job))
     if spec.extract is None:
         raise ConfigError(f"export --records: job {job!r} has no [extract], so it made no records")
     if spec.saver.kind != "redis":
