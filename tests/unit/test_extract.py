@@ -94,6 +94,21 @@ def test_json_ld_and_microdata_when_asked():
     assert set(bare) == set(PAGE_KEYS) | {"json_ld"}
     [none] = _records({"structured": ["json-ld"]}, body=b"<html><body>plain</body></html>")
     assert none["json_ld"] == []
+    nested = (b'<div itemscope itemtype="https://schema.org/Product" itemref="more">'
+              b'<span itemprop="name">Lamp</span><img itemprop="image" src="/i.png">'
+              b'<div itemprop="offers" itemscope itemtype="https://schema.org/Offer">'
+              b'<meta itemprop="price" content="9.99"><time itemprop="from" datetime="2026-01-01">'
+              b'Jan</time></div><b itemprop="color">red</b><b itemprop="color">blue</b></div>'
+              b'<p id="more"><a itemprop="url" href="/p/1">x</a></p>'
+              b'<script type="application/ld+json"><!-- [{"@type": "A"}, {"@type": "B"}] -->'
+              b'</script><script type="application/ld+json">{not json</script>')
+    [record] = _records({"structured": ["json-ld", "microdata"]}, body=nested)
+    assert record["json_ld"] == [{"@type": "A"}, {"@type": "B"}]
+    assert record["microdata"] == [{"type": "https://schema.org/Product", "properties": {
+        "name": "Lamp", "image": "http://shop.example.org/i.png",
+        "offers": {"type": "https://schema.org/Offer",
+                   "properties": {"price": "9.99", "from": "2026-01-01"}},
+        "color": ["red", "blue"], "url": "http://shop.example.org/p/1"}}]
 
 
 def test_a_function_of_the_jobs_own_gives_records_after_the_selectors():
@@ -183,6 +198,9 @@ def test_records_are_bounded_in_number_and_size(caplog):
     pytest.param(b"<html><body>" + b"<p class=price>1</p>" * 100_000 + b"</body></html>",
                  id="huge"),
     pytest.param(b"", id="empty"),
+    pytest.param(b"<div itemscope>" * 5_000 + b"<b itemprop=x>y</b>", id="nested-items"),
+    pytest.param(b"<div itemscope itemref='a'><p id=a itemscope itemprop=p itemref=a>"
+                 b"<i itemprop=q>1</i></p></div>", id="itemref-loop"),
 ])
 def test_a_hostile_page_gives_at_most_its_own_records(body):
     started = time.monotonic()
