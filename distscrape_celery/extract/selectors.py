@@ -26,12 +26,14 @@ class SelectorField:
     def value(self, scope: Selector, budget: Budget) -> Any:
         """The field's value in ``scope``: the first value or None, or with ``all`` every value."""
         matched: SelectorList = scope.css(self.css) if self.css is not None else scope.xpath(self.xpath)
-        values = matched.getall()
-        if self.pattern is not None:
-            values = [found for value in values for found in self._matches(value, budget)]
-        if self.all:
-            return values
-        return values[0] if values else None
+        if self.pattern is None:
+            return matched.getall() if self.all else matched.get()
+        found: list[str] = []
+        for value in matched.getall():
+            found += self._matches(value, budget)
+            if found and not self.all:
+                return found[0]  # the first value's first match: no need to read the others
+        return found if self.all else None
 
     def _matches(self, value: str, budget: Budget) -> list[str]:
         """Each match of the field's regex in ``value``: its first group if it has groups."""
