@@ -8,6 +8,7 @@ page's records once."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections import Counter
@@ -136,3 +137,62 @@ def test_worker_sigkilled_while_writing_record_shards(redis_url, redis_client, w
     assert _joined_records(output) == expected
     print(f"\nrecords crash test: killed at {done_at_kill}/{n} done, "
           f"{sum(expected.values())} records")
+
+
+def test_hostile_pages_cost_only_their_own_records_through_real_workers(
+        redis_url, workers, tmp_path):
+    """Pages built to break extraction (9 MB of matches, 100,000 nested elements, microdata
+    nested without end, bytes that are no HTML, a regex that backtracks for ever) among
+    ordinary ones, through a real worker: every page is saved, the worker lives, the ordinary
+    pages have their records, and each hostile page has at most its own, bounded."""
+    from tests.support.http import RouteServer
+
+    settings = crawl_settings(redis_url, lease_seconds=10)
+    [proc] = [workers(settings, "hostile-records", concurrency=3)]
+    tracker = RedisTracker.from_url(redis_url)
+    wait_for_workers(tracker, 1, procs=[proc])
+    configure_app(settings)
+    hostile = {
+        "/huge": b"<html><body>" + b"<p class=price>1</p>" * 450_000 + b"</body></html>",
+        "/deep": b"<div>" * 100_000 + b"<h1>deep</h1>",
+        "/items": b"<div itemscope>" * 20_000 + b"<b itemprop=y>1</b>",
+        "/binary": bytes(range(256)) * 4000,
+        "/backtrack": b"<h1>" + b"a" * 30_000 + b"!</h1>",
+    }
+    ordinary = {f"/ok/{n}": f"<html><body><h1>page {n}</h1><p class=price>{n}.50</p></body></html>".encode()
+                for n in range(20)}
+    index = ("<html><body>" + "".join(f'<a href="{p}">x</a>' for p in [*hostile, *ordinary])
+             + "</body></html>").encode()
+    routes = {"/": (200, index), **{p: (200, b) for p, b in {**hostile, **ordinary}.items()}}
+    output = tmp_path / "items.jsonl"
+    with RouteServer(routes) as server:
+        spec = build_spec({
+            "seeds": [server.base + "/"], "saver": {"output": str(output)},
+            "scraper": {"regex_seconds": 1.0},
+            "fetch": {"max_bytes": 10 * 1024 * 1024},
+            "extract": {"fields": {
+                "heading": {"css": "h1::text", "re": r"(a|aa)+$"},
+                "prices": {"css": ".price::text", "all": True},
+            }, "structured": ["json-ld", "microdata"], "max_record_bytes": 64 * 1024},
+        })
+        manager = CrawlManager(tracker, publisher.scrape)
+        manager.seed("hostile-records", spec)
+        stats = manager.wait("hostile-records", timeout=180, check=check_all([proc]))
+    pages = 1 + len(hostile) + len(ordinary)
+    assert (stats.done, stats.dead) == (pages, 0)
+    proc.check()  # alive: no page cost the worker
+    records = {r["url"]: r for r in _joined_records_of(output)}
+    for path, n in ((p, int(p.rsplit("/", 1)[1])) for p in ordinary):
+        assert records[server.base + path]["prices"] == [f"{n}.50"]
+    for path in hostile:
+        record = records.get(server.base + path)
+        assert record is None or len(json.dumps(record)) <= 64 * 1024, path
+    # 450,000 prices make a record far past max_record_bytes: dropped, the page saved.
+    assert server.base + "/huge" not in records
+    # The regex ran out of its time budget on the page's heading: no record of that page.
+    assert server.base + "/backtrack" not in records
+
+
+def _joined_records_of(output) -> list[dict]:
+    join_jsonl(output)
+    return list(JsonLinesShard(output).records())
