@@ -27,6 +27,7 @@ from ..savers.redis import RedisItemSaver
 from ..savers.shards import ShardedItemSaver
 from ..scrapers import Scraper
 from ..settings import ENV_PREFIX, Settings, is_dotted_name
+from ..web.fetch_policy import check_policy_settings
 
 SCRAPERS = {
     "simple": "distscrape_celery.scrapers:SimpleScraper",
@@ -38,6 +39,7 @@ SAVERS = {
     "tar": "distscrape_celery.savers:TarItemSaver",
     "warc": "distscrape_celery.savers:WarcItemSaver",
     "jsonl": "distscrape_celery.savers:JsonLinesItemSaver",
+    "postgres": "distscrape_celery.savers.postgres:PostgresItemSaver",
 }
 # The built-in classes, by kind or by their own path, need no allow-list; nothing else of this
 # package does either (importing an arbitrary module of ours is no business of a spec).
@@ -224,31 +226,28 @@ def check_components(
     """Check that the scraper and saver ``spec`` names can be loaded by this process (the
     seeding one) under its ``settings``, so a bad or refused dotted path, or an output outside
     the allowed roots, is a clear error at seed time, not one dead item after another. With no
-    ``output_roots`` here, any output passes (the workers' own roots decide). The error names
+    ``output_roots`` here, any output passes (the workers' own roots decide); likewise a proxy
+    the spec names is checked only against this process's own ``proxies``. The error names
     the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
     saver_class = _saver_class(spec, settings, names or {}, worker=False)
     check_records_saver(spec, saver_class, names or {})
     build_priority_rule(spec, settings, names or {})
     build_extractor(spec, "", settings, names or {})
+    check_policy_settings(spec, settings, own_workers=False)
 
 
 def check_records_saver(spec: JobSpec, saver_class: type, names: Mapping[str, str]) -> None:
-    """Raise :class:`ConfigError` unless a job that extracts records has a saver that keeps them
-    (one that ``saves_records``, or the redis saver, which keeps them beside each page), and a
-    saver of records has a job that extracts them."""
+    """Raise :class:`ConfigError` unless a job that extracts records has a saver that keeps them:
+    one that ``saves_records``, or the redis saver, which keeps them beside each page. (A saver
+    of records in a job without ``[extract]`` gets each page's own record.)"""
     field = names.get("saver.kind", "saver.kind")
     keeps = saver_class.saves_records or issubclass(saver_class, RedisItemSaver)
     if spec.extract is not None and not keeps:
         raise ConfigError(
             f"{field}: the {spec.saver.kind} saver keeps no records, and the job's [extract] "
             "makes them: save them with the jsonl saver (an output ending in .jsonl or "
-            ".jsonl.gz), the redis saver, or a saver of records of your own"
-        )
-    if spec.extract is None and saver_class.saves_records:
-        raise ConfigError(
-            f"{field}: the {spec.saver.kind} saver saves only records, and the job makes none: "
-            "give it an [extract] section (in its --config file)"
+            ".jsonl.gz), the postgres saver, the redis saver, or a saver of records of your own"
         )
 
 
@@ -280,7 +279,8 @@ def build_scraper(spec: JobSpec, settings: Settings) -> Scraper:
 def build_saver(spec: JobSpec, job: str, worker_id: str, settings: Settings) -> ItemSaver:
     """The job's saver, not yet opened, if ``settings`` allow its class and its output
     (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`: for a path, roots must be set)."""
-    return _saver_class(spec, settings, {}, worker=True).from_spec(spec.saver, job=job, worker_id=worker_id)
+    return _saver_class(spec, settings, {}, worker=True).for_worker(
+        spec.saver, job=job, worker_id=worker_id, settings=settings)
 
 
 def build_priority_rule(

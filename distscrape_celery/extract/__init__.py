@@ -3,6 +3,6 @@
 (:mod:`.plugin`), joined by :class:`Extractor`; the page they are given is a :class:`Page`."""
 
 from .extractor import Extractor
-from .page import Page, iso_utc
+from .page import Page, iso_utc, page_record
 
-__all__ = ["Extractor", "Page", "iso_utc"]
+__all__ = ["Extractor", "Page", "iso_utc", "page_record"]

@@ -20,6 +20,13 @@ def iso_utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def page_record(download: Download, job: str) -> dict:
+    """The keys every record of page ``download`` of job ``job`` starts with, and the one record
+    of a page of a job that extracts none: url, status, fetched_at (ISO 8601, UTC) and job."""
+    return {"url": download.url, "status": download.status,
+            "fetched_at": iso_utc(download.fetched_at), "job": job}
+
+
 class Page:
     """One saved page of job ``job``: what a plug-in extractor is given. ``text`` (decoded as a
     browser would) and ``selector`` (a parsel Selector of it) are built on first use, once."""
@@ -45,5 +52,4 @@ class Page:
 
     def keys(self) -> dict:
         """The keys every record of this page starts with: url, status, fetched_at, job."""
-        return {"url": self.url, "status": self.status, "fetched_at": self.fetched_at,
-                "job": self.job}
+        return page_record(self.download, self.job)

@@ -7,19 +7,23 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
+
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 
 class ItemSaver(ABC):
     """Stores downloaded items. One instance per job per worker process.
 
-    ``saves_records``: the saver stores a page's records (:attr:`~Download.records`, which the
-    save step fills for a job with ``[extract]``), not its body; a page without records writes
-    nothing and still counts as saved. A job that extracts needs such a saver (or the redis
-    saver, which keeps the records beside each page), and such a saver needs a job that extracts.
+    ``saves_records``: the saver stores a page's records (:attr:`~Download.records`, filled in
+    the save step before it is called: the records a job's ``[extract]`` makes, or without one
+    the page's own record), not the page: a page with no records writes nothing and still
+    counts as saved. A job that extracts needs such a saver (or the redis saver, which keeps
+    the records beside each page).
 
     ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
     ``worker_id`` the worker (a saver that writes shards names them after it and the process).
@@ -37,6 +41,15 @@ class ItemSaver(ABC):
     @abstractmethod
     def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "ItemSaver":
         """Build the saver a job's spec describes."""
+
+    @classmethod
+    def for_worker(
+        cls, spec: SaverSpec, *, job: str, worker_id: str, settings: "Settings"
+    ) -> "ItemSaver":
+        """Build the saver a job's spec describes in a process with ``settings``: a saver that
+        needs what only the workers hold (a database's address and credentials) reads it here.
+        The default is :meth:`from_spec`."""
+        return cls.from_spec(spec, job=job, worker_id=worker_id)
 
     def open(self) -> None:
         """Called once before the first save."""

@@ -15,6 +15,8 @@ from typing import NamedTuple, Optional
 from ..context import JobContext
 from ..runtime import Runtime
 from ...errors import TrackerUnavailable
+from ...extract import page_record
+from ...savers import ItemSaver
 from ...tracker import Fault, SaveBegin, SaveStart
 from ...tracker.revisits import RevisitOutcome, RevisitUpdate
 from ...web.fetch import Download
@@ -32,13 +34,19 @@ def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
     return RevisitUpdate(outcome, download.revisit)
 
 
-def with_records(context: JobContext, download: Download) -> Download:
-    """``download`` with its records, for a job that extracts them (a page found unchanged has
-    none: it was not saved again). Raises ConfigError when the job's extractor cannot be built."""
+def for_saver(context: JobContext, saver: ItemSaver, download: Download) -> Download:
+    """``download`` as ``saver`` takes it: with the records the job's ``[extract]`` makes (a page
+    found unchanged has none: it is not saved again), or, for a saver of records in a job
+    without ``[extract]``, with the page's own record (url, status, fetched_at, job) as its one
+    record. Raises ConfigError when the job's extractor cannot be built."""
     extractor = context.extractor()
-    if extractor is None or download.unchanged:
-        return download
-    return dataclasses.replace(download, records=extractor.records(download))
+    if extractor is not None:
+        if download.unchanged:
+            return download
+        return dataclasses.replace(download, records=extractor.records(download))
+    if saver.saves_records:
+        return dataclasses.replace(download, records=(page_record(download, context.job),))
+    return download
 
 
 class ItemToStore(NamedTuple):
@@ -188,7 +196,8 @@ class Saving:
         happened to the others goes to ``results``."""
         saver = context.saver()
         try:
-            outcomes = saver.save_many([(s.item, with_records(context, s.download)) for s in stores])
+            outcomes = saver.save_many(
+                [(s.item, for_saver(context, saver, s.download)) for s in stores])
             if len(outcomes) != len(stores):
                 raise RuntimeError(f"save_many returned {len(outcomes)} results for {len(stores)} items")
         except Exception as exc:  # a saver bug: as if each save had raised it
@@ -246,7 +255,8 @@ class Saving:
     ) -> str:
         """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
-            context.saver().save(item, with_records(context, download))
+            saver = context.saver()
+            saver.save(item, for_saver(context, saver, download))
         except Exception as exc:
             return self.failures.save_failed(context, item, token, download, exc, stale=stale)
         # Drops the staged body too.

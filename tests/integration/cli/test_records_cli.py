@@ -125,8 +125,6 @@ def test_savers_and_extraction_must_go_together_when_seeded(tmp_path):
     seed = ["seed", "job", "http://127.0.0.1:9/", "--redis-url", "redis://127.0.0.1:9/0"]
     res = run(*seed, "--config", _job_file(tmp_path), "--output", str(tmp_path / "pages"))
     assert_one_line_error(res, "--saver", "keeps no records", "jsonl")
-    res = run(*seed, "--output", str(tmp_path / "items.jsonl"))
-    assert_one_line_error(res, "--saver", "saves only records", "[extract]")
     res = run(*seed, "--config", _job_file(tmp_path, '[extract]\nfunction = "tests.plugins.extractors:headings"\n'),
               "--output", str(tmp_path / "items.jsonl"))
     assert_one_line_error(res, "extract.function", "not allowed")
