@@ -128,3 +128,24 @@ def test_savers_and_extraction_must_go_together_when_seeded(tmp_path):
     res = run(*seed, "--config", _job_file(tmp_path, '[extract]\nfunction = "tests.plugins.extractors:headings"\n'),
               "--output", str(tmp_path / "items.jsonl"))
     assert_one_line_error(res, "extract.function", "not allowed")
+
+
+def test_extracted_records_go_to_postgres_one_row_each(postgres_dsn, small_site, tmp_path):
+    """The same [extract] into the postgres saver: a row per page (its URL the key), the record's
+    fields in its `record` column."""
+    from tests.support.postgres import rows
+
+    config = _job_file(tmp_path, JOB_FILE.replace(
+        "[saver]\nshard_max_items = 5\n",
+        '[saver]\nkind = "postgres"\ntable = "records"\ncreate_table = true\n'))
+    with SiteServer(small_site) as server:
+        crawl = Crawl(tmp_path, server.url("/"), tmp_path / "unused", "--config", config,
+                      "--job", "pg", env={"DISTSCRAPE_POSTGRES_DSN": postgres_dsn})
+        assert crawl.wait(120) == 0, crawl.stderr
+    got = rows(postgres_dsn, "records")
+    assert sorted(r["url"] for r in got) == sorted(server.url(p) for p in small_site.reachable)
+    for row in got:
+        record = row["record"]
+        path = row["url"][len(server.url("/")) - 1:]
+        assert (record["job"], record["title"], record["section"]) == ("pg", path, "section")
+        assert record["first_link"] == ("0" if record["links"] else None)
