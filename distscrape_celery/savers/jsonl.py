@@ -221,8 +221,9 @@ def jsonl_shards(output: str | os.PathLike) -> list[Path]:
 
 def join_jsonl(output: str | os.PathLike) -> Joined:
     """Join the shards of the JSON Lines output ``output`` into ``output`` itself, each page's
-    records once (the longest copy: a copy cut short by a crash is a prefix of a whole one), in
-    the order their pages were first found, and remove the shards (see
+    records once (the longest copy: a copy cut short by a crash is a prefix of a whole one),
+    where that copy is (an earlier join's output first, then the shards in name order), and
+    remove the shards (see
     :func:`~distscrape_celery.savers.joining.join_shards`). ``Joined.items`` counts pages."""
     names = ShardNames(output, tuple(EXTENSIONS), "JSON Lines")
     compression = EXTENSIONS[names.extension]
