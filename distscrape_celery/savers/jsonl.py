@@ -4,7 +4,8 @@ A shard is itself JSON Lines: one record (a JSON object) a line, a page's record
 page's lines are one unit of the shard (see :mod:`.shards`): written with one write, in a
 ``.jsonl.gz`` shard as a gzip member of their own. A unit is known by its page's ``url`` and
 ``fetched_at``, which every record carries: a page saved twice (its save was interrupted after
-the write) has the same two keys both times, and :func:`join_jsonl` keeps it once.
+the write, and done again) is in two units of the same ``url``, and :func:`join_jsonl` keeps
+one.
 """
 
 from __future__ import annotations
@@ -220,32 +221,35 @@ def jsonl_shards(output: str | os.PathLike) -> list[Path]:
 
 
 def join_jsonl(output: str | os.PathLike) -> Joined:
-    """Join the shards of the JSON Lines output ``output`` into ``output`` itself, each page's
-    records once (the longest copy: a copy cut short by a crash is a prefix of a whole one),
-    where that copy is (an earlier join's output first, then the shards in name order), and
-    remove the shards (see
-    :func:`~distscrape_celery.savers.joining.join_shards`). ``Joined.items`` counts pages."""
+    """Join the shards of the JSON Lines output ``output`` into ``output`` itself and remove
+    them (see :func:`~distscrape_celery.savers.joining.join_shards`): what an earlier join wrote
+    there first, whole, then each page the shards hold once, in shard order. A page is its
+    final URL: of the copies of its records in the shards (its save done again after a crash,
+    from the same fetch or from a new download), the latest fetch is kept, and of that the
+    longest copy (one cut short by a crash is a prefix of a whole one). ``Joined.items`` counts
+    the pages written."""
     names = ShardNames(output, tuple(EXTENSIONS), "JSON Lines")
     compression = EXTENSIONS[names.extension]
-    longest: Optional[dict[UnitKey, tuple[Path, int]]] = None
+    chosen: Optional[dict[str, tuple[Path, int]]] = None
 
-    def choose(sources: list[Path]) -> dict[UnitKey, tuple[Path, int]]:
-        """For each page, the source and position of its longest copy (the first of equals)."""
-        best: dict[UnitKey, tuple[Path, int, int]] = {}
-        for source in sources:
-            for position, (key, lines) in enumerate(_units_of(source, source == names.output)):
-                if key not in best or len(lines) > best[key][2]:
-                    best[key] = (source, position, len(lines))
-        return {key: (source, position) for key, (source, position, _) in best.items()}
+    def choose(shards: list[Path]) -> dict[str, tuple[Path, int]]:
+        """For each page's URL, the shard and position of the copy to keep."""
+        best: dict[str, tuple[tuple[str, int], Path, int]] = {}
+        for shard in shards:
+            for position, ((url, fetched_at), lines) in enumerate(_units_of(shard, False)):
+                rank = (fetched_at, len(lines))
+                if url not in best or rank > best[url][0]:
+                    best[url] = (rank, shard, position)
+        return {url: (shard, position) for url, (_, shard, position) in best.items()}
 
     def units(path: Path, whole: bool) -> Iterator[tuple[bytes, Optional[UnitKey]]]:
-        nonlocal longest
-        if longest is None:
-            longest = choose(([names.output] if names.output.exists() else []) + names.shards())
+        nonlocal chosen
+        if chosen is None:
+            chosen = choose(names.shards())
         for position, (key, lines) in enumerate(_units_of(path, whole)):
             data = b"".join(lines)
-            yield (_gzip_member(data) if compression else data), (
-                key if longest.get(key) == (path, position) else None)
+            keep = whole or chosen.get(key[0]) == (path, position)
+            yield (_gzip_member(data) if compression else data), key if keep else None
 
     return join_shards(names, units, item_of=lambda key: key, read_back=_read_back)
 

@@ -105,3 +105,25 @@ def test_a_join_refuses_an_output_that_is_not_records_and_changes_nothing(tmp_pa
     with pytest.raises(SaveError, match="not an archive this crawler wrote"):
         join_jsonl(output)
     assert output.read_text() == '{"not": "a record"}\n' and len(jsonl_shards(output)) == 1
+
+
+def test_a_page_downloaded_again_after_a_crash_is_joined_once_from_its_latest_fetch(tmp_path):
+    output = tmp_path / "items.jsonl"
+    first = JsonLinesItemSaver(output, worker_id="a")
+    first.save("i0", _download(0, fetched_at="2026-05-01T00:00:00.000000Z"))
+    first.save("i1", _download(1))
+    first.close()
+    # Its worker died before the tracker heard of i0: another one downloaded and saved it again.
+    second = JsonLinesItemSaver(output, worker_id="b")
+    second.save("i0", _download(0, records=3, fetched_at="2026-05-01T00:00:09.000000Z"))
+    second.close()
+    assert join_jsonl(output).items == 2
+    records = _read(output)
+    assert sorted((r["n"], r["k"], r["fetched_at"][17:19]) for r in records) == [
+        (0, 0, "09"), (0, 1, "09"), (0, 2, "09"), (1, 0, "00"), (1, 1, "00")]
+    # A later run (a new generation) appends its pages, an earlier join's stay as they were.
+    third = JsonLinesItemSaver(output, worker_id="c")
+    third.save("i0", _download(0, records=1, fetched_at="2026-06-01T00:00:00.000000Z"))
+    third.close()
+    join_jsonl(output)
+    assert [r["fetched_at"][:7] for r in _read(output) if r["n"] == 0] == ["2026-05"] * 3 + ["2026-06"]
