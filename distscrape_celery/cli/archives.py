@@ -1,5 +1,6 @@
 """``distscrape tar-index`` and ``distscrape join``: what a crawl's tar archive holds, read from
-its shards, and the shards of a tar or WARC archive joined into the one file."""
+its shards, and the shards of a tar or WARC archive or of a JSON Lines file joined into the one
+file."""
 
 from __future__ import annotations
 
@@ -42,22 +43,26 @@ def tar_index_command(output, as_json) -> None:
               f"(default {FetchSpec.model_fields['max_bytes'].default}).")
 @click.option("--job", default="", help="The job's name, for a WARC file's warcinfo record.")
 def join_command(output, max_bytes, job) -> None:
-    """Join the shards of the tar or WARC archive OUTPUT (the name given to --output) that are on
-    this host into OUTPUT itself, each item once, and remove them once OUTPUT reads back whole.
-    For a seeded job, once it is finished: gather every host's shards into one directory first."""
+    """Join the shards of the tar or WARC archive or JSON Lines file OUTPUT (the name given to
+    --output) that are on this host into OUTPUT itself, each item (a JSON Lines file: each
+    page's records) once, and remove them once OUTPUT reads back whole. For a seeded job, once
+    it is finished: gather every host's shards into one directory first."""
     from ..local.crawl import join_archive_file
+    from ..savers.jsonl import jsonl_shards
     from ..savers.tar import tar_shards
     from ..savers.warc import warc_shards
 
     kind = saver_kind_for(output)
-    if kind not in ("tar", "warc"):
+    shards = {"tar": tar_shards, "warc": warc_shards, "jsonl": jsonl_shards}.get(kind)
+    if shards is None:
         raise ConfigError(f"OUTPUT {output!r} is not a tar or WARC archive name (.tar, .tar.gz, "
-                          ".tar.bz2, .warc.gz)")
-    if not (tar_shards if kind == "tar" else warc_shards)(output):
+                          ".tar.bz2, .warc.gz) nor a JSON Lines name (.jsonl, .jsonl.gz)")
+    if not shards(output):
         raise ConfigError(f"no shards of {output!r} found to join")
     if max_bytes is None:
         max_bytes = FetchSpec.model_fields["max_bytes"].default
     joined = join_archive_file(kind, output, max_bytes=max_bytes, job=job)
     assert joined is not None
+    what = "page(s) of records" if kind == "jsonl" else "item(s)"
     click.echo(f"joined {len(joined.shards)} shard(s) into {joined.path}"
-               + (f": {joined.items} item(s)" if joined.items is not None else ""))
+               + (f": {joined.items} {what}" if joined.items is not None else ""))

@@ -241,11 +241,16 @@ def dead(job, as_json, redis_url) -> None:
 @click.option("--done", "which", flag_value="done",
               help="Not kept: refused with a pointer to the saver's output.")
 @click.option("--dead", "which", flag_value="dead", help="The dead items, TAB, the reason.")
+@click.option("--records", "which", flag_value="records",
+              help="The records the redis saver keeps of a job with [extract], as JSON Lines.")
+@click.option("--output", "-o", "output", type=click.Path(dir_okay=False, writable=True),
+              help="With --records: write them to this file instead of the standard output.")
 @redis_url_option
-def export(job, which, redis_url) -> None:
-    """Print JOB's dead items (--dead), one a line with the reason, streamed."""
+def export(job, which, output, redis_url) -> None:
+    """Print JOB's dead items (--dead), one a line with the reason, or the records its redis
+    saver keeps (--records), one JSON object a line; streamed."""
     if which is None:
-        raise ConfigError("export: give --dead (or --done, which is not kept)")
+        raise ConfigError("export: give --dead or --records (or --done, which is not kept)")
     if which == "done":
         # Redis keeps only an 8-byte fingerprint of a done item, not the item.
         raise ConfigError(
@@ -253,9 +258,39 @@ def export(job, which, redis_url) -> None:
             "saver's output lists them (its output directory, or `distscrape tar-index "
             "OUTPUT` for tar shards)"
         )
+    if output is not None and which != "records":
+        raise ConfigError("export: --output goes with --records")
     tracker = redis_tracker(settings_for(redis_url))
+    if which == "records":
+        export_records(tracker, job, output)
+        return
     for item, reason in tracker.iter_dead(job):
         click.echo(dead_line(item, reason))
+
+
+def export_records(tracker: Tracker, job: str, output: Optional[str]) -> None:
+    """Write the records that ``job``'s redis saver keeps as JSON Lines to ``output`` (a file,
+    replaced once complete) or the standard output."""
+    from ..job.spec import JobSpec
+    from ..savers.jsonl import encode_records
+    from ..savers.redis import RedisItemSaver
+
+    spec = JobSpec.from_json(tracker.load_spec(job))
+    if spec.extract is None:
+        raise ConfigError(f"export --records: job {job!r} has no [extract], so it made no records")
+    if spec.saver.kind != "redis":
+        raise ConfigError(
+            f"export --records: job {job!r} saves with the {spec.saver.kind} saver, not the "
+            f"redis saver; its records are in its output, {spec.saver.output}"
+        )
+    saver = RedisItemSaver.from_spec(spec.saver, job=job, worker_id="")
+    saver.open()
+    try:
+        with click.open_file(output or "-", "wb", atomic=output is not None) as sink:
+            for record in saver.iter_records():
+                sink.write(encode_records([record]))
+    finally:
+        saver.close()
 
 
 @cli.command("retry-dead")

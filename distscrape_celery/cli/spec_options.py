@@ -16,7 +16,8 @@ spec_options = [
     click.option("--link-regex", metavar="REGEX", help="Follow only links whose URL matches."),
     click.option("--output", metavar="PATH",
                  help="Where items are saved: a directory, a .tar/.tar.gz/.tar.bz2 or .warc.gz "
-                      "name, or a redis:// URL (default ./crawl-output)."),
+                      "name, a .jsonl/.jsonl.gz name (the records of a job whose --config has "
+                      "[extract]), or a redis:// URL (default ./crawl-output)."),
     click.option("--config", type=click.Path(dir_okay=False), help="TOML job file."),
     click.option("--all-hosts", is_flag=True, help="Follow links to any host, not only the seeds'."),
 ]
@@ -29,10 +30,10 @@ scraper_saver_options = [
                  help="ids scraper: new IDs are this regex's matches (its first group, if any)."),
     click.option("--download-url-fmt", metavar="URL",
                  help="ids scraper: the URL an ID is downloaded from, with {id} for the ID."),
-    click.option("--saver", metavar="files|redis|tar|warc|postgres|MODULE:CLASS",
+    click.option("--saver", metavar="files|redis|tar|warc|jsonl|postgres|MODULE:CLASS",
                  help="How items are saved (default: the saver --output names: a redis:// URL "
-                      "redis, a .tar* name tar, a .warc.gz name warc, else files), or a class "
-                      "of your own, as for --scraper."),
+                      "redis, a .tar* name tar, a .warc.gz name warc, a .jsonl* name jsonl, else "
+                      "files), or a class of your own, as for --scraper."),
 ]
 # What a job fetches and how (see docs/configuration.md, Crawl policy).
 policy_options = [

@@ -1,4 +1,4 @@
-"""Building the scraper and saver a job's spec names.
+"""Building the scraper, saver and extractor a job's spec names.
 
 Each kind maps to a dotted path, so adding an implementation is one line here. A spec may also
 name a class of its own as ``module:Class``; since a spec comes from whoever can write to the
@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional
 
 from ..errors import ConfigError, OutputNotAllowed, PluginNotAllowed
+from ..extract import Extractor
 from ..job.sections import PRIORITY_RULES
 from ..job.spec import JobSpec
 from .priorities import PriorityRule, depth_first
 from ..savers import ItemSaver
 from ..savers.files import FileItemSaver
+from ..savers.redis import RedisItemSaver
 from ..savers.shards import ShardedItemSaver
 from ..scrapers import Scraper
 from ..settings import ENV_PREFIX, Settings, is_dotted_name
@@ -36,6 +38,7 @@ SAVERS = {
     "redis": "distscrape_celery.savers:RedisItemSaver",
     "tar": "distscrape_celery.savers:TarItemSaver",
     "warc": "distscrape_celery.savers:WarcItemSaver",
+    "jsonl": "distscrape_celery.savers:JsonLinesItemSaver",
     "postgres": "distscrape_celery.savers.postgres:PostgresItemSaver",
 }
 # The built-in classes, by kind or by their own path, need no allow-list; nothing else of this
@@ -227,9 +230,25 @@ def check_components(
     the spec names is checked only against this process's own ``proxies``. The error names
     the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
-    _saver_class(spec, settings, names or {}, worker=False)
+    saver_class = _saver_class(spec, settings, names or {}, worker=False)
+    check_records_saver(spec, saver_class, names or {})
     build_priority_rule(spec, settings, names or {})
+    build_extractor(spec, "", settings, names or {})
     check_policy_settings(spec, settings, own_workers=False)
+
+
+def check_records_saver(spec: JobSpec, saver_class: type, names: Mapping[str, str]) -> None:
+    """Raise :class:`ConfigError` unless a job that extracts records has a saver that keeps them:
+    one that ``saves_records``, or the redis saver, which keeps them beside each page. (A saver
+    of records in a job without ``[extract]`` gets each page's own record.)"""
+    field = names.get("saver.kind", "saver.kind")
+    keeps = saver_class.saves_records or issubclass(saver_class, RedisItemSaver)
+    if spec.extract is not None and not keeps:
+        raise ConfigError(
+            f"{field}: the {spec.saver.kind} saver keeps no records, and the job's [extract] "
+            "makes them: save them with the jsonl saver (an output ending in .jsonl or "
+            ".jsonl.gz), the postgres saver, the redis saver, or a saver of records of your own"
+        )
 
 
 def writes_paths(spec: JobSpec, settings: Settings) -> bool:
@@ -244,7 +263,8 @@ def spec_plugin_modules(spec: JobSpec) -> tuple[str, ...]:
     only: :func:`check_plugin` refuses the others)."""
     paths = (SCRAPERS.get(spec.scraper.kind, spec.scraper.kind),
              SAVERS.get(spec.saver.kind, spec.saver.kind),
-             *([] if spec.priority.rule in PRIORITY_RULES else [spec.priority.rule]))
+             *([] if spec.priority.rule in PRIORITY_RULES else [spec.priority.rule]),
+             *([spec.extract.function] if spec.extract and spec.extract.function else []))
     modules = (p.partition(":")[0] for p in paths if p not in BUILTIN_PATHS)
     return tuple(dict.fromkeys(m for m in modules if is_dotted_name(m)))
 
@@ -278,3 +298,21 @@ def build_priority_rule(
     except ConfigError as exc:
         field = (names or {}).get("priority.rule", "priority.rule")
         raise type(exc)(f"{field}: {exc}") from None
+
+
+def build_extractor(
+    spec: JobSpec, job: str, settings: Settings, names: Optional[Mapping[str, str]] = None
+) -> Optional[Extractor]:
+    """The job's extractor of records (None: the job extracts none), its function loaded if it
+    names one and ``settings`` allow its module (:class:`PluginNotAllowed`)."""
+    extract = spec.extract
+    if extract is None:
+        return None
+    function = None
+    if extract.function is not None:
+        try:
+            function = load_function(extract.function, settings)
+        except ConfigError as exc:
+            field = (names or {}).get("extract.function", "extract.function")
+            raise type(exc)(f"{field}: {exc}") from None
+    return Extractor(extract, job, function=function, regex_seconds=spec.scraper.regex_seconds)

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable
 from typing import Optional, TypeVar
 
-from .components import build_priority_rule, build_saver, build_scraper
+from .components import build_extractor, build_priority_rule, build_saver, build_scraper
 from .page_rules import PageRules
 from .priorities import PriorityRule
+from ..extract import Extractor
 from ..job.spec import JobSpec
 from ..savers import ItemSaver
 from ..scrapers import Scraper
@@ -31,7 +32,7 @@ class JobContext:
     """One creation of job ``job``, as this process knows it: its stored ``spec`` (a stored spec
     never changes) and the components built from it, each on first use, under this process's
     ``settings``: the hosts its redirects may lead to, its robots.txt policy (whose files go to
-    ``robots_store``), its scraper, and its saver (named after ``worker_id()``, the worker's ID
+    ``robots_store``), its scraper, its extractor of records, and its saver (named after ``worker_id()``, the worker's ID
     when the saver opens).
 
     A scraper or saver that fails to build is not kept: the next item asks again (a refused
@@ -61,6 +62,7 @@ class JobContext:
             job, spec, proxies=settings.proxies, credentials=settings.credentials,
             cookie_store=cookie_store)
         self._page_rules: Optional[PageRules] = None
+        self._extractor: Optional[Extractor] = None
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""
@@ -109,6 +111,15 @@ class JobContext:
         rules = self._page_rules
         return rules if rules is not None else self._once(
             "_page_rules", lambda: PageRules.from_spec(self.spec))
+
+    def extractor(self) -> Optional[Extractor]:
+        """The job's extractor of records; None when the job has no ``[extract]``. Raises
+        ConfigError when this worker's settings refuse the function its spec names."""
+        if self.spec.extract is None:
+            return None
+        extractor = self._extractor
+        return extractor if extractor is not None else self._once(
+            "_extractor", lambda: build_extractor(self.spec, self.job, self.settings))
 
     def saver(self) -> ItemSaver:
         """The job's saver, opened; raises ConfigError when this worker's settings refuse its

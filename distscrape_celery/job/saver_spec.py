@@ -17,17 +17,21 @@ from .sections import StrictModel, check_kind, field_label
 # The built-in savers by what their output looks like; anything else is a directory (files).
 TAR_EXTENSIONS = (".tar", ".tar.gz", ".tar.bz2")
 WARC_EXTENSIONS = (".warc.gz",)
+JSONL_EXTENSIONS = (".jsonl", ".jsonl.gz")
 
 
 def saver_kind_for(output: str) -> str:
     """The built-in saver an output names: a Redis URL -> redis, a .tar/.tar.gz/.tar.bz2 name ->
-    tar, a .warc.gz name -> warc, anything else (a directory) -> files."""
+    tar, a .warc.gz name -> warc, a .jsonl/.jsonl.gz name -> jsonl, anything else (a directory)
+    -> files."""
     if is_redis_url(output):
         return "redis"
     if output.endswith(TAR_EXTENSIONS):
         return "tar"
     if output.endswith(WARC_EXTENSIONS):
         return "warc"
+    if output.endswith(JSONL_EXTENSIONS):
+        return "jsonl"
     return "files"
 
 
@@ -36,6 +40,7 @@ _OUTPUT_SHAPES = {
     "redis": "a redis://, rediss:// or unix:// URL",
     "tar": "a file name ending with " + ", ".join(TAR_EXTENSIONS),
     "warc": "a file name ending with " + " or ".join(WARC_EXTENSIONS),
+    "jsonl": "a file name ending with " + " or ".join(JSONL_EXTENSIONS),
 }
 # Built-in savers that write no output of their own: the postgres saver writes to a table of the
 # database its worker's settings name.
@@ -57,14 +62,16 @@ class SaverSpec(StrictModel):
 
     kind: str = Field(
         "files",
-        description='"files", "redis", "tar", "warc", "postgres", or a custom ItemSaver class '
-        'as "package.module:Class"; when not given, the built-in saver the output names.',
+        description='"files", "redis", "tar", "warc", "jsonl" and "postgres" (the records of '
+        'each page: see [extract]), or a custom ItemSaver class as "package.module:Class"; when '
+        'not given, the built-in saver the output names.',
     )
     output: str = Field(
         "crawl-output",
         description="files: a directory; tar: a .tar, .tar.gz or .tar.bz2 name; warc: a .warc.gz "
-        "name (shards are named after it); redis: a redis:// or rediss:// URL (made absolute "
-        "when seeded, unless a URL). postgres: unused (see table).",
+        "name; jsonl: a .jsonl or .jsonl.gz name (shards are named after it); redis: a redis:// "
+        "or rediss:// URL (made absolute when seeded, unless a URL); postgres: unused (see "
+        "table).",
     )
     name_scheme: str = Field(
         "{host}/{path}",
@@ -79,10 +86,10 @@ class SaverSpec(StrictModel):
         None, gt=0, description="redis: keys expire after this long; None: never."
     )
     shard_max_bytes: int = Field(
-        1024**3, gt=0, description="tar and warc: start a new shard past this size."
+        1024**3, gt=0, description="tar, warc and jsonl: start a new shard past this size."
     )
     shard_max_items: Optional[int] = Field(
-        None, gt=0, description="tar and warc: start a new shard past this many items."
+        None, gt=0, description="tar, warc and jsonl: start a new shard past this many items (pages)."
     )
     fsync: bool = Field(
         True,
@@ -156,7 +163,7 @@ class SaverSpec(StrictModel):
         if kind in _OUTPUT_SHAPES and (
             saver_kind_for(value) != kind
             # An archive's shards are named after its stem, so it needs one.
-            or (kind in ("tar", "warc") and os.path.basename(value).startswith("."))
+            or (kind in ("tar", "warc", "jsonl") and os.path.basename(value).startswith("."))
         ):
             raise ValueError(
                 f"{redact(value)!r} is not an output for the {kind} saver "

@@ -1,8 +1,8 @@
 """A job's spec: its seeds and how to scrape, fetch and save. Validated once, stored as JSON.
 
 The spec joins its sections (:mod:`.sections` for fetch, politeness and tracker,
-:mod:`.scraper_spec`, :mod:`.saver_spec`); this module holds the whole spec, the seeds' own check,
-and how a spec is built from a TOML file and the command line's overrides."""
+:mod:`.scraper_spec`, :mod:`.saver_spec`, :mod:`.extract_spec`); this module holds the whole
+spec, the seeds' own check, and how a spec is built from a TOML file and the command line's overrides."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..errors import ConfigError, format_validation_error
 from ..redaction import redact
 from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
+from .extract_spec import ExtractSpec
 from .fetch_policy_spec import POLICY_FIELDS
 from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
@@ -53,6 +54,9 @@ class JobSpec(StrictModel):
     revisit: Optional[RevisitSpec] = Field(
         None, description="Keep a record of every saved page, and in each later generation "
         "fetch again only the pages that are due, saving only those that changed.")
+    extract: Optional[ExtractSpec] = Field(
+        None, description="The records each saved page yields (fields by CSS or XPath, "
+        "structured data, a function of your own), for a saver of records.")
     schedule: Optional[ScheduleSpec] = Field(
         None, description="Run the job again on this schedule, each run a new generation. "
         "Kept by the tracker beside the job (distscrape schedule changes it), not in the spec "
@@ -122,6 +126,8 @@ class JobSpec(StrictModel):
         exclude["schedule"] = True
         if self.revisit is None:
             exclude["revisit"] = True
+        if self.extract is None:
+            exclude["extract"] = True
         if self.sitemaps == SitemapsSpec():
             exclude["sitemaps"] = True
         if self.priority == PrioritySpec():

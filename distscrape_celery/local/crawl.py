@@ -67,7 +67,7 @@ def check_local_output(spec: JobSpec) -> None:
     kind, output = spec.saver.kind, spec.saver.output
     if kind == "files":
         directory = Path(output)
-    elif kind in ("tar", "warc"):
+    elif kind in ("tar", "warc", "jsonl"):
         directory = Path(output).parent
     else:
         return
@@ -159,7 +159,8 @@ _UNIT_HEADROOM = 1 << 20
 
 
 def archive_shards(spec: JobSpec) -> list[Path]:
-    """The shards of a tar or WARC output on this host; [] for any other saver."""
+    """The shards of a tar, WARC or JSON Lines output on this host; [] for any other saver."""
+    from ..savers.jsonl import jsonl_shards
     from ..savers.tar import tar_shards
     from ..savers.warc import warc_shards
 
@@ -168,11 +169,13 @@ def archive_shards(spec: JobSpec) -> list[Path]:
         return tar_shards(output)
     if kind == "warc":
         return warc_shards(output)
+    if kind == "jsonl":
+        return jsonl_shards(output)
     return []
 
 
 def join_archive(spec: JobSpec, job: str) -> Optional[Joined]:
-    """At the end of a crawl into a tar or WARC output: join its shards on this host into the
+    """At the end of a crawl into a tar, WARC or JSON Lines output: join its shards on this host into the
     named file, which then exists, and remove them. None for any other saver. Raises
     :class:`~distscrape_celery.errors.SaveError` (shards and output left as they were) when
     that cannot be done."""
@@ -181,9 +184,10 @@ def join_archive(spec: JobSpec, job: str) -> Optional[Joined]:
 
 
 def join_archive_file(kind: str, output: str, *, max_bytes: int, job: str = "") -> Optional[Joined]:
-    """Join the shards of the ``kind`` (tar or warc) archive ``output`` found on this host into
-    ``output``, as :func:`join_archive` does; ``max_bytes`` is the largest body a saved item may
-    hold (the job's ``fetch.max_bytes``). None for any other kind."""
+    """Join the shards of the ``kind`` (tar, warc or jsonl) output ``output`` found on this host
+    into ``output``, as :func:`join_archive` does; ``max_bytes`` is the largest body a saved item
+    may hold (the job's ``fetch.max_bytes``). None for any other kind."""
+    from ..savers.jsonl import join_jsonl
     from ..savers.tar import join_tar
     from ..savers.warc import join_warc
 
@@ -192,6 +196,8 @@ def join_archive_file(kind: str, output: str, *, max_bytes: int, job: str = "") 
         return join_tar(output, max_unit=max_unit)
     if kind == "warc":
         return join_warc(output, max_unit=max_unit, job=job)
+    if kind == "jsonl":
+        return join_jsonl(output)
     return None
 
 

@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 class ItemSaver(ABC):
     """Stores downloaded items. One instance per job per worker process.
 
-    ``saves_records``: the saver stores the records extracted from a page
-    (:attr:`~Download.records`, filled in before it is called), not the page: a page with no
-    records writes nothing and still counts as saved.
+    ``saves_records``: the saver stores a page's records (:attr:`~Download.records`, filled in
+    the save step before it is called: the records a job's ``[extract]`` makes, or without one
+    the page's own record), not the page: a page with no records writes nothing and still
+    counts as saved. A job that extracts needs such a saver (or the redis saver, which keeps
+    the records beside each page).
 
     ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
     ``worker_id`` the worker (a saver that writes shards names them after it and the process).

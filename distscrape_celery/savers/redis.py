@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import string
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Optional, Union
 
 import redis
@@ -17,6 +18,8 @@ from ..redis_urls import is_redis_url
 from .base import ItemSaver
 
 KEY_FIELDS = ("job", "item", "sha1")
+# Hashes read at once by iter_records.
+READ_BATCH = 500
 # Bodies of at most about this many bytes go to the output Redis in one transaction: a batch of
 # large pages is not one request of hundreds of MB.
 GROUP_BYTES = 16 * 1024 * 1024
@@ -24,8 +27,9 @@ GROUP_BYTES = 16 * 1024 * 1024
 
 class RedisItemSaver(ItemSaver):
     """Stores each item as a hash at ``key_scheme`` (fields {job} {item} {sha1}) holding ``body``,
-    ``item``, ``url``, ``status``, ``content_type`` and ``fetched_at``; with ``ttl_seconds`` the
-    key expires. Saving an item again overwrites its one hash."""
+    ``item``, ``url``, ``status``, ``content_type`` and ``fetched_at``, and for a page with
+    records (a job that extracts them) ``records``, a JSON array; with ``ttl_seconds`` the key
+    expires. Saving an item again overwrites its one hash."""
 
     def __init__(
         self, url: str, key_scheme: str = "ds:out:{job}:{sha1}", *, job: str = "",
@@ -101,11 +105,15 @@ class RedisItemSaver(ItemSaver):
             key = self.key_for(item)
             keys.append(key)
             pipe.delete(key)  # a re-save replaces the hash whole, never merges into it
-            pipe.hset(key, mapping={
+            fields = {
                 "body": download.body, "item": item, "url": download.url,
                 "status": download.status, "content_type": download.content_type,
                 "fetched_at": repr(download.fetched_at),
-            })
+            }
+            if download.records:
+                fields["records"] = json.dumps(
+                    download.records, ensure_ascii=False, separators=(",", ":"))
+            pipe.hset(key, mapping=fields)
             if self.ttl_ms:
                 pipe.pexpire(key, self.ttl_ms)
         try:
@@ -113,6 +121,47 @@ class RedisItemSaver(ItemSaver):
         except redis.RedisError as exc:
             raise SaveError(f"cannot save {what} to {redact(self.url)}: {exc}") from exc
         return keys
+
+
+    def iter_records(self) -> Iterator[dict]:
+        """Every record kept in this saver's hashes of its job, a page's records together, in
+        no particular order (a SCAN of the keys its ``key_scheme`` makes)."""
+        if self._client is None:
+            self.open()
+        assert self._client is not None
+        batch: list[bytes] = []
+        try:
+            for key in self._client.scan_iter(match=self._key_pattern(), count=1000):
+                batch.append(key)
+                if len(batch) >= READ_BATCH:
+                    yield from self._records_of(batch)
+                    batch = []
+            yield from self._records_of(batch)
+        except redis.RedisError as exc:
+            raise SaveError(f"cannot read the records from {redact(self.url)}: {exc}") from exc
+
+    def _key_pattern(self) -> str:
+        """A SCAN pattern of the job's keys: the scheme, {job} escaped, {sha1} as 40 hex digits,
+        {item} as anything (each hash's own item is checked against its key)."""
+        fields = {"job": _glob_escape(self.job), "sha1": "[0-9a-f]" * 40, "item": "*"}
+        return "".join(_glob_escape(literal) + (fields[field] if field else "")
+                       for literal, field, _, _ in string.Formatter().parse(self.key_scheme))
+
+    def _records_of(self, keys: list[bytes]) -> Iterator[dict]:
+        pipe = self._client.pipeline(transaction=False)  # type: ignore[union-attr]
+        for key in keys:
+            pipe.hmget(key, "item", "records")
+        for key, (item, records) in zip(keys, pipe.execute()):
+            if item is None or records is None:
+                continue  # gone meanwhile, a page without records, or not this job's
+            if self.key_for(item.decode("utf-8", "surrogatepass")).encode() != key:
+                continue  # another job's key that the pattern matched too
+            yield from json.loads(records)
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a Redis glob that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\^" else c for c in text)
 
 
 def _check_scheme(scheme: str) -> None:

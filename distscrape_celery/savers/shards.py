@@ -1,4 +1,4 @@
-"""Per-worker archive shards: what the tar and WARC savers share.
+"""Per-worker archive shards: what the tar, WARC and JSON Lines savers share.
 
 Many workers, on many hosts, save into one job's archive at once, so no two processes ever write
 one file. Each saver instance writes shards of its own, named after the job's output::
@@ -122,8 +122,9 @@ class ShardWriter:
                 ) from exc
             self._dir_ready = True
 
-    def append(self, unit: bytes) -> Path:
-        """Append ``unit`` (one item, complete) to the current shard, durably; return the shard.
+    def append(self, unit: bytes, items: int = 1) -> Path:
+        """Append ``unit`` (``items`` items, each complete) to the current shard, durably, with
+        one write; return the shard.
 
         Opens a new shard first when there is none, or when ``unit`` would take a non-empty
         shard past ``max_bytes``; finishes the shard once it reaches ``max_bytes`` or
@@ -141,7 +142,7 @@ class ShardWriter:
         if self.size == 0 and self._header is not None:
             data = self._header(path) + unit
         self._write(data)
-        self.items += 1
+        self.items += items
         full = self.max_items is not None and self.items >= self.max_items
         if full or self.size >= self.max_bytes:
             try:

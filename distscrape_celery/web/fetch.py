@@ -136,8 +136,9 @@ class Download:
     # and Link header lines. Read when the page is scraped; not in meta(), a save needs neither.
     robots_tags: tuple[str, ...] = ()
     links: tuple[str, ...] = ()
-    # The records extracted from the page, for a saver that saves records
-    # (ItemSaver.saves_records): filled in the save step, never sent through the broker.
+    # The page's records, for a saver that saves records (ItemSaver.saves_records) and for the
+    # redis saver of a job that extracts: dicts of JSON values, each with url, status,
+    # fetched_at and job, filled in the save step; never in the meta, never through the broker.
     records: tuple[dict, ...] = ()
 
     @property

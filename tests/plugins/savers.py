@@ -28,7 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from distscrape_celery.savers import FileItemSaver
+from distscrape_celery.savers import FileItemSaver, JsonLinesItemSaver
 from distscrape_celery.savers.postgres import PostgresItemSaver
 
 
@@ -191,6 +191,38 @@ class GroupCrashingSaver(FileItemSaver):
         for (item, _), where in zip(entries, out):
             if isinstance(where, str):
                 self._log("wrote", item)
+        return out
+
+
+class KilledAfterWriteJsonLines(JsonLinesItemSaver):
+    """JsonLinesItemSaver that SIGKILLs its process right after a save (or a save batch's
+    group) that wrote the records of an item named in ``crash_once``, the first time: the records
+    are on disk, durably, and the tracker never hears that the page was saved. Logs ``call``,
+    ``wrote`` and ``kill`` as :class:`LoggingSaver` does."""
+
+    ctl = property(lambda self: control_dir(self.output))
+    _log = LoggingSaver._log
+
+    def commits_groups(self) -> bool:
+        return True
+
+    def save(self, item, download):
+        return self.save_many([(item, download)])[0]
+
+    def save_many(self, entries):
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        for item, _ in entries:
+            self._log("call", item)
+        out = super().save_many(entries)
+        victims = set(_lines(self.ctl / "crash_once"))
+        for (item, _), where in zip(entries, out):
+            if isinstance(where, str):
+                self._log("wrote", item)
+        for item, _ in entries:
+            if item in victims and _create_durably(self.ctl / "crashed" / _sha1(item), item):
+                self._log("kill", item)
+                os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(60)
         return out
 
 

@@ -17,7 +17,7 @@ LAYERS = [
     {"settings"},
     {"job"},
     {"web"},
-    {"scrapers", "savers"},
+    {"scrapers", "savers", "extract"},
     {"core"},
     # events: the old import path of worker.events.job_finished, kept for users' hook modules.
     {"worker", "events"},

@@ -2,6 +2,7 @@
 
 A save begins in the tracker (the item turns saving under this worker's lease, and its staged
 body comes back), goes to the saver, and completes in the tracker: only after the saver returned.
+For a job that extracts records, the page's records are made here, just before the saver.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from datetime import datetime, timezone
 from typing import NamedTuple, Optional
 
 from ..context import JobContext
 from ..runtime import Runtime
 from ...errors import TrackerUnavailable
+from ...extract import page_record
 from ...savers import ItemSaver
 from ...tracker import Fault, SaveBegin, SaveStart
 from ...tracker.revisits import RevisitOutcome, RevisitUpdate
@@ -33,21 +34,19 @@ def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
     return RevisitUpdate(outcome, download.revisit)
 
 
-def page_record(job: str, download: Download) -> dict:
-    """The record every page gives: its URL, status, fetch time (ISO 8601, UTC) and job."""
-    fetched_at = datetime.fromtimestamp(download.fetched_at, timezone.utc)
-    return {
-        "url": download.url, "status": download.status,
-        "fetched_at": fetched_at.isoformat().replace("+00:00", "Z"), "job": job,
-    }
-
-
-def for_saver(saver: ItemSaver, job: str, download: Download) -> Download:
-    """``download`` as ``saver`` takes it: for a saver that saves records, with the page's
-    record (:func:`page_record`) as its one record."""
-    if not saver.saves_records:
-        return download
-    return dataclasses.replace(download, records=(page_record(job, download),))
+def for_saver(context: JobContext, saver: ItemSaver, download: Download) -> Download:
+    """``download`` as ``saver`` takes it: with the records the job's ``[extract]`` makes (a page
+    found unchanged has none: it is not saved again), or, for a saver of records in a job
+    without ``[extract]``, with the page's own record (url, status, fetched_at, job) as its one
+    record. Raises ConfigError when the job's extractor cannot be built."""
+    extractor = context.extractor()
+    if extractor is not None:
+        if download.unchanged:
+            return download
+        return dataclasses.replace(download, records=extractor.records(download))
+    if saver.saves_records:
+        return dataclasses.replace(download, records=(page_record(download, context.job),))
+    return download
 
 
 class ItemToStore(NamedTuple):
@@ -198,7 +197,7 @@ class Saving:
         saver = context.saver()
         try:
             outcomes = saver.save_many(
-                [(s.item, for_saver(saver, context.job, s.download)) for s in stores])
+                [(s.item, for_saver(context, saver, s.download)) for s in stores])
             if len(outcomes) != len(stores):
                 raise RuntimeError(f"save_many returned {len(outcomes)} results for {len(stores)} items")
         except Exception as exc:  # a saver bug: as if each save had raised it
@@ -257,7 +256,7 @@ class Saving:
         """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
             saver = context.saver()
-            saver.save(item, for_saver(saver, context.job, download))
+            saver.save(item, for_saver(context, saver, download))
         except Exception as exc:
             return self.failures.save_failed(context, item, token, download, exc, stale=stale)
         # Drops the staged body too.

@@ -112,6 +112,8 @@ def test_the_readme_and_guide_commands_work_as_written(checkout, redis_url):
             res = shell(local, checkout, venv_env)
             assert res.returncode == 0, (command, res.stderr[-3000:])
             assert f": {len(site.reachable)} saved, 0 dead" in res.stdout, (command, res.stdout)
+            if "--config config/records.toml" in command:
+                check_records(checkout / "docs.jsonl", server, site)
             ran.add(command)
 
     # 4. Seeding and job control, on a Redis of the test's: seeding fetches nothing.
@@ -155,6 +157,19 @@ def test_the_readme_and_guide_commands_work_as_written(checkout, redis_url):
 
     left = [c for c in commands if c not in ran and not any(e in c for e in ELSEWHERE)]
     assert left == [], f"commands in the docs that no test runs: {left}"
+
+
+def check_records(output: Path, server, site) -> None:
+    """The guide's records crawl left one record of each page, with the fields the job names."""
+    import json
+
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    assert sorted(r["url"] for r in records) == sorted(server.url(p) for p in site.reachable)
+    for record in records:
+        path = record["url"][len(server.url("/")) - 1:]
+        assert (record["status"], record["title"], record["heading"]) == (200, path, path)
+        assert record["description"] is None and record["sections"] == ["Section"]
+        assert record["json_ld"] == [] and record["links"]
 
 
 def _status(port: int, path: str, auth: str | None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 
 import pytest
 import redis
@@ -135,3 +137,65 @@ def test_a_batch_is_written_in_one_transaction_per_group_and_errors_name_their_e
         client.config_set("maxmemory", 0)
     assert all(isinstance(r, SaveError) and "cannot save a group of 2 item(s)" in str(r) for r in got), got
     saver.close()
+
+
+def test_records_are_kept_beside_their_page_and_exported_as_json_lines(
+        redis_url, output_redis, workers, tmp_path):
+    """A job that extracts, saved by the redis saver through real workers: each page's hash holds
+    its records, and `distscrape export JOB --records` writes every record once, to standard
+    output or a file; another job's records under the same scheme are not its."""
+    from tests.support.cli import assert_one_line_error, run
+
+    out = redis.Redis.from_url(output_redis)
+    out.flushdb()
+    site = generate_site(n_pages=40, seed=6, unreachable=0)
+    settings = crawl_settings(redis_url, lease_seconds=5)
+    tracker = RedisTracker.from_url(redis_url)
+    workers(settings, "rrec-a", concurrency=2)
+    wait_for_workers(tracker, 1)
+    configure_app(settings)
+    extract = {"item": "#main li", "fields": {"href": "a::attr(href)", "text": "a::text"}}
+    with SiteServer(site) as server:
+        manager = CrawlManager(tracker, publisher.scrape)
+        for job in ("rrec", "rrec-x"):
+            manager.seed(job, build_spec({
+                "seeds": [server.url("/")], "extract": extract,
+                "saver": {"kind": "redis", "output": output_redis, "key_scheme": "r:{job}-{item}"},
+            }))
+        for job in ("rrec", "rrec-x"):
+            stats = manager.wait(job, timeout=90)
+            assert (stats.done, stats.dead) == (len(site.reachable), 0)
+    expected = Counter()
+    for path in site.reachable:
+        url = server.url(path)
+        records = json.loads(out.hget(f"r:rrec-{url}", "records") or b"[]")
+        links = site.pages[path].count(b"<li><a href=")
+        assert len(records) == links
+        assert all(r["url"] == url and r["job"] == "rrec" and r["text"].startswith("link ")
+                   for r in records)
+        expected.update((url, r["href"]) for r in records)
+
+    env = {"DISTSCRAPE_REDIS_URL": redis_url}
+    res = run("export", "rrec", "--records", env=env)
+    assert res.returncode == 0, res.stderr
+    got = [json.loads(line) for line in res.stdout.splitlines()]
+    assert Counter((r["url"], r["href"]) for r in got) == expected
+    assert {r["job"] for r in got} == {"rrec"}
+    res = run("export", "rrec", "--records", "--output", str(tmp_path / "r.jsonl"), env=env)
+    assert res.returncode == 0 and res.stdout == "", res.stderr
+    assert sorted((tmp_path / "r.jsonl").read_text().splitlines()) == sorted(
+        res_lines := [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in got])
+    assert len(res_lines) == sum(expected.values())
+    assert_one_line_error(run("export", "rrec", "--dead", "--output", "x", env=env),
+                          "--output goes with --records")
+
+
+def test_export_records_of_a_job_that_has_none_is_refused(redis_url, output_redis):
+    from tests.support.cli import assert_one_line_error, run
+
+    tracker = RedisTracker.from_url(redis_url)
+    manager = CrawlManager(tracker, lambda *a, **k: None)
+    manager.seed("plain", build_spec({"seeds": ["http://127.0.0.1:9/"],
+                                      "saver": {"kind": "redis", "output": output_redis}}))
+    res = run("export", "plain", "--records", env={"DISTSCRAPE_REDIS_URL": redis_url})
+    assert_one_line_error(res, "has no [extract]")
