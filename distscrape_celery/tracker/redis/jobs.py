@@ -14,7 +14,7 @@ from .. import keys
 from ...errors import JobConflict, JobNotFound, JobStateError, TrackerUnavailable
 from ..base import MAX_ADD_BATCH
 from ..model import (
-    ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
+    ControlResult, CrawlLimits, DomainStats, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
 )
 from .connection import converts_redis_errors
 from .scripts import dispatched
@@ -320,6 +320,45 @@ class JobCalls(ShardLayout):
         if int(reply[0]):
             self._mirror_active(job, [shard])
         return requeued + int(reply[0]), dispatch + dispatched(reply[1:])
+
+    def domain_stats(self, job: str) -> list[DomainStats]:
+        shards, id_domain = self._layout(job)
+        dead: Counter[str] = Counter(keys.domain_of(item, id_domain)
+                                     for item, _reason in self.iter_dead(job))
+        return self._domain_figures(job, shards, dead)
+
+    @converts_redis_errors
+    def _domain_figures(self, job: str, shards: int, dead: Counter[str]) -> list[DomainStats]:
+        # The domains with queued items are in `domains` (room under their cap) or `inflight`
+        # (at it); `latency` holds the mean of every domain that fetched and still has work.
+        pipe = self.client.pipeline(transaction=False)
+        for s in range(shards):
+            shard_keys = keys.JobKeys(job, s)
+            pipe.zrange(shard_keys.domains, 0, -1)
+            pipe.hgetall(shard_keys.inflight)
+            pipe.hgetall(shard_keys.latency)
+        replies = pipe.execute()
+        in_flight: dict[str, int] = {}
+        latency: dict[str, float] = {}
+        names = set(dead)
+        for s in range(shards):
+            queued_domains, flight, means = replies[3 * s : 3 * s + 3]
+            names.update(queued_domains, flight, (d for d in means if d != keys.JOB_LATENCY_FIELD))
+            in_flight.update((d, int(n)) for d, n in flight.items())
+            latency.update((d, int(us) / 1e6) for d, us in means.items() if d != keys.JOB_LATENCY_FIELD)
+        domains = sorted(names)
+        pipe = self.client.pipeline(transaction=False)
+        for domain in domains:
+            shard_keys = keys.JobKeys(job, keys.shard_of(domain, shards))
+            pipe.llen(shard_keys.domain_queue(domain))
+            pipe.zcard(shard_keys.priority_queue(domain))
+        lengths = pipe.execute()
+        return [
+            DomainStats(domain, queued=lengths[2 * i] + lengths[2 * i + 1],
+                        in_flight=max(in_flight.get(domain, 0), 0), dead=dead[domain],
+                        mean_fetch=latency.get(domain))
+            for i, domain in enumerate(domains)
+        ]
 
     @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:
