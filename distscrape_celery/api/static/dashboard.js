@@ -91,26 +91,36 @@ function progress(job) {
   return bar;
 }
 
+// The job list's columns: a class (the cell's) and what it shows of a job.
+const JOB_COLUMNS = [
+  ["job-name", (j) => j.job], ["state", (j) => j.state], ["gen", (j) => j.generation],
+  ["progress", null], ["seen", (j) => j.seen], ["done", (j) => j.done], ["dead", (j) => j.dead],
+  ["queued", (j) => j.queued], ["leased", (j) => j.leased], ["rate", (j) => j.rate.toFixed(1)],
+  ["started", (j) => when(j.started)],
+];
+
+// Rows are updated in place (not rebuilt), so a click never lands on a row being replaced.
 function showJobs(jobs) {
   const body = $("jobs").tBodies[0];
-  body.replaceChildren();
+  const rows = new Map([...body.rows].map((row) => [row.dataset.job, row]));
+  const listed = new Set();
   for (const job of jobs) {
-    const row = body.insertRow();
-    row.dataset.job = job.job;
-    if (job.job === selected) row.className = "selected";
-    cell(row, job.job, "job-name");
-    cell(row, job.state, "state state-" + job.state);
-    cell(row, job.generation);
-    cell(row, "").appendChild(progress(job));
-    cell(row, job.seen, "seen");
-    cell(row, job.done, "done");
-    cell(row, job.dead);
-    cell(row, job.queued);
-    cell(row, job.leased);
-    cell(row, job.rate.toFixed(1), "rate");
-    cell(row, when(job.started));
-    row.addEventListener("click", () => select(job.job));
+    listed.add(job.job);
+    let row = rows.get(job.job);
+    if (!row) {
+      row = body.insertRow();
+      row.dataset.job = job.job;
+      for (const [cls] of JOB_COLUMNS) row.insertCell().className = cls;
+      row.addEventListener("click", () => select(job.job));
+    }
+    JOB_COLUMNS.forEach(([cls, shown], i) => {
+      if (shown) row.cells[i].textContent = shown(job);
+      else row.cells[i].replaceChildren(progress(job));
+    });
+    row.cells[1].className = "state state-" + job.state;
+    row.classList.toggle("selected", job.job === selected);
   }
+  for (const [name, row] of rows) if (!listed.has(name)) row.remove();
   $("no-jobs").hidden = jobs.length > 0;
 }
 
@@ -185,7 +195,7 @@ function select(job) {
   $("job-name").textContent = job;
   $("action-result").textContent = "";
   for (const row of $("jobs").tBodies[0].rows) {
-    row.className = row.dataset.job === job ? "selected" : "";
+    row.classList.toggle("selected", row.dataset.job === job);
   }
   if (jobStream) jobStream.abort();
   jobStream = new AbortController();
