@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import tempfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import SpecError
+from ..errors import ConfigError, SpecError
 from ..job.schedule import Schedule
 from ..job.spec import JobSpec, build_spec
 from ..tracker import Tracker
@@ -48,6 +50,30 @@ def spec_from_data(data: dict[str, Any], names: Optional[dict[str, str]] = None)
     return build_spec(data, names)
 
 
+def check_local_output(spec: JobSpec) -> None:
+    """Make sure the output directory of a files saver (or the directory of an archive saver's
+    file) can be written on this machine, creating it if need be, before anything is fetched.
+    Other savers (a Redis URL, a custom class) are not checked here."""
+    kind, output = spec.saver.kind, spec.saver.output
+    if kind == "files":
+        directory = Path(output)
+    elif kind in ("tar", "warc"):
+        directory = Path(output).parent
+    else:
+        return
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"cannot write the output to {directory}: it is not a directory")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        descriptor, probe = tempfile.mkstemp(prefix=".~distscrape-probe-", dir=directory)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot write the output to {directory}: {exc.strerror or exc}"
+        ) from None
+
+
 def seed_job(
     tracker: Tracker, manager: CrawlManager, job: str, spec: JobSpec, *,
     more: Iterable[str] = (), priority: int = 0,
@@ -59,8 +85,6 @@ def seed_job(
     fetched (workers elsewhere write on their own hosts, which cannot be checked here)."""
     live = [worker for worker in tracker.workers() if worker.alive]
     if live and all(worker.host == socket.gethostname() for worker in live):
-        from ..local.crawl import check_local_output
-
         check_local_output(spec)
     seeded = manager.seed(job, spec, more, on_progress=on_progress, priority=priority)
     if spec.schedule is None:
