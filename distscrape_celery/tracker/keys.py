@@ -158,9 +158,6 @@ ACTIVE_JOBS = f"{PREFIX}:active-jobs"
 _HTTP_AUTHORITY = re.compile(r"[Hh][Tt][Tt][Pp][Ss]?://([^/?#]*)")
 # The pseudo-domain of items that are not http(s) URLs when the job names no download_url_fmt.
 NO_DOMAIN = "-"
-# The field of the latency hash (JobKeys.latency) holding the job's own mean, beside the
-# domains' (JOB_LATENCY in _lib_politeness.lua; no domain holds a '/').
-JOB_LATENCY_FIELD = "/job"
 # The layout of a job's keys. A job whose control hash records another (or none: created before
 # the seen set; 2: live items by name in one hash; 3: deadlines in seconds, not microseconds) is
 # refused by the item scripts (JOBFORMAT), not mixed with this layout.

@@ -329,36 +329,19 @@ class JobCalls(ShardLayout):
 
     @converts_redis_errors
     def _domain_figures(self, job: str, shards: int, dead: Counter[str]) -> list[DomainStats]:
-        # The domains with queued items are in `domains` (room under their cap) or `inflight`
-        # (at it); `latency` holds the mean of every domain that fetched and still has work.
-        pipe = self.client.pipeline(transaction=False)
+        found: dict[str, DomainStats] = {}
         for s in range(shards):
-            shard_keys = keys.JobKeys(job, s)
-            pipe.zrange(shard_keys.domains, 0, -1)
-            pipe.hgetall(shard_keys.inflight)
-            pipe.hgetall(shard_keys.latency)
-        replies = pipe.execute()
-        in_flight: dict[str, int] = {}
-        latency: dict[str, float] = {}
-        names = set(dead)
-        for s in range(shards):
-            queued_domains, flight, means = replies[3 * s : 3 * s + 3]
-            names.update(queued_domains, flight, (d for d in means if d != keys.JOB_LATENCY_FIELD))
-            in_flight.update((d, int(n)) for d, n in flight.items())
-            latency.update((d, int(us) / 1e6) for d, us in means.items() if d != keys.JOB_LATENCY_FIELD)
-        domains = sorted(names)
-        pipe = self.client.pipeline(transaction=False)
-        for domain in domains:
-            shard_keys = keys.JobKeys(job, keys.shard_of(domain, shards))
-            pipe.llen(shard_keys.domain_queue(domain))
-            pipe.zcard(shard_keys.priority_queue(domain))
-        lengths = pipe.execute()
-        return [
-            DomainStats(domain, queued=lengths[2 * i] + lengths[2 * i + 1],
-                        in_flight=max(in_flight.get(domain, 0), 0), dead=dead[domain],
-                        mean_fetch=latency.get(domain))
-            for i, domain in enumerate(domains)
-        ]
+            k = keys.JobKeys(job, s)
+            reply = self._domain_stats_script(keys=[k.domains, k.inflight, k.latency, k.queues])
+            for i in range(0, len(reply), 4):
+                domain = reply[i].decode() if isinstance(reply[i], bytes) else reply[i]
+                mean = reply[i + 3]
+                found[domain] = DomainStats(
+                    domain, queued=int(reply[i + 1]), in_flight=max(int(reply[i + 2]), 0),
+                    dead=dead[domain], mean_fetch=int(mean) / 1e6 if mean else None)
+        for domain, count in dead.items():  # dead items only: nothing queued or in flight
+            found.setdefault(domain, DomainStats(domain, dead=count))
+        return list(found.values())
 
     @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:
