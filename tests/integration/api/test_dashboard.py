@@ -104,6 +104,23 @@ def test_sign_in_watch_a_job_live_and_pause_it(redis_url, workers, browser, tmp_
         wait.until(lambda d: tracker.job_info("watched").state is JobState.CANCELLED)
         wait.until(lambda d: _text(d, "#job-state") == "cancelled")
 
+        # A job of 10,000 domains: its table shows a page of them, pages on, and filters.
+        wide = {"seeds": [f"http://d{i:05d}.invalid/" for i in range(10_000)],
+                "scraper": {"same_host": False}, "saver": {"output": str(tmp_path / "wide")}}
+        assert api.request("PUT", "/api/jobs/wide", wide)[0] == 201
+        assert api.request("POST", "/api/jobs/wide/pause")[0] == 200
+        wait.until(lambda d: _text(d, '#jobs tr[data-job="wide"] .state') == "paused")
+        browser.execute_script("document.querySelector('#jobs tr[data-job=\"wide\"]').click()")
+        wait.until(lambda d: _text(d, "#domains-page") == "1-100 of 10000")
+        assert browser.execute_script("return document.querySelectorAll('#domains tbody tr').length") == 100
+        browser.find_element(By.ID, "domain-sort").send_keys("by name")
+        wait.until(lambda d: _text(d, "#domains tbody td.domain") == "d00000.invalid")
+        browser.find_element(By.ID, "domains-next").click()
+        wait.until(lambda d: _text(d, "#domains tbody td.domain") == "d00100.invalid")
+        browser.find_element(By.ID, "domain-filter").send_keys("d0999")
+        wait.until(lambda d: _text(d, "#domains-page") == "1-10 of 10")
+        browser.save_screenshot(str(tmp_path / "wide.png"))
+
         # Signing out forgets the token: the next visit asks for it again.
         browser.find_element(By.ID, "logout").click()
         browser.get(api.url + "/")
