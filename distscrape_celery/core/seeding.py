@@ -32,7 +32,8 @@ class Seeded:
 def spec_from_data(data: dict[str, Any], names: Optional[dict[str, str]] = None) -> JobSpec:
     """The checked spec of ``data`` (a job file's fields), its output made absolute; errors
     (:class:`SpecError`) name fields as ``names`` does (default: as in the data)."""
-    names = dict(names or {})
+    # The sections' names are added to the caller's, which name the same fields in later checks.
+    names = names if names is not None else {}
     if not data.get("seeds"):
         field = names.get("seeds", "seeds")
         raise SpecError(f"invalid job spec: {field}: give at least one seed",
