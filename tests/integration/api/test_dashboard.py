@@ -51,7 +51,7 @@ def test_sign_in_watch_a_job_live_and_pause_it(redis_url, workers, browser, tmp_
     settings = crawl_settings(redis_url)
     tracker = RedisTracker.from_url(redis_url)
     procs = [workers(settings, f"dash-{i}") for i in range(2)]
-    site_pages = generate_site(n_pages=150, seed=5, unreachable=0)
+    site_pages = generate_site(n_pages=400, seed=5, unreachable=0)
     # Slow pages, one at a time: the crawl lasts long enough to be watched and paused.
     with SiteServer(site_pages, delay=0.15) as site, \
             ApiServer(redis_url, env={"DISTSCRAPE_OUTPUT_ROOTS": str(tmp_path)}) as api:
