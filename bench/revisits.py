@@ -12,7 +12,8 @@ files); in mode ``digest`` it sends neither, and only the body's digest tells an
 
 For each mode it prints both generations' wall time (of the command, start-up and shutdown
 included) and their first-to-last page request at the server, the body bytes the server sent,
-and the pages generation 2 saved, counted from the output: the files whose inode changed (the
+the CPU a page of the crawl's processes, of its Redis and of the server (this process), and the
+pages generation 2 saved, counted from the output: the files whose inode changed (the
 files saver replaces a file atomically) or that are new, against the changed and added pages
 (missed and extra must be 0). Bars, each PASS or FAIL (exit status 1 if any fails): generation 2
 saves exactly the changed and added pages, in both modes; in mode etag it downloads at most 15 %
@@ -27,6 +28,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,13 +47,15 @@ MAX_TIME_RATIO = 0.5  # generation 2's first-to-last page request against genera
 @dataclass
 class Generation:
     """One run of the command: its wall seconds, the CPU seconds of its processes (workers and
-    the command; its embedded Redis's apart), the server's first-to-last page request, the pages
+    the command; its embedded Redis's apart) and of the site's server (this process), the
+    server's first-to-last page request, the pages
     requested and the body bytes sent, Redis's round trips and script calls, and the command's
     report."""
 
     wall: float
     cpu: float
     redis_cpu: float
+    server_cpu: float
     span: float
     requests: int
     body_bytes: int
@@ -69,8 +73,10 @@ def crawl(server: SiteServer, out: Path, log: Path, timeout: float) -> Generatio
                str(out), "--quiet", *HIGH_LIMITS]
     first, sent = len(server.requests), server.body_bytes
     state = Path(str(out) + ".distscrape-state")
+    served = time.process_time()
     status, wall, cpu, probe = run_measured(command, clean_env(), timeout, log,
                                             embedded_probe(state))
+    served = time.process_time() - served
     text = log.read_text(errors="replace")
     if status != 0:
         raise RuntimeError(f"the crawl exited {status}:\n{text[-2000:]}")
@@ -78,7 +84,7 @@ def crawl(server: SiteServer, out: Path, log: Path, timeout: float) -> Generatio
     times = server.request_times()[first:]
     lines = [line for line in text.splitlines() if line.startswith("job ")]
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
-    return Generation(wall, cpu - redis_cpu, redis_cpu, times[-1] - times[0] if times else 0.0,
+    return Generation(wall, cpu - redis_cpu, redis_cpu, served, times[-1] - times[0] if times else 0.0,
                       len(times), server.body_bytes - sent, reads,
                       probe.scripts() if probe else 0.0, " / ".join(lines))
 
@@ -137,18 +143,19 @@ def report(results: list[ModeResult]) -> bool:
     """Print the figures and the bars; whether every bar passed."""
     print("\n| mode | generation | command wall, s | first to last page request, s | pages "
           "requested | body MB sent | crawl CPU ms a page | Redis CPU ms a page | round trips "
-          "a page | script calls a page |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "a page | script calls a page | server CPU ms a page |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         for label, g in (("1", r.first), ("2", r.second)):
             print(f"| {r.mode} | {label} | {g.wall:.2f} | {g.span:.2f} | {g.requests:,} | "
                   f"{g.body_bytes / 1e6:.2f} | {1000 * g.per_page(g.cpu):.2f} | "
                   f"{1000 * g.per_page(g.redis_cpu):.3f} | {g.per_page(g.round_trips):.2f} | "
-                  f"{g.per_page(g.scripts):.2f} |")
+                  f"{g.per_page(g.scripts):.2f} | {1000 * g.per_page(g.server_cpu):.2f} |")
         print(f"| {r.mode} | 2 / 1 | {r.ratio('wall'):.3f} | {r.ratio('span'):.3f} | "
               f"{r.ratio('requests'):.3f} | {r.ratio('body_bytes'):.3f} | "
               f"{r.ratio_a_page('cpu'):.3f} | {r.ratio_a_page('redis_cpu'):.3f} | "
-              f"{r.ratio_a_page('round_trips'):.3f} | {r.ratio_a_page('scripts'):.3f} |")
+              f"{r.ratio_a_page('round_trips'):.3f} | {r.ratio_a_page('scripts'):.3f} | "
+              f"{r.ratio_a_page('server_cpu'):.3f} |")
     print()
     for r in results:
         print(f"{r.mode}: generation 1: {r.first.summary}")

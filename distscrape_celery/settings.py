@@ -7,11 +7,13 @@ Nothing else in the package reads the environment: the CLI and the Celery app bu
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, Optional
 
 from pydantic import (
-    BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator,
+    BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+    model_validator,
 )
 
 from .errors import ConfigError, format_validation_error
@@ -22,6 +24,13 @@ from .tracker.defaults import (
 )
 
 ENV_PREFIX = "DISTSCRAPE_"
+# DISTSCRAPE_CREDENTIAL_<NAME>: a credential a job spec's fetch.auth may name.
+CREDENTIAL_PREFIX = ENV_PREFIX + "CREDENTIAL_"
+# The name of a credential, as DISTSCRAPE_CREDENTIAL_<NAME> gives it and fetch.auth names it.
+CREDENTIAL_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+# The name of a proxy, as DISTSCRAPE_PROXIES gives it and fetch.proxies names it.
+PROXY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 # The robots.txt cache's bound in the tracker's Redis, shared by every job and worker: 1,024
 # records of the 64 KiB a record may take at most (a hostile site's), some 25,000 of a usual 2
 # KiB. Past it the records nearest their expiry go first, and are fetched again when next needed.
@@ -177,6 +186,14 @@ class Settings(BaseModel):
         "where Python imports from is refused still.",
     )
 
+    postgres_dsn: Optional[str] = Field(
+        None,
+        description="The PostgreSQL database the postgres saver writes to, as a libpq connection "
+        "string (postgresql://user@host:5432/db, or key=value pairs); its password is best left "
+        "to ~/.pgpass or PGPASSWORD. A job spec names only the table: the address and its "
+        "credentials stay with the workers. Unset, a job with the postgres saver fails its items.",
+    )
+
     metrics_auth: Optional[str] = Field(
         None,
         description="USER:PASSWORD that `distscrape metrics` requires (HTTP basic auth); "
@@ -193,6 +210,67 @@ class Settings(BaseModel):
         description="A file whose first line is that token (a mounted Secret, say): read by "
         "`distscrape api` instead of api_token.",
     )
+
+    proxies: dict[str, str] = Field(
+        default_factory=dict, repr=False,
+        description="The proxies job specs may choose by name (fetch.proxies), as "
+        "NAME=URL pairs, comma-separated: e.g. eu=http://user:pw@10.0.0.5:3128,"
+        "tor=socks5h://127.0.0.1:9050 (http, https, socks5, socks5h). A proxy's credentials "
+        "stay here: a spec names the proxy only.",
+    )
+    credentials: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="Not one variable: each DISTSCRAPE_CREDENTIAL_<NAME> is the credential "
+        "NAME that a job spec's fetch.auth may name (a bearer token, or USER:PASSWORD for basic "
+        "auth). Never stored in Redis, never logged.",
+    )
+
+    @field_validator("proxies", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        proxies: dict[str, str] = {}
+        for pair in value.split(","):
+            if not pair.strip():
+                continue
+            name, equals, url = pair.strip().partition("=")
+            if not equals:
+                raise ValueError(f"{redact(pair.strip())!r} is not NAME=URL")
+            if name in proxies:
+                raise ValueError(f"proxy {name!r} is given twice")
+            proxies[name] = url.strip()
+        return proxies
+
+    @field_validator("proxies")
+    @classmethod
+    def _check_proxies(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, url in value.items():
+            if not PROXY_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a proxy name (letters, digits, '_.-')")
+            scheme, sep, rest = url.partition("://")
+            host = rest.rpartition("@")[2].split("/", 1)[0]
+            if not sep or scheme.lower() not in PROXY_SCHEMES or not host:
+                raise ValueError(
+                    f"proxy {name!r}: {redact(url)!r} is not a proxy URL "
+                    f"({', '.join(PROXY_SCHEMES)}://[user:password@]host:port)")
+        return value
+
+    @field_validator("credentials")
+    @classmethod
+    def _check_credentials(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for name, secret in value.items():
+            if not CREDENTIAL_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{CREDENTIAL_PREFIX}{name}: a credential name is upper-case letters, digits "
+                    "and '_', starting with a letter")
+            text = secret.get_secret_value()
+            # It goes into a header: a line break would split it, and an error naming the bad
+            # header would show it. The message never repeats the value.
+            if not text or not text.isprintable() or not text.isascii():
+                raise ValueError(
+                    f"{CREDENTIAL_PREFIX}{name}: must be one line of printable ASCII characters")
+        return value
 
     @field_validator("save_batch_seconds")
     @classmethod
@@ -370,9 +448,11 @@ class Settings(BaseModel):
         Unknown ``DISTSCRAPE_*`` variables are rejected, so a typo is an error, not a silent default.
         """
         environ = os.environ if environ is None else environ
-        known = {ENV_PREFIX + name.upper() for name in cls.model_fields}
+        known = {ENV_PREFIX + name.upper() for name in cls.model_fields} - {
+            ENV_PREFIX + "CREDENTIALS"}
         unknown = sorted(
-            k for k in environ if k.startswith(ENV_PREFIX) and k not in known and not k.startswith("DISTSCRAPE_TEST_")
+            k for k in environ if k.startswith(ENV_PREFIX) and k not in known
+            and not k.startswith(("DISTSCRAPE_TEST_", CREDENTIAL_PREFIX))
         )
         if unknown:
             raise ConfigError(
@@ -382,8 +462,12 @@ class Settings(BaseModel):
         values.update({
             name: environ[ENV_PREFIX + name.upper()]
             for name in cls.model_fields
-            if ENV_PREFIX + name.upper() in environ
+            if ENV_PREFIX + name.upper() in environ and name != "credentials"
         })
+        credentials = {k[len(CREDENTIAL_PREFIX):]: v for k, v in environ.items()
+                       if k.startswith(CREDENTIAL_PREFIX)}
+        if credentials:
+            values["credentials"] = credentials
         given = {k: v for k, v in overrides.items() if v is not None}
         values.update(given)
         try:
@@ -398,7 +482,13 @@ class Settings(BaseModel):
         env = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if isinstance(value, tuple):
+            if name == "credentials":
+                env.update({CREDENTIAL_PREFIX + key: secret.get_secret_value()
+                            for key, secret in value.items()})
+            elif name == "proxies":
+                if value:
+                    env[ENV_PREFIX + "PROXIES"] = ",".join(f"{k}={v}" for k, v in value.items())
+            elif isinstance(value, tuple):
                 env[ENV_PREFIX + name.upper()] = ",".join(value)
             elif value is not None:
                 env[ENV_PREFIX + name.upper()] = str(value)

@@ -2,7 +2,8 @@
 worker processes. Helpers are in ``tests/support``.
 
 Set DISTSCRAPE_TEST_REDIS_URL to run against an existing Redis instead; the tests FLUSH its
-database before each test, so point it at a database that holds nothing you need.
+database before each test, so point it at a database that holds nothing you need. The PostgreSQL
+tests make a database of their own on DISTSCRAPE_TEST_POSTGRES (tests/support/postgres.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def redis_url(redis_server_url):
     client.flushdb()
     client.close()
     return redis_server_url
+
+
+@pytest.fixture
+def postgres_dsn():
+    """The connection string of a new, empty PostgreSQL database, dropped after the test."""
+    from tests.support.postgres import throwaway_database
+
+    with throwaway_database() as dsn:
+        yield dsn
 
 
 @pytest.fixture

@@ -110,6 +110,11 @@ def _plan(seeds, job, spec_flags, redis_url, in_memory, lease_seconds, state_dir
     process_settings = settings_for(redis_url, lease_seconds, CRAWL_DEFAULTS)
     settings = with_own_output_root(_with_own_plugins(process_settings, spec), spec)
     check_spec_components(spec, settings, names)
+    # Its own workers run with these settings: a proxy or credential missing here is missing
+    # there.
+    from ..web.fetch_policy import check_policy_settings
+
+    check_policy_settings(spec, settings, own_workers=True)
     job = job or default_job_name(spec)
     check_job_name(job)
     if redis_url:
@@ -168,6 +173,8 @@ def _run(
         # The workers are stopped: join their archive shards into the file the user named,
         # still holding the state directory, so that no other crawl adds shards meanwhile.
         output, join_failed = spec.saver.output, None
+        if spec.saver.table is not None and spec.saver.kind == "postgres":
+            output = f"table {spec.saver.table}"
         try:
             join_archive(spec, job)
         except SaveError as exc:

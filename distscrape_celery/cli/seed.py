@@ -99,7 +99,7 @@ def seed(job, seeds, spec_flags, ids_file, priority, redis_url) -> None:
 def _note_output_roots(spec, settings) -> None:
     """Without roots of its own, this process did not check the output for the workers (it
     writes nothing); once seeded, say that theirs decide, since a worker without them refuses
-    every path."""
+    every path. Likewise for a table: the workers' database setting decides where it is."""
     from ..core.components import writes_paths
     from ..settings import ENV_PREFIX
 
@@ -107,6 +107,13 @@ def _note_output_roots(spec, settings) -> None:
         click.echo(
             f"distscrape: note: workers write {spec.saver.output} only if their "
             f"{ENV_PREFIX}OUTPUT_ROOTS allows it",
+            err=True,
+        )
+    if spec.saver.kind == "postgres":
+        # The database is each worker's setting: this process neither has nor checks it.
+        click.echo(
+            f"distscrape: note: workers write table {spec.saver.table} into the database of "
+            f"their own {ENV_PREFIX}POSTGRES_DSN",
             err=True,
         )
 

@@ -28,7 +28,7 @@ scraper_saver_options = [
                  help="ids scraper: new IDs are this regex's matches (its first group, if any)."),
     click.option("--download-url-fmt", metavar="URL",
                  help="ids scraper: the URL an ID is downloaded from, with {id} for the ID."),
-    click.option("--saver", metavar="files|redis|tar|warc|MODULE:CLASS",
+    click.option("--saver", metavar="files|redis|tar|warc|postgres|MODULE:CLASS",
                  help="How items are saved (default: the saver --output names: a redis:// URL "
                       "redis, a .tar* name tar, a .warc.gz name warc, else files), or a class "
                       "of your own, as for --scraper."),

@@ -25,6 +25,7 @@ from ..savers.files import FileItemSaver
 from ..savers.shards import ShardedItemSaver
 from ..scrapers import Scraper
 from ..settings import ENV_PREFIX, Settings, is_dotted_name
+from ..web.fetch_policy import check_policy_settings
 
 SCRAPERS = {
     "simple": "distscrape_celery.scrapers:SimpleScraper",
@@ -35,6 +36,7 @@ SAVERS = {
     "redis": "distscrape_celery.savers:RedisItemSaver",
     "tar": "distscrape_celery.savers:TarItemSaver",
     "warc": "distscrape_celery.savers:WarcItemSaver",
+    "postgres": "distscrape_celery.savers.postgres:PostgresItemSaver",
 }
 # The built-in classes, by kind or by their own path, need no allow-list; nothing else of this
 # package does either (importing an arbitrary module of ours is no business of a spec).
@@ -221,11 +223,13 @@ def check_components(
     """Check that the scraper and saver ``spec`` names can be loaded by this process (the
     seeding one) under its ``settings``, so a bad or refused dotted path, or an output outside
     the allowed roots, is a clear error at seed time, not one dead item after another. With no
-    ``output_roots`` here, any output passes (the workers' own roots decide). The error names
+    ``output_roots`` here, any output passes (the workers' own roots decide); likewise a proxy
+    the spec names is checked only against this process's own ``proxies``. The error names
     the field as ``names`` calls it (``scraper.kind`` -> ``--scraper``)."""
     _component("scraper.kind", spec.scraper.kind, SCRAPERS, Scraper, settings, names or {})
     _saver_class(spec, settings, names or {}, worker=False)
     build_priority_rule(spec, settings, names or {})
+    check_policy_settings(spec, settings, own_workers=False)
 
 
 def writes_paths(spec: JobSpec, settings: Settings) -> bool:
@@ -255,7 +259,8 @@ def build_scraper(spec: JobSpec, settings: Settings) -> Scraper:
 def build_saver(spec: JobSpec, job: str, worker_id: str, settings: Settings) -> ItemSaver:
     """The job's saver, not yet opened, if ``settings`` allow its class and its output
     (:class:`PluginNotAllowed`, :class:`OutputNotAllowed`: for a path, roots must be set)."""
-    return _saver_class(spec, settings, {}, worker=True).from_spec(spec.saver, job=job, worker_id=worker_id)
+    return _saver_class(spec, settings, {}, worker=True).for_worker(
+        spec.saver, job=job, worker_id=worker_id, settings=settings)
 
 
 def build_priority_rule(

@@ -17,6 +17,8 @@ from ..job.spec import JobSpec
 from ..savers import ItemSaver
 from ..scrapers import Scraper
 from ..settings import Settings
+from ..web.cookies import CookieStore
+from ..web.fetch_policy import FetchPolicy
 from ..web.robots import RobotsCache, RobotsStore
 from ..web.scope import HostScope
 from ..web.sitemap_items import JobSitemaps
@@ -33,12 +35,14 @@ class JobContext:
 
     A scraper or saver that fails to build is not kept: the next item asks again (a refused
     plug-in is refused again without importing anything). ``scraper`` and ``robots``, if given,
-    are used as built already. Threads may share a context."""
+    are used as built already. ``fetch_policy``: what its requests carry (headers, credentials,
+    proxies, its cookie jar in ``cookie_store``), None when its spec asks for nothing of that.
+    Threads may share a context."""
 
     def __init__(
         self, job: str, spec: JobSpec, settings: Settings, robots_store: RobotsStore,
         worker_id: Callable[[], str], *, scraper: Optional[Scraper] = None,
-        robots: Optional[RobotsCache] = None,
+        robots: Optional[RobotsCache] = None, cookie_store: Optional[CookieStore] = None,
     ) -> None:
         self.job = job
         self.spec = spec
@@ -52,6 +56,9 @@ class JobContext:
         self._saver: Optional[ItemSaver] = None
         self._sitemaps: Optional[JobSitemaps] = None
         self._priority_rule: Optional[PriorityRule] = None
+        self.fetch_policy = FetchPolicy.for_job(
+            job, spec, proxies=settings.proxies, credentials=settings.credentials,
+            cookie_store=cookie_store)
 
     def scope(self) -> HostScope:
         """The hosts the job's redirects may lead to (its link scope's hosts)."""

@@ -18,6 +18,7 @@ from typing import Optional
 from .context import JobContext
 from ..job.spec import JobSpec
 from ..web.robots import RobotsCache
+from ..web.cookies import CookieStore, RedisCookieStore
 from ..web.robots_stores import MemoryRobotsStore, RedisRobotsStore, RobotsStore
 from ..savers import ItemSaver
 from ..scrapers import Scraper
@@ -31,12 +32,13 @@ log = logging.getLogger(__name__)
 
 class Runtime:
     """What one worker process shares between its tasks: ``settings``, the ``tracker``, the body
-    ``staging``, the ``robots_store``, its worker ID, and a :class:`JobContext` per job, built
-    once per creation of the job (:meth:`job_context`)."""
+    ``staging``, the ``robots_store``, the ``cookie_store`` (the jobs' cookie jars; None: jobs
+    keep no cookies), its worker ID, and a :class:`JobContext` per job, built once per creation
+    of the job (:meth:`job_context`)."""
 
     def __init__(
         self, settings: Settings, tracker: Tracker, staging: BodyStaging, *, in_memory: bool = False,
-        robots_store: Optional[RobotsStore] = None,
+        robots_store: Optional[RobotsStore] = None, cookie_store: Optional[CookieStore] = None,
     ) -> None:
         self.settings = settings
         self.tracker = tracker
@@ -44,6 +46,7 @@ class Runtime:
         self.in_memory = in_memory
         self.robots_store = (robots_store if robots_store is not None
                              else MemoryRobotsStore(settings.robots_cache_bytes))
+        self.cookie_store = cookie_store
         # Until the worker agent registers, leases name the process.
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
         self._lock = threading.Lock()
@@ -61,6 +64,7 @@ class Runtime:
         return cls(
             settings, tracker, RedisBodyStaging(bodies, settings.body_ttl),
             robots_store=RedisRobotsStore(bodies, settings.robots_cache_bytes),
+            cookie_store=RedisCookieStore(bodies),
         )
 
     @classmethod
@@ -72,7 +76,8 @@ class Runtime:
             save_backlog_factor=settings.save_backlog_factor, save_timeout=settings.save_timeout,
         )
         # The tracker stages bodies itself (in scraped): the staging reads them there.
-        return cls(settings, tracker, tracker.bodies, in_memory=True)
+        return cls(settings, tracker, tracker.bodies, in_memory=True,
+                   cookie_store=RedisCookieStore(tracker.bodies.client))
 
     @functools.cached_property
     def finds_lost_saves(self) -> bool:
@@ -117,7 +122,7 @@ class Runtime:
         # The saver is named after the worker's ID when it opens: the ID changes once the
         # worker registers.
         return JobContext(job, spec, self.settings, self.robots_store, lambda: self.worker_id,
-                          scraper=scraper, robots=robots)
+                          scraper=scraper, robots=robots, cookie_store=self.cookie_store)
 
     def preset_context(
         self, job: str, spec: JobSpec, *, scraper: Scraper, robots: RobotsCache

@@ -4,6 +4,7 @@ which built-in saver an output names."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Optional
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -36,6 +37,19 @@ _OUTPUT_SHAPES = {
     "tar": "a file name ending with " + ", ".join(TAR_EXTENSIONS),
     "warc": "a file name ending with " + " or ".join(WARC_EXTENSIONS),
 }
+# Built-in savers that write no output of their own: the postgres saver writes to a table of the
+# database its worker's settings name.
+_TABLE_SAVERS = ("postgres",)
+BUILTIN_SAVERS = (*_OUTPUT_SHAPES, *_TABLE_SAVERS)
+
+# A PostgreSQL name as the saver takes it: lower case, so that it means the same quoted (as the
+# saver writes it) and unquoted (as a person types it in psql); at most 63 bytes, PostgreSQL's
+# NAMEDATALEN less one, beyond which it would cut the name silently.
+_SQL_NAME = r"[a-z_][a-z0-9_]{0,62}"
+_TABLE = re.compile(rf"(?:{_SQL_NAME}\.)?{_SQL_NAME}")
+_COLUMN = re.compile(_SQL_NAME)
+# The columns every records table has besides its key.
+RECORD_COLUMNS = ("job", "url", "status", "fetched_at", "record")
 
 
 class SaverSpec(StrictModel):
@@ -43,14 +57,14 @@ class SaverSpec(StrictModel):
 
     kind: str = Field(
         "files",
-        description='"files", "redis", "tar", "warc", or a custom ItemSaver class as '
-        '"package.module:Class"; when not given, the built-in saver the output names.',
+        description='"files", "redis", "tar", "warc", "postgres", or a custom ItemSaver class '
+        'as "package.module:Class"; when not given, the built-in saver the output names.',
     )
     output: str = Field(
         "crawl-output",
         description="files: a directory; tar: a .tar, .tar.gz or .tar.bz2 name; warc: a .warc.gz "
         "name (shards are named after it); redis: a redis:// or rediss:// URL (made absolute "
-        "when seeded, unless a URL).",
+        "when seeded, unless a URL). postgres: unused (see table).",
     )
     name_scheme: str = Field(
         "{host}/{path}",
@@ -84,6 +98,21 @@ class SaverSpec(StrictModel):
         "output's file system holds dirty: false where other programs write much to it.",
     )
 
+    table: Optional[str] = Field(
+        None,
+        description="postgres: the table the records go to, as name or schema.name (lower-case "
+        "letters, digits and _); the database is the workers' DISTSCRAPE_POSTGRES_DSN.",
+    )
+    key: str = Field(
+        "url",
+        description="postgres: the record field each row is upserted by (the table's primary "
+        "key column, named after it): url, or a field the extraction gives.",
+    )
+    create_table: bool = Field(
+        False,
+        description="postgres: create the table (its schema must exist) if it does not exist.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _kind_from_output(cls, data: Any) -> Any:
@@ -96,7 +125,29 @@ class SaverSpec(StrictModel):
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        return check_kind(value, tuple(_OUTPUT_SHAPES))
+        return check_kind(value, BUILTIN_SAVERS)
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _TABLE.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a table name: give name or schema.name, each of lower-case "
+                "letters, digits and _ (not starting with a digit), at most 63 characters"
+            )
+        return value
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str) -> str:
+        if not _COLUMN.fullmatch(value):
+            raise ValueError(
+                f"{value!r} cannot name the key column: use lower-case letters, digits and _ "
+                "(not starting with a digit), at most 63 characters"
+            )
+        if value in RECORD_COLUMNS and value != "url":
+            raise ValueError(f"{value!r} is a column the saver fills itself; name another field")
+        return value
 
     @field_validator("output")
     @classmethod
@@ -112,3 +163,12 @@ class SaverSpec(StrictModel):
                 f"({field_label(info, 'saver.kind')}), which takes {_OUTPUT_SHAPES[kind]}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _table_for_table_savers(self, info: ValidationInfo) -> "SaverSpec":
+        if self.kind in _TABLE_SAVERS and self.table is None:
+            raise ValueError(
+                f"the {self.kind} saver needs {field_label(info, 'saver.table')}: the table its "
+                "records go to"
+            )
+        return self

@@ -10,16 +10,14 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from .fetch_policy_spec import (
+    AuthSpec, DomainFetchSpec, check_domain_keys, check_headers, check_proxy_names,
+)
+from .strict import StrictModel
 from ..tracker.defaults import DOMAIN_CONCURRENCY
 from ..tracker.model import DomainLimits
-
-
-class StrictModel(BaseModel):
-    """A part of a job spec: an unknown key is an error, and a validated spec never changes."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 _DOTTED = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -72,6 +70,41 @@ class FetchSpec(StrictModel):
         "DNS answer never is.",
     )
 
+    headers: dict[str, str] = Field(
+        default_factory=dict,
+        description='Sent with every request, e.g. {"Accept-Language" = "en"}; '
+        "fetch.domains adds a domain's own.",
+    )
+    auth: Optional[AuthSpec] = Field(
+        None,
+        description='HTTP auth for the domains of the seeds, e.g. {scheme = "bearer", '
+        'credential = "SHOP_TOKEN"}: each worker reads DISTSCRAPE_CREDENTIAL_SHOP_TOKEN. '
+        "fetch.domains gives other domains theirs.",
+    )
+    proxies: list[str] = Field(
+        default_factory=list, max_length=100,
+        description="Names of the workers' proxies (their DISTSCRAPE_PROXIES setting) that "
+        "requests go through, in turn; none: straight to the site.",
+    )
+    cookies: bool = Field(
+        False,
+        description="Keep the cookies sites set, in a jar every worker of the job shares, and "
+        "send them back as a browser would (RFC 6265).",
+    )
+    cookies_per_domain: int = Field(
+        50, ge=1, le=1000,
+        description="Most cookies the jar keeps per cookie domain (the oldest goes first).",
+    )
+    cookie_bytes: int = Field(
+        1024 * 1024, ge=1024, le=64 * 1024 * 1024,
+        description="Most bytes the job's jar takes in all; a cookie beyond is not kept.",
+    )
+    domains: dict[str, DomainFetchSpec] = Field(
+        default_factory=dict, max_length=1000,
+        description="A domain's own headers, auth and proxies, e.g. "
+        '{"shop.example.org" = {auth = {scheme = "basic", credential = "SHOP"}}}.',
+    )
+
     @field_validator("user_agent")
     @classmethod
     def _one_line(cls, value: str) -> str:
@@ -79,9 +112,20 @@ class FetchSpec(StrictModel):
             raise ValueError("must be one line of printable characters")
         return value
 
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_headers(value)
 
-# A key of domain_overrides: a domain as keys.domain_of gives it, an authority without user info.
-_HOST_PORT = re.compile(r"(?:[a-z0-9._~%!$&'()*+,;=-]+|\[[0-9a-f:.]+\])(?::[0-9]{1,5})?")
+    @field_validator("proxies")
+    @classmethod
+    def _proxies(cls, value: list[str]) -> list[str]:
+        return check_proxy_names(value) or []
+
+    @field_validator("domains")
+    @classmethod
+    def _domains(cls, value: dict[str, DomainFetchSpec]) -> dict[str, DomainFetchSpec]:
+        return check_domain_keys(value)
 
 
 class DomainOverride(StrictModel):
@@ -128,13 +172,7 @@ class PolitenessSpec(StrictModel):
     @field_validator("domain_overrides")
     @classmethod
     def _domains(cls, value: dict[str, DomainOverride]) -> dict[str, DomainOverride]:
-        overrides = {}
-        for domain, override in value.items():
-            key = domain.lower()
-            if not _HOST_PORT.fullmatch(key):
-                raise ValueError(f"{domain!r} is not a host or host:port")
-            overrides[key] = override
-        return overrides
+        return check_domain_keys(value)
 
     @property
     def smallest_concurrency(self) -> int:

@@ -16,6 +16,7 @@ from ..errors import ConfigError, SpecError, format_validation_error, validation
 from ..redaction import redact
 from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
+from .fetch_policy_spec import POLICY_FIELDS
 from .revisit_spec import RevisitSpec
 from .saver_spec import SaverSpec
 from .schedule import ScheduleSpec
@@ -34,6 +35,7 @@ else:  # pragma: no cover
 _LATER_FIELDS = {
     "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
     "politeness": ("max_duration",),
+    "fetch": POLICY_FIELDS,
 }
 
 
@@ -126,8 +128,9 @@ class JobSpec(StrictModel):
             exclude["priority"] = True
         for section, names in _LATER_FIELDS.items():
             model = getattr(self, section)
-            later = {name for name in names
-                     if getattr(model, name) == type(model).model_fields[name].default}
+            fields = type(model).model_fields
+            later = {name for name in names if getattr(model, name)
+                     == fields[name].get_default(call_default_factory=True)}
             if later:
                 exclude[section] = later
         return self.model_dump_json(exclude=exclude)

@@ -7,14 +7,21 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 from ..web.fetch import Download
 from ..job.saver_spec import SaverSpec
 
+if TYPE_CHECKING:
+    from ..settings import Settings
+
 
 class ItemSaver(ABC):
     """Stores downloaded items. One instance per job per worker process.
+
+    ``saves_records``: the saver stores the records extracted from a page
+    (:attr:`~Download.records`, filled in before it is called), not the page: a page with no
+    records writes nothing and still counts as saved.
 
     ``open`` and ``close`` are tied to the worker's lifetime. ``job`` names the job and
     ``worker_id`` the worker (a saver that writes shards names them after it and the process).
@@ -26,11 +33,21 @@ class ItemSaver(ABC):
     """
 
     writes_revisits: bool = False
+    saves_records: bool = False
 
     @classmethod
     @abstractmethod
     def from_spec(cls, spec: SaverSpec, *, job: str, worker_id: str) -> "ItemSaver":
         """Build the saver a job's spec describes."""
+
+    @classmethod
+    def for_worker(
+        cls, spec: SaverSpec, *, job: str, worker_id: str, settings: "Settings"
+    ) -> "ItemSaver":
+        """Build the saver a job's spec describes in a process with ``settings``: a saver that
+        needs what only the workers hold (a database's address and credentials) reads it here.
+        The default is :meth:`from_spec`."""
+        return cls.from_spec(spec, job=job, worker_id=worker_id)
 
     def open(self) -> None:
         """Called once before the first save."""

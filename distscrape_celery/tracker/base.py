@@ -275,13 +275,15 @@ class Tracker(ABC):
     @abstractmethod
     def complete(
         self, job: str, item: str, token: Optional[int] = None,
-        revisit: Optional[RevisitUpdate] = None,
+        revisit: Optional[RevisitUpdate] = None, *, carry: bool = False,
     ) -> CompleteResult:
         """Mark ``item`` done after it was saved, whoever holds it now. Idempotent; a done item
         is never leased again, and a dead one stays dead. With ``token``, the body staged for
         the save of lease ``token`` is dropped in the same step, whatever the item's state.
         With ``revisit`` (a job that revisits), the item is known from now on with its record,
-        and due again by its interval (or, DROPPED, forgotten); the outcome is counted."""
+        and due again by its interval (or, DROPPED, forgotten); the outcome is counted. With
+        ``carry``, the caller goes on with one more item itself, in the slot it frees: one is
+        handed out to it past the dispatch bound (politeness kept), first in ``dispatch``."""
 
     def complete_many(
         self, job: str, saves: Sequence[tuple[str, int]],

@@ -82,6 +82,12 @@ key                               type    holds
                                           a refill's cursor (refill: see _lib_generation.lua)
                                           and on shard 0 its schedule (schedule, next_due,
                                           schedule_paused; redis/generations.py)
+``P cookies``                     hash    a job's cookie jar (fetch.cookies): cookie domain (as
+                                          http.cookiejar keeps it: ``.example.org`` for a
+                                          Domain cookie, the host for a host-only one) -> a JSON
+                                          object of its cookies, by path and name
+                                          (web/cookies.py, cookies_put.lua); shard 0
+``P cookie-bytes``                string  the bytes ``P cookies`` holds, its fields and values
 ``P body:<token>``                string  a downloaded body staged for the save task (has a TTL),
                                           in the shard that handed out the token (body_key)
 ``P active``                      set     the job's name while this shard has unfinished
@@ -378,6 +384,14 @@ class JobKeys:
     @property
     def control(self) -> str:
         return self.prefix + "control"
+
+    @property
+    def cookies(self) -> str:
+        return self.prefix + "cookies"
+
+    @property
+    def cookie_bytes(self) -> str:
+        return self.prefix + "cookie-bytes"
 
     @property
     def active(self) -> str:

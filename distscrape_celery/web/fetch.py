@@ -29,6 +29,8 @@ from .deadline import Deadline, total_deadline, watched_pool_classes
 from ..errors import FetchError
 from ..job.sections import FetchSpec
 from ..job.spec import JobSpec
+from .fetch_policy import FetchPolicy, PolicyRefused, current_policy
+from .proxies import check_target, proxy_manager
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
 from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
 
@@ -130,6 +132,9 @@ class Download:
     # the page is as it was (a saver with writes_revisits records only that it was seen again).
     revisit: str = ""
     unchanged: bool = False
+    # The records extracted from the page, for a saver that saves records
+    # (ItemSaver.saves_records): filled in the save step, never sent through the broker.
+    records: tuple[dict, ...] = ()
 
     @property
     def not_modified(self) -> bool:
@@ -187,8 +192,9 @@ class Fetcher:
         self.content_types = tuple(content_types) if content_types is not None else None
         self.cut_at_max_bytes = cut_at_max_bytes
         self.connections_per_host = max(1, min(connections_per_host, MAX_CONNECTIONS_PER_HOST))
-        # (fork generation, PoolManager, {origin: its pool}); built on first use in a process.
-        self._pools: Optional[tuple[int, urllib3.PoolManager, dict]] = None
+        # (fork generation, PoolManager, {origin: its pool}, {proxy URL: its manager}); built
+        # on first use in a process.
+        self._pools: Optional[tuple[int, urllib3.PoolManager, dict, dict]] = None
         self._headers = {
             "User-Agent": spec.user_agent, "Accept": "*/*",
             **make_headers(accept_encoding=True),
@@ -210,13 +216,13 @@ class Fetcher:
             spec.scraper.allowed_content_types, connections_per_host=most,
         )
 
-    def _state(self) -> tuple[int, urllib3.PoolManager, dict]:
+    def _state(self) -> tuple[int, urllib3.PoolManager, dict, dict]:
         state = self._pools
         if state is None or state[0] != _fork_generation:
             # Two threads may both get here first: one manager wins, the other serves one
             # request and is dropped (its connection closes). No lock: a lock held by another
             # thread at a fork stays held in the child.
-            state = self._pools = (_fork_generation, self._new_manager(), {})
+            state = self._pools = (_fork_generation, self._new_manager(), {}, {})
         return state
 
     def _new_manager(self) -> urllib3.PoolManager:
@@ -242,11 +248,14 @@ class Fetcher:
         pool, found in a dict by (scheme, host, port): what PoolManager.urlopen would pick after
         parsing the URL and building a pool key, two steps that were about a fifth of a
         download's CPU."""
-        _, manager, direct = self._state()
+        _, manager, direct, _ = self._state()
         request_options = self._request_kw
         plain = _PLAIN_TARGET.match(url)
         validators = _validators.get()
         headers = manager.headers if validators is None else {**manager.headers, **validators}
+        policy = current_policy()
+        if policy is not None:
+            return self._open_with(policy, url, headers)
         if plain is None or (plain[3] and int(plain[3]) > 65535):
             return manager.urlopen("GET", url, headers=headers, **request_options)
         scheme, host, port, path = plain.groups()
@@ -262,6 +271,39 @@ class Fetcher:
             direct[origin] = pool
         return pool.urlopen("GET", path, assert_same_host=False, headers=headers,
                             **request_options)
+
+    def _open_with(
+        self, policy: FetchPolicy, url: str, headers: dict[str, str]
+    ) -> urllib3.BaseHTTPResponse:
+        """:meth:`_open` for a job with a fetch policy: the domain's headers (its credential
+        among them), the job's cookies that match ``url``, and the domain's next proxy."""
+        rules = policy.for_url(url)
+        if rules.error:
+            raise FetchError(f"{rules.error}: {url}", retryable=False) from PolicyRefused(
+                rules.error)
+        headers = {**headers, **rules.headers}
+        if policy.cookies is not None:
+            cookie = policy.cookies.header(url)
+            if cookie:
+                headers["Cookie"] = cookie
+        proxy = rules.next_proxy()
+        if proxy is None:
+            return self._state()[1].urlopen("GET", url, headers=headers, **self._request_kw)
+        name, proxy_url = proxy
+        managers = self._state()[3]
+        manager = managers.get(proxy_url)
+        if manager is None:
+            manager = managers[proxy_url] = proxy_manager(
+                proxy_url, self.guard, headers=self._headers,
+                maxsize=self.connections_per_host)
+        # An HTTP proxy resolves the target itself: the guard checks the worker's own answer
+        # first (a SOCKS proxy's connections are the guard's, see proxies.py).
+        check_target(url, self.guard, proxy_url)
+        try:
+            return manager.urlopen("GET", url, headers=headers, **self._request_kw)
+        except urllib3.exceptions.ProxyError as exc:
+            raise FetchError(f"proxy {name!r} failed for {url}: {_cause(exc)}",
+                             retryable=True) from None
 
     def get(self, url: str, sink: Optional[BodySink] = None) -> Download:
         """Download ``url``, following redirects. Returns a 2xx or unfollowed 3xx response;
@@ -306,6 +348,10 @@ class Fetcher:
         response = None
         try:
             response = self._open(url)
+            policy = current_policy()
+            if policy is not None and policy.cookies is not None:
+                # Before the status is judged: a redirect or an error may set cookies too.
+                policy.cookies.receive(url, response.headers)
             # A connection the watchdog shut down ends the headers or the body early, as if the
             # server had closed it: what arrived is incomplete and must not be used.
             if deadline.passed():
@@ -400,6 +446,16 @@ class Fetcher:
             if deadline.passed():
                 raise _total_timeout(url, self.spec)
         return b""
+
+
+def _cause(exc: urllib3.exceptions.ProxyError) -> str:
+    """What went wrong with a proxy, without its URL (which may hold its credentials)."""
+    inner = getattr(exc, "original_error", None)
+    if isinstance(inner, urllib3.exceptions.NewConnectionError):
+        return "cannot connect to the proxy"
+    if isinstance(inner, OSError) and "Tunnel connection failed" in str(inner):
+        return str(inner).partition(": ")[2] or "tunnel refused"
+    return type(inner or exc).__name__
 
 
 def _total_timeout(url: str, spec: FetchSpec) -> FetchError:

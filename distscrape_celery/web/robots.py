@@ -7,8 +7,9 @@ is retried later).
 
 The store keeps what the host answered for one kind of fetch, never a job's decision: a record is
 named by the origin and a digest of what the request sends and waits for (user agent, timeouts,
-redirects), each job reads the record only while it is fresh by its own TTLs, and a fetch the
-job's own guard refused is not shared. The origin is ``scheme://host[:port]``: scheme and host in
+redirects, the job's fetch policy), each job reads the record only while it is fresh by its own
+TTLs, and a fetch the job's own guard refused (or that this worker could not send as the job's
+policy asks) is not shared. The origin is ``scheme://host[:port]``: scheme and host in
 lower case (the host IDNA-encoded), no user info, no default port, so that ``http://u@h:80/`` and
 ``http://H/`` share one record.
 
@@ -39,9 +40,11 @@ from protego import Protego
 
 from ..caches import ByteBoundedCache, text_bytes
 from ..errors import FetchError
+from ..job.fetch_policy_spec import POLICY_FIELDS
 from ..job.sections import FetchSpec
 from ..job.spec import JobSpec
 from .fetch import Fetcher
+from .fetch_policy import PolicyRefused
 from .robots_record import MAX_ROBOTS_BYTES, MAX_ROBOTS_RECORD_BYTES, robots_head, robots_rules
 from .robots_stores import RobotsStore
 from .ssrf import AddressGuard, AddressRefused
@@ -81,9 +84,13 @@ _CACHE_IDS = itertools.count()
 def fetch_digest(spec: FetchSpec) -> str:
     """What a robots.txt fetch under ``spec`` depends on besides the origin: the user agent it
     sends (a site may answer each its own file) and how long and how far it follows the host.
-    The body limit is not in it: every fetch reads the same :data:`MAX_ROBOTS_BYTES`."""
+    The body limit is not in it: every fetch reads the same :data:`MAX_ROBOTS_BYTES`. A job
+    with a fetch policy (headers, auth, proxies, cookies) has it in too: its requests differ."""
     parts = [spec.user_agent, spec.connect_timeout, spec.read_timeout, spec.total_timeout,
              spec.max_redirects]
+    policy = spec.model_dump(include=set(POLICY_FIELDS), exclude_defaults=True)
+    if policy:
+        parts.append(policy)
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
@@ -271,8 +278,9 @@ class RobotsCache:
                 reason = _reason(f"robots.txt unavailable, retried later: {exc}")
                 return {"unavailable": reason, "at": fetched_at}, True
             # The job's own fetch of the page is refused too; a job that may reach the host
-            # must not read this as the host's "allow everything".
-            refused = isinstance(exc.__cause__, AddressRefused)
+            # (or a worker that has the credential or proxy this one lacks) must not read this
+            # as the host's "allow everything".
+            refused = isinstance(exc.__cause__, (AddressRefused, PolicyRefused))
             return {"allow": _reason(str(exc)), "at": fetched_at}, not refused
         if not 200 <= download.status < 300:  # an unfollowed redirect
             return {"allow": f"HTTP {download.status}", "at": fetched_at}, True

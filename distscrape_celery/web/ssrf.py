@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Optional, Union
 from urllib.parse import urlsplit
 
-from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import NameResolutionError, NewConnectionError
 
@@ -169,25 +169,23 @@ class AddressGuard:
         return resolved
 
 
-def guarded_pool_classes(guard: AddressGuard) -> dict[str, type[HTTPConnectionPool]]:
-    """urllib3 pool classes (a ``PoolManager``'s ``pool_classes_by_scheme``) whose every new
-    connection goes to an address ``guard`` checked."""
+def guarded_pool_classes(
+    guard: AddressGuard, pools: Optional[dict[str, type[HTTPConnectionPool]]] = None,
+) -> dict[str, type[HTTPConnectionPool]]:
+    """urllib3 pool classes (a ``PoolManager``'s ``pool_classes_by_scheme``: ``pools``, by
+    default urllib3's plain ones) whose every new connection goes to an address ``guard``
+    checked. A SOCKS pool's connection is then asked of its proxy by that address."""
+    guarded = {}
+    for scheme, pool in (pools or {"http": HTTPConnectionPool,
+                                   "https": HTTPSConnectionPool}).items():
+        connection = pool.ConnectionCls
 
-    class Connection(HTTPConnection):
-        def _new_conn(self) -> socket.socket:
-            return _connect_checked(self, guard, HTTPConnection._new_conn)
+        def _new_conn(self: HTTPConnection, _connect=connection._new_conn) -> socket.socket:
+            return _connect_checked(self, guard, _connect)
 
-    class TLSConnection(HTTPSConnection):
-        def _new_conn(self) -> socket.socket:
-            return _connect_checked(self, guard, HTTPSConnection._new_conn)
-
-    class Pool(HTTPConnectionPool):
-        ConnectionCls = Connection
-
-    class TLSPool(HTTPSConnectionPool):
-        ConnectionCls = TLSConnection
-
-    return {"http": Pool, "https": TLSPool}
+        checked = type(connection.__name__, (connection,), {"_new_conn": _new_conn})
+        guarded[scheme] = type(pool.__name__, (pool,), {"ConnectionCls": checked})
+    return guarded
 
 
 def _connect_checked(conn: HTTPConnection, guard: AddressGuard, connect) -> socket.socket:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Optional
+
+from celery.worker import state as worker_state
 
 from ..core.pipeline import ItemPipeline
 from ..core.pipeline.failures import left_for_recovery
@@ -13,6 +17,11 @@ from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 from .publish import publisher
 
 _pipeline: Optional[ItemPipeline] = None
+
+# How long a scrape task may carry on with the items that pages ending without a save hand out
+# (a generation's unchanged revisits; Scraping.scrape): short beside any time limit, and a
+# stopping worker starts no more of them.
+CARRY_SECONDS = 1.0
 
 
 def pipeline() -> ItemPipeline:
@@ -29,9 +38,22 @@ def pipeline() -> ItemPipeline:
 def scrape(job: str, item: str) -> str:
     """Download one item (URL or ID), queue the items found in it, and chain its save task."""
     try:
-        return pipeline().scrape(job, item)
+        return pipeline().scrape(job, item, _carry_for(CARRY_SECONDS))
     except TrackerUnavailable as exc:
         return left_for_recovery(job, item, exc)
+
+
+def _carry_for(seconds: float) -> Callable[[], bool]:
+    """Whether a task begun now may still carry on with another item."""
+    until = time.monotonic() + seconds
+    return lambda: time.monotonic() < until and not _stopping()
+
+
+def _stopping() -> bool:
+    """Whether this worker was told to stop. Celery sets these flags to the exit code (0 for a
+    warm shutdown) and reads them as its ``maybe_shutdown`` does."""
+    return any(flag is not None and flag is not False
+               for flag in (worker_state.should_stop, worker_state.should_terminate))
 
 
 def flush_saves(timeout: float = 30.0) -> bool:

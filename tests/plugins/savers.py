@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from distscrape_celery.savers import FileItemSaver
+from distscrape_celery.savers.postgres import PostgresItemSaver
 
 
 def control_dir(output: str | os.PathLike) -> Path:
@@ -190,4 +191,37 @@ class GroupCrashingSaver(FileItemSaver):
         for (item, _), where in zip(entries, out):
             if isinstance(where, str):
                 self._log("wrote", item)
+        return out
+
+
+class CommitCrashingPostgresSaver(PostgresItemSaver):
+    """PostgresItemSaver that SIGKILLs its process once for each item named in ``crash_once``
+    of the control directory of the spec's ``output`` (which the postgres saver itself does not
+    use): after the item's records are committed, before the tracker hears that it is saved.
+    Logs ``wrote`` for each item of a committed save (single or batch) and ``kill``."""
+
+    output = ""
+    _log = LoggingSaver._log
+    ctl = LoggingSaver.ctl
+
+    @classmethod
+    def for_worker(cls, spec, *, job, worker_id, settings):
+        saver = super().for_worker(spec, job=job, worker_id=worker_id, settings=settings)
+        saver.output = spec.output
+        return saver
+
+    def save_many(self, entries):
+        self.ctl.mkdir(parents=True, exist_ok=True)
+        out = super().save_many(entries)
+        for (item, _), where in zip(entries, out):
+            if isinstance(where, str):
+                self._log("wrote", item)
+        victims = set(_lines(self.ctl / "crash_once"))
+        doomed = [item for (item, _), where in zip(entries, out)
+                  if isinstance(where, str) and item in victims
+                  and _create_durably(self.ctl / "crashed" / _sha1(item), item)]
+        if doomed:
+            self._log("kill", doomed[0])
+            os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(60)  # never reached: SIGKILL cannot be caught
         return out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 from ..runtime import Runtime
@@ -33,10 +33,12 @@ class ItemPipeline:
         self._scraping = Scraping(runtime, publisher, failures, self.known_links, self._saving,
                                   self._scraped_saves)
 
-    def scrape(self, job: str, item: str) -> str:
+    def scrape(self, job: str, item: str, go_on: Optional[Callable[[], bool]] = None) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task (or save
-        it here, with the ``save_inline`` setting). Returns what happened (for logs and tests)."""
-        return self._scraping.scrape(job, item)
+        it here, with the ``save_inline`` setting); with ``go_on``, carry on with what a page
+        that ends without a save hands out (:meth:`Scraping.scrape`). Returns what happened to
+        ``item`` (for logs and tests)."""
+        return self._scraping.scrape(job, item, go_on)
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""

@@ -6,13 +6,16 @@ body comes back), goes to the saver, and completes in the tracker: only after th
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import NamedTuple, Optional
 
 from ..context import JobContext
 from ..runtime import Runtime
 from ...errors import TrackerUnavailable
+from ...savers import ItemSaver
 from ...tracker import Fault, SaveBegin, SaveStart
 from ...tracker.revisits import RevisitOutcome, RevisitUpdate
 from ...web.fetch import Download
@@ -28,6 +31,23 @@ def saved_revisit(download: Download) -> Optional[RevisitUpdate]:
         return None
     outcome = RevisitOutcome.UNCHANGED if download.unchanged else RevisitOutcome.SAVED
     return RevisitUpdate(outcome, download.revisit)
+
+
+def page_record(job: str, download: Download) -> dict:
+    """The record every page gives: its URL, status, fetch time (ISO 8601, UTC) and job."""
+    fetched_at = datetime.fromtimestamp(download.fetched_at, timezone.utc)
+    return {
+        "url": download.url, "status": download.status,
+        "fetched_at": fetched_at.isoformat().replace("+00:00", "Z"), "job": job,
+    }
+
+
+def for_saver(saver: ItemSaver, job: str, download: Download) -> Download:
+    """``download`` as ``saver`` takes it: for a saver that saves records, with the page's
+    record (:func:`page_record`) as its one record."""
+    if not saver.saves_records:
+        return download
+    return dataclasses.replace(download, records=(page_record(job, download),))
 
 
 class ItemToStore(NamedTuple):
@@ -177,7 +197,8 @@ class Saving:
         happened to the others goes to ``results``."""
         saver = context.saver()
         try:
-            outcomes = saver.save_many([(s.item, s.download) for s in stores])
+            outcomes = saver.save_many(
+                [(s.item, for_saver(saver, context.job, s.download)) for s in stores])
             if len(outcomes) != len(stores):
                 raise RuntimeError(f"save_many returned {len(outcomes)} results for {len(stores)} items")
         except Exception as exc:  # a saver bug: as if each save had raised it
@@ -235,7 +256,8 @@ class Saving:
     ) -> str:
         """Hand ``download`` to the job's saver under lease ``token``, then mark the item done."""
         try:
-            context.saver().save(item, download)
+            saver = context.saver()
+            saver.save(item, for_saver(saver, context.job, download))
         except Exception as exc:
             return self.failures.save_failed(context, item, token, download, exc, stale=stale)
         # Drops the staged body too.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,15 +18,16 @@ from ..backoff import Backoff
 from ..context import JobContext
 from ..priorities import link_priorities
 from ..runtime import Runtime
-from ...errors import ConfigError, FetchError
+from ...errors import ConfigError, FetchError, TrackerUnavailable
 from ...job.sitemap_spec import ONLY
 from ...scrapers import Scraper
 from ...tracker import Checkout, Fault, LeaseStatus, ScrapedResult
 from ...tracker.revisits import RevisitUpdate
 from ...web.fetch import Download, redirect_check
+from ...web.fetch_policy import fetch_policy
 from ...web.sitemap_items import is_sitemap_item
 from . import revisiting
-from .failures import Failures
+from .failures import Failures, left_for_recovery
 from .fetch_rules import FetchRules
 from .links import KnownLinks, cap_links
 from .publishing import Publisher, dispatch, dispatch_or_keep
@@ -51,13 +53,17 @@ class LeasedPage:
     ``unsent``: what the checkout handed out for scraping and is not sent yet; it goes with the
     page's save (emptied when it is handed over), or to the broker when the page ends.
     ``may_wait``: whether what the page itself hands out may wait for its save batch too
-    (:meth:`ScrapedSaves.may_wait`)."""
+    (:meth:`ScrapedSaves.may_wait`). ``go_on``: whether the scrape that holds the page may
+    carry on with another item (:meth:`Scraping.scrape`); ``carried``: the item it takes, if
+    any."""
 
     context: JobContext
     item: str
     checkout: Checkout
     unsent: list[str]
     may_wait: bool
+    go_on: Optional[Callable[[], bool]] = None
+    carried: Optional[str] = None
 
     @property
     def job(self) -> str:
@@ -84,9 +90,35 @@ class Scraping:
         self.fetch_rules = FetchRules(runtime.tracker)
         self.sitemap_steps = SitemapSteps(runtime, publisher, failures, self.fetch_rules)
 
-    def scrape(self, job: str, item: str) -> str:
+    def scrape(self, job: str, item: str, go_on: Optional[Callable[[], bool]] = None) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task (or save
-        it here, with the ``save_inline`` setting). Returns what happened (for logs and tests)."""
+        it here, with the ``save_inline`` setting). Returns what happened (for logs and tests).
+
+        With ``go_on``, a page that ends without a save (a revisit found it unchanged, or gone)
+        takes one more item in the slot it frees, while ``go_on()`` says so (the tracker's
+        ``complete`` with ``carry``), and this call scrapes it next, and so on: such a page costs
+        little beside its task (a message, its delivery, the task's run), so a generation's
+        revisits go on in one task. The item taken is handed out in the tracker as a message's
+        would be: if this process dies, it is reclaimed within a lease. Returns what happened to
+        ``item``."""
+        outcome, carried = self._scrape_one(job, item, go_on)
+        while carried is not None:
+            item = carried
+            try:
+                then, carried = self._scrape_one(job, item, go_on)
+            except TrackerUnavailable as exc:
+                left_for_recovery(job, item, exc)
+                break
+            except Exception:  # its message's task has ended well; this one is reclaimed
+                log.exception("%s %s: scraping an item carried on to raised", job, item)
+                break
+            log.debug("%s %s: carried on to: %s", job, item, then)
+        return outcome
+
+    def _scrape_one(
+        self, job: str, item: str, go_on: Optional[Callable[[], bool]]
+    ) -> tuple[str, Optional[str]]:
+        """:meth:`scrape` for one item: what happened, and the item to carry on with."""
         runtime = self.runtime
         context = runtime.job_context(job)
         checkout = runtime.tracker.checkout(
@@ -96,12 +128,16 @@ class Scraping:
             dispatch(self.publisher, job, checkout.dispatch)
             # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
             # the domain's slot opens): nothing to do here, and this worker's slot is free now.
-            return checkout.status.value
+            return checkout.status.value, None
         page = self._leased_page(context, item, checkout)
+        page.go_on = go_on
         try:
-            return self._scrape_leased(page)
+            # Its robots.txt, sitemaps and the page itself: every request carries what the
+            # job's fetch policy asks (headers, credentials, proxies, cookies).
+            with fetch_policy(context.fetch_policy):
+                return self._scrape_leased(page), page.carried
         except _Ended as ended:
-            return ended.outcome
+            return ended.outcome, page.carried
         finally:
             if page.unsent:
                 dispatch(self.publisher, job, page.unsent)
@@ -158,8 +194,13 @@ class Scraping:
 
     def _finish_unsaved(self, page: LeasedPage, update: RevisitUpdate) -> str:
         """The page is done without a save (a revisit found it unchanged, or gone)."""
-        completed = self.runtime.tracker.complete(page.job, page.item, page.token, update)
-        dispatch(self.publisher, page.job, completed.dispatch)
+        carry = page.go_on is not None and page.go_on()
+        completed = self.runtime.tracker.complete(page.job, page.item, page.token, update,
+                                                  carry=carry)
+        items, page.unsent = list(completed.dispatch) + page.unsent, []
+        if carry and items:
+            page.carried, items = items[0], items[1:]
+        dispatch(self.publisher, page.job, items)
         return update.outcome.value
 
     def _fail(self, page: LeasedPage, reason: str, **how) -> _Ended:

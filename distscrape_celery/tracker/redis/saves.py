@@ -87,6 +87,7 @@ class SaveCalls(ShardLayout):
 
     def _complete_call(
         self, job: str, item: str, token: Optional[int], revisit: Optional[RevisitUpdate] = None,
+        carry: bool = False,
     ) -> tuple[list[str], list[Any], list[str]]:
         """The keys and arguments of complete.lua for one item, and its body keys among them:
         the body key only if the token is of the item's shard (another's body is dropped on its
@@ -94,6 +95,8 @@ class SaveCalls(ShardLayout):
         home = self._shard_of(job, item)
         body_keys = self._body_keys(job, token, home) if token is not None else []
         args = [item, *self._top_up_args(job), *(revisit.args() if revisit else ())]
+        if carry:
+            args += [*(() if revisit else ("", "")), "1"]
         return [*self._item_keys(job, home), *body_keys], args, body_keys
 
     @converts_redis_errors
@@ -116,9 +119,9 @@ class SaveCalls(ShardLayout):
     @converts_redis_errors
     def complete(
         self, job: str, item: str, token: Optional[int] = None,
-        revisit: Optional[RevisitUpdate] = None,
+        revisit: Optional[RevisitUpdate] = None, *, carry: bool = False,
     ) -> CompleteResult:
-        script_keys, args, body_keys = self._complete_call(job, item, token, revisit)
+        script_keys, args, body_keys = self._complete_call(job, item, token, revisit, carry)
         # Combined with the calls other threads make at the same time: a revisit that finds a
         # page unchanged completes it right after its checkout, and a generation makes many.
         res = self._eval_combined("complete", script_keys, args)

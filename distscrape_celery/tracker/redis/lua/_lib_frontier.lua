@@ -210,6 +210,18 @@ local function take_for_dispatch(bound, max_batch, deadline, out)
   return out
 end
 
+-- One item for a caller that goes on with it itself (complete's carry), taken as
+-- take_for_dispatch takes one, with room for one past the bound's scrapes: the slot the caller
+-- frees. Never deferred to a batch's top-up: the item is the caller's own.
+local function take_carried(bound, deadline, out)
+  local saves = string.match(bound, '^%d+ (%d+)$')
+  if not saves then error('bad dispatch bound: ' .. bound) end
+  local deferred = topup_deferred
+  topup_deferred = false
+  take_for_dispatch((redis_call('ZCARD', K_DISPATCHED) + 1) .. ' ' .. saves, 1, deadline, out)
+  topup_deferred = deferred
+end
+
 -- Dispatched `item` (at `depth`, its rank, of `domain`) goes back to the head of its priority in
 -- its queue: its checkout was throttled, or its job is held. vacate lists the domain again.
 local function undispatch(item, depth, domain)

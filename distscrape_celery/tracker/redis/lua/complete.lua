@@ -13,6 +13,8 @@
 -- ARGV[6] record   the item's record (tracker/revisits.py) in hex, all but its due time, which
 --                  follows from the generation's start and the record's interval
 --                  (records.due_after in _lib_known.lua)
+-- ARGV[7] carry   '1': the caller goes on with one more item itself, in the slot this completion
+--                 frees: take_carried hands it one past the dispatch bound, first of the items
 -- Returns {changed (1 or 0), dispatch_item...}
 local item = ARGV[1]
 local bound, max_batch, lease = ARGV[2], tonumber(ARGV[3]), micros(ARGV[4])
@@ -38,4 +40,5 @@ if v then
   end
 end
 local out = {changed}
+if ARGV[7] == '1' then take_carried(bound, redis_now() + lease, out) end
 return take_for_dispatch(bound, max_batch, redis_now() + lease, out)
