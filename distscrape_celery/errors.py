@@ -6,7 +6,7 @@ the CLI) can tell our errors, which carry a message meant for a person, from bug
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -19,6 +19,15 @@ class DistscrapeError(Exception):
 
 class ConfigError(DistscrapeError, ValueError):
     """A setting, job spec or command-line value is invalid; the message names the field."""
+
+
+class SpecError(ConfigError):
+    """A job spec is invalid; ``problems`` holds (field, message) for each problem, the field
+    named as the user wrote it (an option, or the field and its file)."""
+
+    def __init__(self, message: str, problems: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
 
 
 class PluginNotAllowed(ConfigError):
@@ -75,7 +84,16 @@ def format_validation_error(
     problem, each naming the field, for people rather than programs. ``prefix`` names a field as
     its environment variable (``DISTSCRAPE_`` + its name in capitals); ``names`` maps a field to
     what the user wrote for it instead (an option such as ``--redis-url``)."""
-    parts = []
+    return "; ".join(f"{field}: {message}" if field else message
+                     for field, message in validation_problems(error, prefix, names))
+
+
+def validation_problems(
+    error: ValidationError, prefix: str = "", names: Optional[Mapping[str, str]] = None
+) -> list[tuple[str, str]]:
+    """Each problem of a pydantic ``error`` as (field, message), the field named as in
+    :func:`format_validation_error` ("" for a rule across settings, whose message names them)."""
+    problems = []
     for problem in error.errors():
         field = ".".join(str(p) for p in problem["loc"]) or "(root)"
         message = problem["msg"]
@@ -84,9 +102,8 @@ def format_validation_error(
         if names and field in names:
             field = names[field]
         elif field == "(root)" and prefix:
-            parts.append(message)  # a rule across settings: its message names them
-            continue
+            field = ""
         elif prefix:
             field = prefix + field.upper()
-        parts.append(f"{field}: {message}")
-    return "; ".join(parts)
+        problems.append((field, message))
+    return problems

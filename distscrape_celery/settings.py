@@ -35,6 +35,8 @@ PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 # records of the 64 KiB a record may take at most (a hostile site's), some 25,000 of a usual 2
 # KiB. Past it the records nearest their expiry go first, and are fetched again when next needed.
 DEFAULT_ROBOTS_CACHE_BYTES = 64 * 1024 * 1024
+# The shortest bearer token `distscrape api` takes: a guessable one would guard nothing.
+MIN_API_TOKEN_CHARS = 16
 
 
 class Settings(BaseModel):
@@ -198,6 +200,17 @@ class Settings(BaseModel):
         "unset, it serves on a loopback address only.",
     )
 
+    api_token: Optional[str] = Field(
+        None,
+        description="The bearer token `distscrape api` requires of every request (at least "
+        f"{MIN_API_TOKEN_CHARS} characters); see api_token_file.",
+    )
+    api_token_file: Optional[str] = Field(
+        None,
+        description="A file whose first line is that token (a mounted Secret, say): read by "
+        "`distscrape api` instead of api_token.",
+    )
+
     proxies: dict[str, str] = Field(
         default_factory=dict, repr=False,
         description="The proxies job specs may choose by name (fetch.proxies), as "
@@ -314,6 +327,13 @@ class Settings(BaseModel):
         if value is not None and not (user and sep and password):
             # The value is a credential: the message must not repeat it.
             raise ValueError("must be USER:PASSWORD, both non-empty")
+        return value
+
+    @field_validator("api_token")
+    @classmethod
+    def _check_api_token(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None:
+            check_api_token(value)
         return value
 
     @field_validator("redis_url")
@@ -478,3 +498,14 @@ class Settings(BaseModel):
 def is_dotted_name(name: str) -> bool:
     """Whether ``name`` is a module name: identifiers joined by dots (``mypkg.scrapers``)."""
     return bool(name) and all(part.isidentifier() for part in name.split("."))
+
+
+def check_api_token(token: str) -> str:
+    """``token`` if it is fit to be the job API's bearer token, else ValueError. The message
+    never repeats the token."""
+    if len(token) < MIN_API_TOKEN_CHARS:
+        raise ValueError(f"must be at least {MIN_API_TOKEN_CHARS} characters "
+                         "(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe())')")
+    if not token.isascii() or not token.isprintable() or " " in token:
+        raise ValueError("must be printable ASCII without spaces")
+    return token

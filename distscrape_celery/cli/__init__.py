@@ -18,7 +18,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     and status 130, not a traceback."""
     try:
         from .group import main as run_command
-        from . import archives, crawl, jobs, metrics, schedules, seed  # noqa: F401  (registers the commands)
+        from . import api, archives, crawl, jobs, metrics, schedules, seed  # noqa: F401  (registers the commands)
     except KeyboardInterrupt:
         sys.stderr.write("distscrape: interrupted\n")
         sys.exit(130)
@@ -28,7 +28,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 def __getattr__(name: str) -> Any:
     if name == "cli":
         from .group import cli
-        from . import archives, crawl, jobs, metrics, schedules, seed  # noqa: F401  (registers the commands)
+        from . import api, archives, crawl, jobs, metrics, schedules, seed  # noqa: F401  (registers the commands)
 
         return cli
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -86,7 +86,8 @@ def _plan(seeds, job, spec_flags, redis_url, in_memory, lease_seconds, state_dir
           fresh) -> _Plan:
     """Check the command line and build the crawl's spec, settings and job name; reach a Redis
     named by --redis-url, and the output directory, before anything is made on disk."""
-    from ..local.crawl import check_local_output, default_job_name, with_own_output_root
+    from ..core.seeding import check_local_output
+    from ..local.crawl import default_job_name, with_own_output_root
     from ..local.state import state_dir_path
 
     data, names = spec_data(seeds, spec_flags)

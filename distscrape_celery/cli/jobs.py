@@ -9,28 +9,17 @@ from typing import Any, Optional
 
 import click
 
-from ..errors import ConfigError, JobNotFound, JobStateError
+from ..core import jobs as job_control
+from ..core.jobs import job_row, job_rows
+from ..errors import ConfigError
 from ..job.schedule import Schedule
 from ..redaction import escape
-from ..tracker import JobAction, JobInfo, JobState, JobStats, Tracker
+from ..tracker import JobAction, JobState
 from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
 # Dead items `status` shows below the figures; `dead` lists them all.
 STATUS_DEAD_SHOWN = 10
-
-
-def job_row(tracker: Tracker, job: str) -> dict[str, Any]:
-    """A job's state, times, counts and average pages/s (done over its running time)."""
-    info, stats = tracker.job_info(job), tracker.stats(job)
-    return {"job": job, **info.to_dict(), **stats.to_dict(), "rate": _rate(info, stats)}
-
-
-def _rate(info: JobInfo, stats: JobStats) -> float:
-    if info.started is None:
-        return 0.0
-    end = info.ended if info.ended is not None else time.time()
-    return round(stats.done / max(end - info.started, 1e-3), 2)
 
 
 def when(ts: Optional[float]) -> str:
@@ -114,7 +103,7 @@ def jobs(as_json, redis_url) -> None:
     from rich.text import Text
 
     tracker = redis_tracker(settings_for(redis_url))
-    rows = [job_row(tracker, job) for job in tracker.jobs() if _exists(tracker, job)]
+    rows = job_rows(tracker)
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -142,15 +131,6 @@ def _next_run(row: dict[str, Any]) -> str:
     return "paused" if row["schedule_paused"] else when(row["next_due"])
 
 
-def _exists(tracker: Tracker, job: str) -> bool:
-    """False for a job being deleted (its name goes last)."""
-    try:
-        tracker.job_info(job)
-    except JobNotFound:
-        return False
-    return True
-
-
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @redis_url_option
@@ -159,17 +139,7 @@ def workers(as_json, redis_url) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    tracker = redis_tracker(settings_for(redis_url))
-    held: dict[str, dict[str, int]] = {}
-    for job in tracker.active_jobs():
-        for worker_id, count in tracker.leased_by_worker(job).items():
-            held.setdefault(worker_id, {})[job] = count
-    rows = [
-        {"worker": worker.id, "host": worker.host, "pid": worker.pid,
-         "concurrency": worker.concurrency, "leased": held.get(worker.id, {}),
-         "last_seen": worker.last_seen}
-        for worker in tracker.workers() if worker.alive
-    ]
+    rows = job_control.worker_rows(redis_tracker(settings_for(redis_url)))
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -212,9 +182,7 @@ def cancel(job, redis_url) -> None:
 def _control(job: str, action: JobAction, redis_url: Optional[str]) -> None:
     """Apply ``action`` to ``job``, send the workers what it lets flow, print the new state."""
     tracker, manager = redis_runtime(settings_for(redis_url))
-    res = tracker.control(job, action)
-    if res.dispatch:
-        manager.publish(job, res.dispatch)
+    res = job_control.control(tracker, manager.publish, job, action)
     same = " (no change)" if res.before is res.after else ""
     click.echo(f"job {job}: {res.after.value}{same}")
 
@@ -299,9 +267,7 @@ def export_records(tracker: Tracker, job: str, output: Optional[str]) -> None:
 def retry_dead(job, redis_url) -> None:
     """Queue every dead item of JOB again, its failure counts reset."""
     tracker, manager = redis_runtime(settings_for(redis_url))
-    res = tracker.retry_dead(job)
-    if res.dispatch:
-        manager.publish(job, res.dispatch)
+    res = job_control.retry_dead(tracker, manager.publish, job)
     click.echo(f"job {job}: {res.requeued} dead item(s) queued again")
 
 
@@ -314,17 +280,6 @@ def retry_dead(job, redis_url) -> None:
 @redis_url_option
 def delete(job, force, redis_url) -> None:
     """Remove every key of JOB from Redis, in small batches (saved output is kept)."""
-    tracker = redis_tracker(settings_for(redis_url))
-    check_deletable(tracker, job, force)
-    n = tracker.delete_job(job)
+    n = job_control.delete(redis_tracker(settings_for(redis_url)), job, force)
     click.echo(f"job {job} deleted ({n} key(s))")
 
-
-def check_deletable(tracker: Tracker, job: str, force: bool) -> None:
-    """Refuse to delete a running or paused job (workers still work on it) unless ``force``."""
-    state = tracker.job_info(job).state
-    if state in (JobState.RUNNING, JobState.PAUSED) and not force:
-        raise JobStateError(
-            f"job {job!r} is {state.value}: cancel it first (distscrape cancel {job}), "
-            "or give --force"
-        )

@@ -8,7 +8,6 @@ import json
 import click
 
 from ..errors import ConfigError
-from ..job.schedule import Schedule, ScheduleSpec
 from ..redaction import escape
 from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
 from .jobs import when
@@ -24,19 +23,9 @@ def schedule() -> None:
 @redis_url_option
 def list_schedules(as_json, redis_url) -> None:
     """Every job with a schedule: the schedule, its state, the job's generation and next run."""
-    tracker = redis_tracker(settings_for(redis_url))
-    rows = []
-    for job in tracker.jobs():
-        try:
-            info = tracker.job_info(job)
-        except Exception:  # being deleted
-            continue
-        if info.schedule is None:
-            continue
-        rows.append({"job": job, "schedule": str(Schedule.parse(info.schedule)),
-                     "paused": info.schedule_paused, "state": info.state.value,
-                     "generation": info.generation,
-                     "next_due": None if info.schedule_paused else info.next_due})
+    from ..core.schedules import schedule_rows
+
+    rows = schedule_rows(redis_tracker(settings_for(redis_url)))
     if as_json:
         for row in rows:
             click.echo(json.dumps(row))
@@ -49,13 +38,6 @@ def list_schedules(as_json, redis_url) -> None:
                    f"{r['state']}")
 
 
-def _schedule_of(every, cron) -> Schedule:
-    try:
-        return ScheduleSpec(every=every, cron=cron).schedule()
-    except ValueError as exc:
-        raise ConfigError(f"invalid schedule: {exc}".replace("\n", " ")) from None
-
-
 @schedule.command("set")
 @click.argument("job")
 @click.option("--every", metavar="DURATION", help="Run JOB again every DURATION (e.g. 6h).")
@@ -65,10 +47,10 @@ def set_schedule(job, every, cron, redis_url) -> None:
     """Give JOB a schedule (or a new one); its next run is the schedule's first time from now."""
     if (every is None) == (cron is None):
         raise click.UsageError("give --every or --cron")
-    tracker = redis_tracker(settings_for(redis_url))
-    due = _schedule_of(every, cron)
-    next_due = due.next_after(tracker.now())
-    tracker.set_schedule(job, due.text, next_due)
+    from ..core.schedules import schedule_of, set_schedule
+
+    due = schedule_of(every, cron)
+    next_due = set_schedule(redis_tracker(settings_for(redis_url)), job, due)
     click.echo(f"job {job} runs again {due}: next at {when(next_due)}")
 
 
@@ -77,7 +59,9 @@ def set_schedule(job, every, cron, redis_url) -> None:
 @redis_url_option
 def pause(job, redis_url) -> None:
     """Start no more runs of JOB (a run under way goes on)."""
-    redis_tracker(settings_for(redis_url)).pause_schedule(job, True)
+    from ..core.schedules import pause_schedule
+
+    pause_schedule(redis_tracker(settings_for(redis_url)), job)
     click.echo(f"job {job}: schedule paused")
 
 
@@ -86,12 +70,9 @@ def pause(job, redis_url) -> None:
 @redis_url_option
 def resume(job, redis_url) -> None:
     """Run JOB on its schedule again, from its next time from now (missed runs are not made up)."""
-    tracker = redis_tracker(settings_for(redis_url))
-    info = tracker.job_info(job)
-    if info.schedule is None:
-        raise ConfigError(f"job {job!r} has no schedule: give it one with distscrape schedule set")
-    next_due = Schedule.parse(info.schedule).next_after(tracker.now())
-    tracker.pause_schedule(job, False, next_due)
+    from ..core.schedules import resume_schedule
+
+    next_due = resume_schedule(redis_tracker(settings_for(redis_url)), job)
     click.echo(f"job {job}: schedule resumed, next at {when(next_due)}")
 
 
@@ -100,10 +81,9 @@ def resume(job, redis_url) -> None:
 @redis_url_option
 def delete(job, redis_url) -> None:
     """Remove JOB's schedule (the job and its data stay)."""
-    tracker = redis_tracker(settings_for(redis_url))
-    if tracker.job_info(job).schedule is None:
-        raise ConfigError(f"job {job!r} has no schedule")
-    tracker.set_schedule(job, None, None)
+    from ..core.schedules import delete_schedule
+
+    delete_schedule(redis_tracker(settings_for(redis_url)), job)
     click.echo(f"job {job}: schedule deleted")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any, Optional
 
 import click
 
+from ..core.seeding import seed_job
 from ..errors import ConfigError, JobNotFound
 from ..job.seeds import BadLine, SeedFile
 from ..job.urls import DEFAULT_TRACKING_PARAMS, Canonicalizer
@@ -71,26 +71,17 @@ def seed(job, seeds, spec_flags, ids_file, priority, redis_url) -> None:
         spec = spec_from_data(data, names)
         check_spec_components(spec, settings, names)
         tracker, manager = runtime or redis_runtime(settings)
-        live = [worker for worker in tracker.workers() if worker.alive]
-        if live and all(worker.host == socket.gethostname() for worker in live):
-            # The output is written on this machine: a bad one is refused before anything is
-            # fetched. Workers elsewhere write on their own hosts, which cannot be checked here.
-            from ..local.crawl import check_local_output
-
-            check_local_output(spec)
         with progress:
-            seeded = manager.seed(job, spec, more, on_progress=progress.update,
-                                  priority=priority)
+            done = seed_job(tracker, manager, job, spec, more=more, priority=priority,
+                            on_progress=progress.update)
+    seeded = done.seeded
     verb = "created" if seeded.created else "exists; seeds added"
     click.echo(
         f"job {job} {verb}: {seeded.added} new item(s), {seeded.already_seen} already seen; "
         f"{seeded.dispatched} sent to workers now"
     )
-    if spec.schedule is not None:
-        schedule = spec.schedule.schedule()
-        next_due = schedule.next_after(tracker.now())
-        tracker.set_schedule(job, schedule.text, next_due)
-        click.echo(f"job {job} runs again {schedule}: next at {when(next_due)}")
+    if done.schedule is not None:
+        click.echo(f"job {job} runs again {done.schedule}: next at {when(done.next_due)}")
     if seeded.off_host:
         click.echo(
             f"distscrape: {seeded.off_host} seed(s) are on none of the job's seeds' hosts: they are "

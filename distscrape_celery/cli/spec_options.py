@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import click
 
-from ..job.spec import JobSpec, build_spec, load_config_file, merge
+from ..job.spec import JobSpec, load_config_file, merge
 from ..settings import Settings
 
 spec_options = [
@@ -213,21 +212,13 @@ def _fields(data: Any, prefix: str = "") -> list[str]:
 def spec_from_data(data: dict[str, Any], names: dict[str, str]) -> JobSpec:
     """The checked spec of ``data`` (from :func:`spec_data`), its output made absolute; errors
     name fields as ``names`` does."""
+    from ..core.seeding import spec_from_data as checked_spec
+
     if not data.get("seeds"):
         raise click.UsageError(
             "give at least one SEED URL (or seeds = [...] in --config, or an --ids-file)"
         )
-    saver = data.setdefault("saver", {})
-    if isinstance(saver, dict):
-        output = str(saver.get("output") or "crawl-output")
-        # Absolute, so that every worker writes to the same place whatever its directory. A URL
-        # (the redis saver's output) is not a path.
-        saver["output"] = output if "://" in output else str(Path(output).expanduser().resolve())
-    # A problem with the saver or scraper as a whole is named by what chose its kind.
-    for section, chooser in (("scraper", "kind"), ("saver", "kind"), ("sitemaps", "mode")):
-        if f"{section}.{chooser}" in names:
-            names[section] = names[f"{section}.{chooser}"]
-    return build_spec(data, names)
+    return checked_spec(data, names)
 
 
 def check_spec_components(spec: JobSpec, settings: Settings, names: dict[str, str]) -> None:

@@ -1,5 +1,5 @@
 """Starting a job's next generation: now (``distscrape run``, a recurring ``distscrape crawl``)
-or when its schedule says (every worker looks on its heartbeat; no process has to stay up for
+or when its schedule says; and the schedules' control (list, set, pause, resume, delete) (every worker looks on its heartbeat; no process has to stay up for
 schedules to fire, and the tracker lets one caller start each due run)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from typing import Any, Optional
 
-from ..errors import JobNotFound
-from ..job.schedule import Schedule
+from ..errors import ConfigError, JobNotFound
+from ..job.schedule import Schedule, ScheduleSpec
 from ..job.spec import JobSpec
 from ..tracker import JobState, Tracker
 from ..tracker.model import GenerationResult
@@ -79,3 +80,63 @@ def _fire(tracker: Tracker, job: str, due: str, publish: Publish) -> bool:
 
 def _when(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+# -- the schedules' control, one code path for `distscrape schedule` and the job API ---------------
+
+
+def schedule_rows(tracker: Tracker) -> list[dict[str, Any]]:
+    """Every job with a schedule: the schedule, whether it is paused, the job's state and
+    generation, and its next run (None while paused)."""
+    rows = []
+    for job in tracker.jobs():
+        try:
+            info = tracker.job_info(job)
+        except JobNotFound:  # being deleted
+            continue
+        if info.schedule is None:
+            continue
+        rows.append({"job": job, "schedule": str(Schedule.parse(info.schedule)),
+                     "paused": info.schedule_paused, "state": info.state.value,
+                     "generation": info.generation,
+                     "next_due": None if info.schedule_paused else info.next_due})
+    return rows
+
+
+def schedule_of(every: Optional[str], cron: Optional[str]) -> Schedule:
+    """The schedule of ``every`` (a duration) or ``cron`` (an expression, UTC): exactly one."""
+    try:
+        return ScheduleSpec(every=every, cron=cron).schedule()
+    except ValueError as exc:
+        raise ConfigError(f"invalid schedule: {exc}".replace("\n", " ")) from None
+
+
+def set_schedule(tracker: Tracker, job: str, schedule: Schedule) -> float:
+    """Give ``job`` ``schedule`` (or a new one); its next run, the schedule's first time from
+    now, which it returns."""
+    next_due = schedule.next_after(tracker.now())
+    tracker.set_schedule(job, schedule.text, next_due)
+    return next_due
+
+
+def pause_schedule(tracker: Tracker, job: str) -> None:
+    """Start no more runs of ``job`` (a run under way goes on)."""
+    tracker.pause_schedule(job, True)
+
+
+def resume_schedule(tracker: Tracker, job: str) -> float:
+    """Run ``job`` on its schedule again from its next time from now (missed runs are not made
+    up); that time. ConfigError if it has no schedule."""
+    info = tracker.job_info(job)
+    if info.schedule is None:
+        raise ConfigError(f"job {job!r} has no schedule: give it one with distscrape schedule set")
+    next_due = Schedule.parse(info.schedule).next_after(tracker.now())
+    tracker.pause_schedule(job, False, next_due)
+    return next_due
+
+
+def delete_schedule(tracker: Tracker, job: str) -> None:
+    """Remove ``job``'s schedule (the job and its data stay). ConfigError if it has none."""
+    if tracker.job_info(job).schedule is None:
+        raise ConfigError(f"job {job!r} has no schedule")
+    tracker.set_schedule(job, None, None)

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from ..errors import ConfigError, format_validation_error
+from ..errors import ConfigError, SpecError, format_validation_error, validation_problems
 from ..redaction import redact
 from ..tracker.keys import NO_DOMAIN, domain_of
 from ..tracker.model import CrawlLimits
@@ -203,7 +203,8 @@ def build_spec(data: dict[str, Any], names: Optional[dict[str, str]] = None) -> 
     try:
         return JobSpec.model_validate(data, context={"names": names or {}})
     except ValidationError as exc:
-        raise ConfigError("invalid job spec: " + format_validation_error(exc, names=names)) from None
+        raise SpecError("invalid job spec: " + format_validation_error(exc, names=names),
+                        validation_problems(exc, names=names)) from None
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -58,30 +56,6 @@ def default_job_name(spec: JobSpec) -> str:
     else:  # an ID (the ids scraper)
         host = seed
     return ("crawl-" + re.sub(r"[^A-Za-z0-9_.-]", "_", host))[:100]
-
-
-def check_local_output(spec: JobSpec) -> None:
-    """Make sure the output directory of a files saver (or the directory of an archive saver's
-    file) can be written on this machine, creating it if need be, before anything is fetched.
-    Other savers (a Redis URL, a custom class) are not checked here."""
-    kind, output = spec.saver.kind, spec.saver.output
-    if kind == "files":
-        directory = Path(output)
-    elif kind in ("tar", "warc", "jsonl"):
-        directory = Path(output).parent
-    else:
-        return
-    if directory.exists() and not directory.is_dir():
-        raise ConfigError(f"cannot write the output to {directory}: it is not a directory")
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        descriptor, probe = tempfile.mkstemp(prefix=".~distscrape-probe-", dir=directory)
-        os.close(descriptor)
-        os.unlink(probe)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot write the output to {directory}: {exc.strerror or exc}"
-        ) from None
 
 
 def with_own_output_root(settings: Settings, spec: JobSpec) -> Settings:

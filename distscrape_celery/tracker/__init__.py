@@ -11,6 +11,7 @@ from .model import (
     CompleteResult,
     CrawlLimits,
     DomainLimits,
+    DomainStats,
     FailOutcome,
     FailResult,
     Fault,
@@ -47,7 +48,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "MAX_ADD_BATCH", "AddResult", "Checkout", "CompleteResult", "ControlResult", "CrawlLimits",
-    "DomainLimits", "FailOutcome", "FailResult", "Fault", "InMemoryTracker", "ItemState",
+    "DomainLimits", "DomainStats", "FailOutcome", "FailResult", "Fault", "InMemoryTracker", "ItemState",
     "JobAction", "JobInfo", "JobState", "JobStats", "LeaseStatus", "MaintainResult",
     "RedisTracker", "RetryDeadResult", "SaveBegin", "SaveStart", "ScrapedResult", "Tracker",
     "Urgent", "WorkerInfo",

@@ -40,6 +40,7 @@ from .model import (
     CompleteResult,
     ControlResult,
     CrawlLimits,
+    DomainStats,
     FailResult,
     Fault,
     GenerationResult,
@@ -371,6 +372,11 @@ class Tracker(ABC):
     @abstractmethod
     def retry_dead(self, job: str) -> RetryDeadResult:
         """Queue every dead item again with its fault counters reset, in atomic batches."""
+
+    @abstractmethod
+    def domain_stats(self, job: str) -> list[DomainStats]:
+        """Every domain of the job with something queued, in flight or dead, in no order.
+        Reads the job's dead items whole (streamed): it costs as much as ``iter_dead``."""
 
     @abstractmethod
     def leased_by_worker(self, job: str) -> dict[str, int]:

@@ -233,6 +233,20 @@ class RetryDeadResult(Dispatchable):
 
 
 @dataclass(frozen=True)
+class DomainStats:
+    """One domain of a job now: its ``queued`` items (the entries of its queue: one whose item
+    moved on counts until it is popped), those ``in_flight`` (dispatched or leased), its
+    ``dead`` items, and its fetches' moving mean duration in seconds (``mean_fetch``; None
+    before its first, and once it has nothing left). Done items are not counted by domain."""
+
+    domain: str
+    queued: int = 0
+    in_flight: int = 0
+    dead: int = 0
+    mean_fetch: Optional[float] = None
+
+
+@dataclass(frozen=True)
 class DomainLimits:
     """One domain's limits: least seconds between two fetch starts, most items in flight."""
 

@@ -22,6 +22,9 @@ LAYERS = [
     # events: the old import path of worker.events.job_finished, kept for users' hook modules.
     {"worker", "events"},
     {"local"},
+    # The job API: over core (the same job control as the commands), below the command that
+    # serves it.
+    {"api"},
     {"cli"},
     # Tools for trying and testing the crawler (generated sites on loopback): on top, so that
     # nothing of the crawler imports them; they import nothing of it either.

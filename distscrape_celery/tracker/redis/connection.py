@@ -138,6 +138,7 @@ class RedisCore(Tracker):
         self._prune_script = scripts.register(client, "prune_workers")
         self._create_job_script = scripts.register(client, "create_job")
         self._finish_job_script = scripts.register(client, "finish_job")
+        self._domain_stats_script = scripts.register(client, "domain_stats")
         self._slots_refresh = (
             bound_refresh_seconds
             if bound_refresh_seconds is not None

@@ -14,8 +14,8 @@ from .. import keys
 from ...errors import JobConflict, JobNotFound, JobStateError, TrackerUnavailable
 from ..base import MAX_ADD_BATCH
 from ..model import (
-    ControlResult, CrawlLimits, JobAction, JobInfo, JobState, JobStats, RetryDeadResult,
-    SKIP_COUNTERS,
+    ControlResult, CrawlLimits, DomainStats, JobAction, JobInfo, JobState, JobStats,
+    RetryDeadResult, SKIP_COUNTERS,
 )
 from .connection import converts_redis_errors
 from .scripts import dispatched
@@ -323,6 +323,28 @@ class JobCalls(ShardLayout):
         if int(reply[0]):
             self._mirror_active(job, [shard])
         return requeued + int(reply[0]), dispatch + dispatched(reply[1:])
+
+    def domain_stats(self, job: str) -> list[DomainStats]:
+        shards, id_domain = self._layout(job)
+        dead: Counter[str] = Counter(keys.domain_of(item, id_domain)
+                                     for item, _reason in self.iter_dead(job))
+        return self._domain_figures(job, shards, dead)
+
+    @converts_redis_errors
+    def _domain_figures(self, job: str, shards: int, dead: Counter[str]) -> list[DomainStats]:
+        found: dict[str, DomainStats] = {}
+        for s in range(shards):
+            k = keys.JobKeys(job, s)
+            reply = self._domain_stats_script(keys=[k.domains, k.inflight, k.latency, k.queues])
+            for i in range(0, len(reply), 4):
+                domain = reply[i].decode() if isinstance(reply[i], bytes) else reply[i]
+                mean = reply[i + 3]
+                found[domain] = DomainStats(
+                    domain, queued=int(reply[i + 1]), in_flight=max(int(reply[i + 2]), 0),
+                    dead=dead[domain], mean_fetch=int(mean) / 1e6 if mean else None)
+        for domain, count in dead.items():  # dead items only: nothing queued or in flight
+            found.setdefault(domain, DomainStats(domain, dead=count))
+        return list(found.values())
 
     @converts_redis_errors
     def leased_by_worker(self, job: str) -> dict[str, int]:

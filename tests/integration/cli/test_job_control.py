@@ -101,7 +101,7 @@ def test_delete_keeps_redis_responsive_and_leaves_no_key(redis_url, redis_client
         pass
     assert t.stats("big").seen == n
     with pytest.raises(JobStateError):
-        from distscrape_celery.cli.jobs import check_deletable
+        from distscrape_celery.core.jobs import check_deletable
         check_deletable(t, "big", force=False)
     t.control("big", JobAction.CANCEL)
     # Redis's own timing of every command the delete sends (SLOWLOG), not a ping loop's: a ping

@@ -20,7 +20,7 @@ import pytest
 from tests.support.crawl import crawl_settings
 from tests.support.http import RouteServer
 
-from distscrape_celery.cli.jobs import job_row
+from distscrape_celery.core.jobs import job_row
 from distscrape_celery.errors import ConfigError
 from distscrape_celery.web.fetch import Download
 from distscrape_celery.job.spec import build_spec
