@@ -30,19 +30,23 @@ local function domain_of(item)
   return domain
 end
 
--- The domain's least microseconds between two fetch starts, and its in-flight cap.
+-- The domain's least microseconds between two fetch starts, its in-flight cap (the job's own
+-- limits for it), and its site: what the budget shared with other jobs is counted by, the domain
+-- itself or, with the job's pace 'ip', the address a worker last resolved it to (note_address).
 local function limits(domain)
   local cached = limits_cache[domain]
   if not cached then
     local policy = redis_call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. domain,
-      'c:' .. domain, 'delay:' .. domain)
+      'c:' .. domain, 'delay:' .. domain, 'pace', 'a:' .. domain)
     local interval = micros(policy[3] or policy[1] or '0')
     local delay = micros(policy[5] or '0')
     if delay > interval then interval = delay end
-    cached = {interval, tonumber(policy[4] or policy[2] or '') or math.huge}
+    local site = domain
+    if policy[6] == 'ip' and policy[7] then site = policy[7] end
+    cached = {interval, tonumber(policy[4] or policy[2] or '') or math.huge, site, policy[6]}
     limits_cache[domain] = cached
   end
-  return cached[1], cached[2]
+  return cached[1], cached[2], cached[3]
 end
 
 -- How much earlier than its waiting time says a domain without a fetch interval gets its turn:
@@ -128,6 +132,106 @@ local function goes_first(domain)
   return mean_of_job > 0 and head >= 2 * mean_of_job
 end
 
+-- -- sites: the budget every job crawling a site shares -----------------------------------------
+-- A site's fetches are paced by the strictest limits of the jobs that fetched from it lately
+-- (within sites.WINDOW, or twice a job's own interval if longer): its longest interval
+-- (max_rate, Crawl-delay) and its smallest in-flight cap. The site's keys (KEYS[14], K_SITES) are
+-- shared by every job on one Redis; on a cluster they are the job's own (keys.py), and so is the
+-- budget. A site's in-flight count is its fetches under way (leased items): a message waiting in
+-- the broker holds a place under its own job's cap only.
+-- One table of functions: the script chunks that the library begins are near Lua's 200 locals.
+-- `sites.budgets` caches the budgets of the sites a call looked at (set anew by _begin.lua).
+local sites = {WINDOW = 10 * 1000000}
+
+-- A worker resolved `domain`'s host to `address` for the fetch it leases now: with the job's pace
+-- 'ip', that address is the domain's site from now on. A fetch under way when the address changes
+-- keeps its place under the old one until its lease's deadline.
+function sites.note_address(domain, address)
+  limits(domain)
+  local cached = limits_cache[domain]
+  if cached[4] ~= 'ip' or cached[3] == address then return end
+  redis_call('HSET', K_POLICY, 'a:' .. domain, address)
+  cached[3] = address
+end
+
+-- The site's budget: the strictest interval and cap of the jobs that fetched from it lately, this
+-- job's own limits for the domain (`interval`, `cap`) among them; this job's entry is written
+-- when it changes or half its time has passed, so a steady crawl writes it a few times a minute.
+function sites.budget(site, interval, cap)
+  local found = sites.budgets[site]
+  if found then return found[1], found[2] end
+  local key = K_SITES .. 'j:' .. site
+  local now = redis_now()
+  local entries = redis_call('HGETALL', key)
+  local strictest_interval, strictest_cap, own = interval, cap, nil
+  for i = 1, #entries, 2 do
+    local entry = entries[i + 1]
+    local other_interval, other_cap, till = string.match(entry, '^(%d+) (%d+) (%d+)$')
+    till = tonumber(till or '0')
+    if entries[i] == job_name then
+      own = {entry, till}
+    elseif till > now then
+      other_interval, other_cap = tonumber(other_interval), tonumber(other_cap)
+      if other_interval > strictest_interval then strictest_interval = other_interval end
+      if other_cap > 0 and other_cap < strictest_cap then strictest_cap = other_cap end
+    else
+      redis_call('HDEL', key, entries[i])
+    end
+  end
+  local hold = math.max(2 * interval, sites.WINDOW)
+  -- A cap of 0: none.
+  local limits_text = int_text(interval) .. ' ' .. (cap == math.huge and '0' or int_text(cap))
+  if not own or str_sub(own[1], 1, #limits_text + 1) ~= limits_text .. ' '
+      or own[2] - now < hold / 2 then
+    redis_call('HSET', key, job_name, limits_text .. ' ' .. int_text(now + hold))
+    if redis_call('PTTL', key) < hold / 1000 then
+      redis_call('PEXPIRE', key, int_text(math.ceil(hold / 1000)))
+    end
+  end
+  sites.budgets[site] = {strictest_interval, strictest_cap}
+  return strictest_interval, strictest_cap
+end
+
+-- When the site's next fetch may start (microseconds, Redis time; 0: now).
+function sites.slot(site)
+  return tonumber(redis_call('GET', K_SITES .. 's:' .. site) or '0')
+end
+
+-- When a fetch of `domain` (of job limits `interval` and `cap`) from `site` may start, under the
+-- site's budget (0 or a time passed: now). A site whose fetches under way, of every job, are at
+-- its cap gets its next turn a little later: about as long as the domain's fetches take (its
+-- mean lease time), from 20 ms to a second. Entries whose lease ran out (a job deleted meanwhile)
+-- are dropped when a cap is reached.
+function sites.opens(domain, site, interval, cap)
+  local site_interval, site_cap = sites.budget(site, interval, cap)
+  local now = redis_now()
+  local slot = site_interval > 0 and sites.slot(site) or 0
+  if slot > now or site_cap == math.huge then return slot end
+  local key = K_SITES .. 'f:' .. site
+  if redis_call('ZCARD', key) < site_cap then return slot end
+  redis_call('ZREMRANGEBYSCORE', key, '-inf', int_text(now))
+  if redis_call('ZCARD', key) < site_cap then return slot end
+  return now + math.min(math.max(lease_mean(domain) or 0, 20000), 1000000)
+end
+
+-- A fetch of `item` from `site` starts now, under a lease until `deadline`: the site's next fetch
+-- waits its interval (the key lives until then), and the fetch counts as under way, as
+-- "<job> <item>", until sites.stop (extend keeps its deadline with the lease's).
+function sites.start(item, site, deadline)
+  local site_interval = sites.budgets[site][1]
+  if site_interval > 0 then
+    redis_call('SET', K_SITES .. 's:' .. site, int_text(redis_now() + site_interval), 'PX',
+      int_text(math.ceil(site_interval / 1000)))
+  end
+  redis_call('ZADD', K_SITES .. 'f:' .. site, int_text(deadline), job_name .. ' ' .. item)
+end
+
+-- The fetch of `item` of `domain` is over (its lease ended or moved on to saving).
+function sites.stop(item, domain)
+  local _, _, site = limits(domain)
+  redis_call('ZREM', K_SITES .. 'f:' .. site, job_name .. ' ' .. item)
+end
+
 local function inflight(domain)
   return tonumber(redis_call('HGET', K_INFLIGHT, domain) or '0')
 end
@@ -140,7 +244,8 @@ local function schedule(domain, in_flight)
   if (in_flight or inflight(domain)) < cap then
     local at = redis_now()
     if interval > 0 then
-      local slot = tonumber(redis_call('HGET', K_SLOTS, domain) or '0')
+      local _, _, site = limits(domain)
+      local slot = sites.slot(site)
       if slot > at then at = slot end
     else
       at = at - head_start(domain)
