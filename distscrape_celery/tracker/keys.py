@@ -98,10 +98,10 @@ key                               type    holds
 ``ds:{sites}:s:<site>``           string  when the site's next fetch may start, µs (its rate and
                                           Crawl-delay); set with a TTL to that moment, so a site
                                           that is not being paced holds no key
-``ds:{sites}:f:<site>``           zset    "<job> <item>" -> lease deadline, µs: the site's
-                                          fetches under way, of every job (its in-flight cap). An
-                                          entry a deleted job left is dropped once its deadline
-                                          passed, when the site reaches a cap
+``ds:{sites}:f:<job>:<site>``     zset    item -> lease deadline, µs: the job's fetches under
+                                          way from the site (the site's in-flight cap counts every
+                                          job's); removed with the job
+                                          (:func:`site_fetches_pattern`)
 ``ds:{sites}:j:<site>``           hash    job -> "<interval µs> <cap> <until µs>": the limits of
                                           the jobs that fetched from the site lately; the
                                           strictest of them is the site's budget
@@ -213,6 +213,12 @@ def robots(name: str) -> str:
 def robots_fetch(name: str) -> str:
     """The claim of the worker fetching the robots.txt of record ``name`` right now."""
     return f"{PREFIX}:{{robots}}:fetch:{name}"
+
+
+def site_fetches_pattern(job: str) -> str:
+    """A SCAN MATCH pattern of ``job``'s sets of fetches under way in the shared sites (job
+    names hold no glob character), as _lib_politeness.lua names them (sites.fetches)."""
+    return f"{SITES}f:{check_job_name(job)}:*"
 
 
 def check_job_name(job: str) -> str:

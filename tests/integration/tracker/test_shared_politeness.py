@@ -27,6 +27,19 @@ def lease(t, job: str, item: str, worker: str, address: str = ""):
     return t.checkout(job, item, worker, max_lost=3, address=address)
 
 
+def wait_for_dispatch(t, job: str, worker: str) -> list[str]:
+    """What ``job``'s maintenance hands out first, once it hands something out (``worker``
+    kept live meanwhile)."""
+    deadline = time.monotonic() + 10
+    while True:
+        t.heartbeat(worker)
+        handed = t.maintain(job, max_lost=3).dispatch
+        if handed:
+            return handed
+        assert time.monotonic() < deadline, "nothing was dispatched"
+        time.sleep(0.02)
+
+
 def test_two_jobs_on_one_site_share_its_fetch_slot(tracker_factory):
     t = tracker_factory()
     w = two_jobs(t, CrawlLimits(default=DomainLimits(interval=0.5)))
@@ -40,14 +53,7 @@ def test_two_jobs_on_one_site_share_its_fetch_slot(tracker_factory):
     assert 0.3 < throttled.wait <= 0.5, throttled.wait
     # ...and another site is not held back.
     assert lease(t, "b", c, w).status is LeaseStatus.OK
-    deadline = time.monotonic() + 10
-    while True:  # b's item comes back out when the site's slot opens
-        handed = t.maintain("b", max_lost=3).dispatch
-        if handed:
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    assert handed == [b]
+    assert wait_for_dispatch(t, "b", w) == [b]  # when the site's slot opens
     assert lease(t, "b", b, w).status is LeaseStatus.OK
 
 
@@ -80,34 +86,45 @@ def test_two_jobs_share_a_sites_in_flight_cap(tracker_factory):
     assert throttled.status is LeaseStatus.THROTTLED and 0 < throttled.wait <= 1.0
     # One of them ends (its page is scraped): b's fetch may start.
     t.scraped("a", first[0], tokens[first[0]])
-    deadline = time.monotonic() + 10
-    while True:
-        handed = t.maintain("b", max_lost=3).dispatch
-        if handed:
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for_dispatch(t, "b", w)
     assert lease(t, "b", b, w).status is LeaseStatus.OK
 
 
-def test_a_fetch_whose_job_is_deleted_frees_its_place_when_its_lease_runs_out(tracker_factory):
-    t = tracker_factory(lease_seconds=1)
+def test_a_job_alone_is_held_back_by_its_own_cap_only(tracker_factory):
+    """The site's cap holds a fetch back only while another job has fetches under way: alone, a
+    job's dispatched items go as they did before sites were shared."""
+    t = tracker_factory()
+    w = new_job(t, "a", ROOMY, limits=CrawlLimits(default=DomainLimits(concurrency=2)))
+    first = t.add("a", [f"http://site.invalid/{i}" for i in range(4)]).dispatch
+    assert len(first) == 2
+    assert all(lease(t, "a", item, w).status is LeaseStatus.OK for item in first)
+
+
+def test_a_deleted_job_frees_its_places_at_once(tracker_factory):
+    t = tracker_factory()
     w = two_jobs(t, CrawlLimits(default=DomainLimits(concurrency=1)))
     (a,) = t.add("a", ["http://site.invalid/1"]).dispatch
     assert lease(t, "a", a, w).status is LeaseStatus.OK
-    t.delete_job("a")
     (b,) = t.add("b", ["http://site.invalid/1"]).dispatch
     assert lease(t, "b", b, w).status is LeaseStatus.THROTTLED
-    time.sleep(1.1)  # a's lease ran out: its place is dropped at the next look
-    deadline = time.monotonic() + 10
-    while True:
-        t.heartbeat(w)  # the worker stays live (a lease without a heartbeat is a second)
-        handed = t.maintain("b", max_lost=3).dispatch
-        if handed:
-            break
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    t.delete_job("a")
+    wait_for_dispatch(t, "b", w)
     assert lease(t, "b", b, w).status is LeaseStatus.OK
+
+
+def test_a_vanished_workers_fetch_stops_counting_when_its_lease_runs_out(tracker_factory):
+    t = tracker_factory(lease_seconds=1)
+    w = two_jobs(t, CrawlLimits(default=DomainLimits(concurrency=1)))
+    (a,) = t.add("a", ["http://site.invalid/1"]).dispatch
+    assert lease(t, "a", a, w).status is LeaseStatus.OK  # and its worker never reports again
+    (b,) = t.add("b", ["http://site.invalid/1"]).dispatch
+    assert lease(t, "b", b, w).status is LeaseStatus.THROTTLED
+    started = time.monotonic()
+    # Job a is never maintained: its lease's deadline alone ends its count.
+    while lease(t, "b", b, w).status is not LeaseStatus.OK:
+        assert time.monotonic() - started < 10, "b's fetch never started"
+        wait_for_dispatch(t, "b", w)
+    assert time.monotonic() - started > 0.5
 
 
 def test_pacing_by_address_paces_host_names_of_one_address_as_one(tracker_factory):
@@ -153,11 +170,11 @@ def test_an_ended_fetch_leaves_no_site_keys_behind(tracker_factory):
     (item,) = t.add("j", ["http://site.invalid/"]).dispatch
     token = lease(t, "j", item, w).token
     client = t.client
-    assert client.zcard(keys.SITES + "f:site.invalid") == 1
+    assert client.zcard(keys.SITES + "f:j:site.invalid") == 1
     t.scraped("j", item, token)
     t.complete("j", item)
     time.sleep(0.1)
-    assert client.exists(keys.SITES + "f:site.invalid") == 0
+    assert client.exists(keys.SITES + "f:j:site.invalid") == 0
     assert client.exists(keys.SITES + "s:site.invalid") == 0
     assert 0 < client.pttl(keys.SITES + "j:site.invalid") <= 10_000
 

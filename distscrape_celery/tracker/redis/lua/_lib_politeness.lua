@@ -137,10 +137,11 @@ end
 -- (within sites.WINDOW, or twice a job's own interval if longer): its longest interval
 -- (max_rate, Crawl-delay) and its smallest in-flight cap. The site's keys (KEYS[14], K_SITES) are
 -- shared by every job on one Redis; on a cluster they are the job's own (keys.py), and so is the
--- budget. A site's in-flight count is its fetches under way (leased items): a message waiting in
--- the broker holds a place under its own job's cap only.
+-- budget. The cap counts the site's fetches under way (leased items), each job's in a sorted set
+-- of its own, and holds a fetch back only while another job has some: alone, a job keeps to its
+-- own cap on the items of a domain in flight (messages in the broker included), as ever.
 -- One table of functions: the script chunks that the library begins are near Lua's 200 locals.
--- `sites.budgets` caches the budgets of the sites a call looked at (set anew by _begin.lua).
+-- `sites.budgets` caches, by site, what a call read of it (set anew by _begin.lua).
 local sites = {WINDOW = 10 * 1000000}
 
 -- A worker resolved `domain`'s host to `address` for the fetch it leases now: with the job's pace
@@ -154,16 +155,23 @@ function sites.note_address(domain, address)
   cached[3] = address
 end
 
+-- The sorted set of `job`'s fetches under way from `site`: item -> its lease's deadline.
+function sites.fetches(job, site)
+  return K_SITES .. 'f:' .. job .. ':' .. site
+end
+
 -- The site's budget: the strictest interval and cap of the jobs that fetched from it lately, this
--- job's own limits for the domain (`interval`, `cap`) among them; this job's entry is written
--- when it changes or half its time has passed, so a steady crawl writes it a few times a minute.
+-- job's own limits for the domain (`interval`, `cap`) among them, and the other jobs' names; this
+-- job's entry is written when it changes or half its time has passed, so a steady crawl writes it
+-- a few times a minute.
 function sites.budget(site, interval, cap)
   local found = sites.budgets[site]
-  if found then return found[1], found[2] end
+  if found then return found end
   local key = K_SITES .. 'j:' .. site
   local now = redis_now()
   local entries = redis_call('HGETALL', key)
-  local strictest_interval, strictest_cap, own = interval, cap, nil
+  found = {interval, cap, {}}
+  local own
   for i = 1, #entries, 2 do
     local entry = entries[i + 1]
     local other_interval, other_cap, till = string.match(entry, '^(%d+) (%d+) (%d+)$')
@@ -172,8 +180,9 @@ function sites.budget(site, interval, cap)
       own = {entry, till}
     elseif till > now then
       other_interval, other_cap = tonumber(other_interval), tonumber(other_cap)
-      if other_interval > strictest_interval then strictest_interval = other_interval end
-      if other_cap > 0 and other_cap < strictest_cap then strictest_cap = other_cap end
+      if other_interval > found[1] then found[1] = other_interval end
+      if other_cap > 0 and other_cap < found[2] then found[2] = other_cap end
+      found[3][#found[3] + 1] = entries[i]
     else
       redis_call('HDEL', key, entries[i])
     end
@@ -188,8 +197,8 @@ function sites.budget(site, interval, cap)
       redis_call('PEXPIRE', key, int_text(math.ceil(hold / 1000)))
     end
   end
-  sites.budgets[site] = {strictest_interval, strictest_cap}
-  return strictest_interval, strictest_cap
+  sites.budgets[site] = found
+  return found
 end
 
 -- When the site's next fetch may start (microseconds, Redis time; 0: now).
@@ -198,38 +207,41 @@ function sites.slot(site)
 end
 
 -- When a fetch of `domain` (of job limits `interval` and `cap`) from `site` may start, under the
--- site's budget (0 or a time passed: now). A site whose fetches under way, of every job, are at
--- its cap gets its next turn a little later: about as long as the domain's fetches take (its
--- mean lease time), from 20 ms to a second. Entries whose lease ran out (a job deleted meanwhile)
--- are dropped when a cap is reached.
+-- site's budget (0 or a time passed: now). While the site's fetches under way, of every job, are
+-- at its cap and some are another job's, its next turn comes a little later: about as long as the
+-- domain's fetches take (its mean lease time), from 20 ms to a second. A fetch whose lease ran out
+-- (its job deleted meanwhile) does not count.
 function sites.opens(domain, site, interval, cap)
-  local site_interval, site_cap = sites.budget(site, interval, cap)
+  local budget = sites.budget(site, interval, cap)
   local now = redis_now()
-  local slot = site_interval > 0 and sites.slot(site) or 0
-  if slot > now or site_cap == math.huge then return slot end
-  local key = K_SITES .. 'f:' .. site
-  if redis_call('ZCARD', key) < site_cap then return slot end
-  redis_call('ZREMRANGEBYSCORE', key, '-inf', int_text(now))
-  if redis_call('ZCARD', key) < site_cap then return slot end
+  local slot = budget[1] > 0 and sites.slot(site) or 0
+  if slot > now or budget[2] == math.huge or #budget[3] == 0 then return slot end
+  local under_way = 0
+  for _, other in ipairs(budget[3]) do
+    under_way = under_way + redis_call('ZCOUNT', sites.fetches(other, site), int_text(now), '+inf')
+  end
+  if under_way == 0 then return slot end
+  under_way = under_way + redis_call('ZCARD', sites.fetches(job_name, site))
+  if under_way < budget[2] then return slot end
   return now + math.min(math.max(lease_mean(domain) or 0, 20000), 1000000)
 end
 
 -- A fetch of `item` from `site` starts now, under a lease until `deadline`: the site's next fetch
--- waits its interval (the key lives until then), and the fetch counts as under way, as
--- "<job> <item>", until sites.stop (extend keeps its deadline with the lease's).
+-- waits its interval (the key lives until then), and the fetch is under way until sites.stop
+-- (extend keeps its deadline with the lease's).
 function sites.start(item, site, deadline)
   local site_interval = sites.budgets[site][1]
   if site_interval > 0 then
     redis_call('SET', K_SITES .. 's:' .. site, int_text(redis_now() + site_interval), 'PX',
       int_text(math.ceil(site_interval / 1000)))
   end
-  redis_call('ZADD', K_SITES .. 'f:' .. site, int_text(deadline), job_name .. ' ' .. item)
+  redis_call('ZADD', sites.fetches(job_name, site), int_text(deadline), item)
 end
 
 -- The fetch of `item` of `domain` is over (its lease ended or moved on to saving).
 function sites.stop(item, domain)
   local _, _, site = limits(domain)
-  redis_call('ZREM', K_SITES .. 'f:' .. site, job_name .. ' ' .. item)
+  redis_call('ZREM', sites.fetches(job_name, site), item)
 end
 
 local function inflight(domain)
