@@ -193,7 +193,8 @@ function sites.budget(site, interval, cap)
   if not own or str_sub(own[1], 1, #limits_text + 1) ~= limits_text .. ' '
       or own[2] - now < hold / 2 then
     redis_call('HSET', key, job_name, limits_text .. ' ' .. int_text(now + hold))
-    if redis_call('PTTL', key) < hold / 1000 then
+    -- The key lives as long as its longest entry (another job's may outlive this one's).
+    if #found[3] == 0 or redis_call('PTTL', key) < hold / 1000 then
       redis_call('PEXPIRE', key, int_text(math.ceil(hold / 1000)))
     end
   end
