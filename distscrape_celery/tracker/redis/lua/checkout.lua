@@ -18,7 +18,7 @@
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
 -- ARGV[7] address     optional: the address the worker resolved the item's host to, the
---                     domain's site from now on if the job paces by address (note_address)
+--                     domain's site from now on if the job paces by address (sites.note_address)
 -- Returns {status, depth, failed_attempts, token, wait, created, record, dispatch_item...}
 -- (depth: the item's hops from a seed, its priority left out of its rank); status is
 -- ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
