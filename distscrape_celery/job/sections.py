@@ -8,7 +8,7 @@ spec."""
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -136,8 +136,9 @@ class DomainOverride(StrictModel):
 
 
 class PolitenessSpec(StrictModel):
-    """How hard the whole cluster may hit each domain, how far the job may grow, how failed
-    downloads back off. A domain is a URL's host, with ``:port`` if the URL names one."""
+    """How hard the whole cluster may hit each site, how far the job may grow, how failed
+    downloads back off. A domain is a URL's host, with ``:port`` if the URL names one; a site is
+    what the limits count by (``key``), and every job crawling a site shares its budget."""
 
     max_rate: Optional[float] = Field(
         None, gt=0, le=10000,
@@ -150,6 +151,12 @@ class PolitenessSpec(StrictModel):
     domain_overrides: dict[str, DomainOverride] = Field(
         default_factory=dict, max_length=1000,
         description='Per-domain max_rate and concurrency, e.g. {"example.org:8080" = {max_rate = 1}}.',
+    )
+    key: Literal["host", "ip"] = Field(
+        "host",
+        description='What max_rate, the in-flight cap and Crawl-delay count by: "host", each '
+        'domain; "ip", the address a worker resolves its host to, so host names served by one '
+        "address are paced as one.",
     )
     max_pages: Optional[int] = Field(
         None, ge=1, description="Most items the job ever holds (seeds and dead items count)."

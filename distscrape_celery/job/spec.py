@@ -35,7 +35,7 @@ else:  # pragma: no cover
 # Fields that jobs stored by earlier versions lack, by section (see JobSpec.to_json).
 _LATER_FIELDS = {
     "scraper": ("max_url_length", "max_links_per_page", "regex_seconds"),
-    "politeness": ("max_duration",),
+    "politeness": ("max_duration", "key"),
     "fetch": POLICY_FIELDS,
 }
 
@@ -154,6 +154,7 @@ class JobSpec(StrictModel):
             id_domain=domain_of(download_fmt.format("x", id="x")) if download_fmt else NO_DOMAIN,
             shards=self.tracker.shards,
             max_duration=politeness.max_duration,
+            pace=politeness.key,
         )
 
     @classmethod

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Optional
 
-from ..web.fetch import Download
+from ..web.fetch import Download, Fetcher
 from ..web.page_meta import NO_META, PageMeta
 from ..job.spec import JobSpec
 from ..job.urls import is_url
@@ -35,6 +35,9 @@ class FoundItems(list[str]):
 class Scraper(ABC):
     """Downloads one item and finds new items in it. Items are strings; they need not be URLs."""
 
+    # What downloads the items, if the scraper has one: its SSRF guard resolves their hosts.
+    fetcher: Optional[Fetcher] = None
+
     @classmethod
     @abstractmethod
     def from_spec(cls, spec: JobSpec) -> "Scraper":
@@ -43,6 +46,14 @@ class Scraper(ABC):
     def url_for(self, item: str) -> Optional[str]:
         """The URL ``item`` is downloaded from, for the robots.txt check; None: not known."""
         return item if is_url(item) else None
+
+    def address_of(self, item: str) -> str:
+        """The address ``item``'s download connects to, resolved and checked by the fetcher's
+        SSRF guard and kept for that connection (the host is resolved once); '' when not known
+        (no fetcher or URL, or a host that does not resolve or is refused)."""
+        url = self.url_for(item)
+        guard = self.fetcher.guard if self.fetcher is not None else None
+        return guard.pacing_address(url) if url and guard is not None else ""
 
     @abstractmethod
     def download(self, item: str) -> Download:

@@ -211,9 +211,14 @@ class Tracker(ABC):
             yield len(batch), self.add(job, batch, depth, priority)
 
     @abstractmethod
-    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
+    def checkout(
+        self, job: str, item: str, worker_id: str, *, max_lost: int, address: str = ""
+    ) -> Checkout:
         """Lease ``item`` to ``worker_id`` for scraping, for ``lease_seconds``, under a new token.
-        Taking over an expired lease counts a vanished holder (dead past ``max_lost``)."""
+        Taking over an expired lease counts a vanished holder (dead past ``max_lost``). The
+        lease takes a fetch slot of the item's site, whose budget every job crawling it shares
+        (throttled if none is open). ``address``: what the worker resolved the item's host to;
+        a job whose ``politeness.key`` is "ip" paces the host's domain by it from now on."""
 
     @abstractmethod
     def scraped(

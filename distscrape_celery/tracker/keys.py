@@ -43,7 +43,6 @@ key                               type    holds
                                           domains with queued items and room under their
                                           in-flight cap
 ``P inflight``                    hash    domain -> its dispatched and leased items
-``P slots``                       hash    domain -> when its next fetch may start, µs (rate limit)
 ``P latency``                     hash    domain -> its leases' moving mean duration, µs: how much
                                           earlier its turns come (_lib_politeness.lua)
 ``P dseen``                       hash    domain -> items added (only with max_pages_per_domain)
@@ -51,8 +50,10 @@ key                               type    holds
                                           sitemaps.max_urls_per_host bounds them), in the
                                           domain's shard
 ``P delayed``                     zset    item -> when its backoff ends, µs (``w``aiting items)
-``P policy``                      hash    the job's crawl limits (see _lib_call.lua) and
-                                          each domain's robots.txt Crawl-delay
+``P policy``                      hash    the job's crawl limits (see _lib_call.lua),
+                                          each domain's robots.txt Crawl-delay and, with
+                                          ``politeness.key = "ip"``, each domain's address
+                                          (``a:<domain>``)
 ``P dispatched``                  zset    item -> deadline (µs); a scrape message for it exists
 ``P leased``                      zset    item -> deadline (µs); a worker scrapes or saves it
 ``P pending``                     zset    item -> deadline (µs); its save message waits
@@ -96,6 +97,17 @@ key                               type    holds
                                           work (sharded jobs and any job on Redis Cluster,
                                           where ``ds:active-jobs`` is in another slot: the
                                           tracker mirrors it there, see redis/shards.py)
+``ds:{sites}:s:<site>``           string  when the site's next fetch may start, µs (its rate and
+                                          Crawl-delay); set with a TTL to that moment, so a site
+                                          that is not being paced holds no key
+``ds:{sites}:f:<job>:<site>``     zset    item -> lease deadline, µs: the job's fetches under
+                                          way from the site (the site's in-flight cap counts every
+                                          job's); removed with the job
+                                          (:func:`site_fetches_pattern`)
+``ds:{sites}:j:<site>``           hash    job -> "<interval µs> <cap> <until µs>": the limits of
+                                          the jobs that fetched from the site lately; the
+                                          strictest of them is the site's budget
+                                          (_lib_politeness.lua). Expires with its last entry
 ``ds:jobs``                       set     names of every seeded job (removed last by delete)
 ``ds:active-jobs``                set     jobs the workers maintain: neither finished nor
                                           cancelled
@@ -124,6 +136,13 @@ key                               type    holds
 ``ds:{workers}:heartbeats``       zset    worker ID -> time of its last heartbeat (Redis clock)
 ``ds:{workers}:seq``              string  counter that hands out worker IDs
 ================================  ======  ===================================================
+
+A *site* is what a job's politeness is counted by (``politeness.key``): a domain, or the
+address a worker resolved the domain's host to. Every job on one Redis shares a site's keys
+(``ds:{sites}:``, :data:`SITES`), so two jobs crawling one site share its budget. On a Redis
+Cluster a script's keys must share one slot, and the job's cannot share one with another job's:
+there each job (each shard of a sharded job) keeps its sites' keys under its own prefix
+(``P sites:``, :meth:`JobKeys.sites`), and a site's budget is the job's own.
 
 The ``_lib_*.lua`` files named above are the item scripts' library, in tracker/redis/lua/.
 
@@ -175,6 +194,9 @@ WORKERS = f"{PREFIX}:{{workers}}:info"
 WORKER_CONCURRENCY = f"{PREFIX}:{{workers}}:concurrency"
 HEARTBEATS = f"{PREFIX}:{{workers}}:heartbeats"
 WORKER_SEQ = f"{PREFIX}:{{workers}}:seq"
+# The prefix of the sites' politeness keys that every job on one Redis shares (the item scripts
+# append ``s:``, ``f:`` or ``j:`` and the site).
+SITES = f"{PREFIX}:{{sites}}:"
 
 
 # The robots.txt cache: one hash tag, so that the script that stores a record and keeps the
@@ -193,6 +215,12 @@ def robots(name: str) -> str:
 def robots_fetch(name: str) -> str:
     """The claim of the worker fetching the robots.txt of record ``name`` right now."""
     return f"{PREFIX}:{{robots}}:fetch:{name}"
+
+
+def site_fetches_pattern(job: str) -> str:
+    """A SCAN MATCH pattern of ``job``'s sets of fetches under way in the shared sites (job
+    names hold no glob character), as _lib_politeness.lua names them (sites.fetches)."""
+    return f"{SITES}f:{check_job_name(job)}:*"
 
 
 def check_job_name(job: str) -> str:
@@ -324,8 +352,10 @@ class JobKeys:
         return self.prefix + "inflight"
 
     @property
-    def slots(self) -> str:
-        return self.prefix + "slots"
+    def sites(self) -> str:
+        """The prefix of the job's own sites' politeness keys (a cluster's, see the module doc):
+        the shape of :data:`SITES` under the job's hash tag."""
+        return self.prefix + "sites:"
 
     @property
     def latency(self) -> str:
@@ -400,14 +430,16 @@ class JobKeys:
         """The shard's own active marker (a set holding the job's name while it has work)."""
         return self.prefix + "active"
 
-    def item_keys(self, local_active: bool = False) -> tuple[str, ...]:
-        """The KEYS every item script takes, in the order the scripts name them. The last is
+    def item_keys(self, local_active: bool = False, shared_sites: bool = True) -> tuple[str, ...]:
+        """The KEYS every item script takes, in the order the scripts name them. The 19th is
         ``ds:active-jobs``, or with ``local_active`` the shard's :attr:`active` marker, which
-        shares the shard's slot (a cluster refuses a script whose keys span slots)."""
+        shares the shard's slot (a cluster refuses a script whose keys span slots). The 14th is
+        the prefix of the sites' keys: :data:`SITES`, shared by every job, or without
+        ``shared_sites`` (a cluster) the job's own :attr:`sites`."""
         return (
             self.item_buckets, self.queues, self.dispatched, self.leased, self.owners, self.stats,
             self.fails, self.dead, self.pending, self.lost, self.spec, self.domains, self.inflight,
-            self.slots, self.domain_seen, self.delayed, self.policy, self.control,
+            SITES if shared_sites else self.sites, self.domain_seen, self.delayed, self.policy, self.control,
             self.active if local_active else ACTIVE_JOBS, self.seen_buckets, self.latency,
         )
 

@@ -270,6 +270,9 @@ class CrawlLimits:
     # Seconds from the job's start (its control hash's ``started``, Redis's clock) after which
     # it dispatches nothing more and, once what is in flight is back, ends expired; None: none.
     max_duration: Optional[float] = None
+    # What the job's politeness counts by: "host" (each domain) or "ip" (the address a worker
+    # resolved the domain's host to, passed with each checkout).
+    pace: str = "host"
 
     def for_domain(self, domain: str) -> DomainLimits:
         return self.overrides.get(domain, self.default)
@@ -286,6 +289,8 @@ class CrawlLimits:
             out["max_pages"] = self.max_pages
         if self.max_pages_per_domain is not None:
             out["max_pages_per_domain"] = self.max_pages_per_domain
+        if self.pace != "host":
+            out["pace"] = self.pace
         return out
 
 

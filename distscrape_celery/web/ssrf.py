@@ -7,12 +7,18 @@ private address is refused like any other.
 The guard resolves every host a connection is made to, checks each address, and the connection
 then goes to an address it checked (:func:`guarded_pool_classes`), so a DNS answer that changes
 between the check and the connect (rebinding) cannot slip through.
+
+A job that paces its fetches by address (``politeness.key = "ip"``) has the guard resolve a
+host before its lease (:meth:`AddressGuard.pacing_address`); the checked answer is kept for a few
+seconds, and the fetch's connection goes to it, so the host is resolved once and the address
+the tracker paced is the address connected to.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from collections.abc import Callable, Iterable
 from typing import Optional, Union
 from urllib.parse import urlsplit
@@ -92,6 +98,11 @@ def literal_addresses(host: str) -> tuple[IPAddress, ...]:
         return LOOPBACK_ADDRESSES if is_localhost_name(host) else ()
 
 
+# How long, in seconds, a host's checked addresses are kept after pacing_address resolved them,
+# and for how many hosts at most.
+KEEP_SECONDS = 10.0
+KEEP_HOSTS = 4096
+
 # (address, port): an endpoint a seed names literally, the only private one a job may reach.
 Endpoint = tuple[IPAddress, int]
 
@@ -127,6 +138,10 @@ class AddressGuard:
         )
         self.resolver = resolver
         self.classify = classify
+        # host -> (when it was resolved, monotonic; its checked addresses): pacing_address's
+        # answers, for the connection that follows. A plain dict, no lock: its single
+        # operations are atomic, and a lock held at a fork would stay held in the child.
+        self._kept: dict[str, tuple[float, list[IPAddress]]] = {}
 
     @classmethod
     def from_spec(cls, spec: JobSpec, **hooks) -> "AddressGuard":
@@ -134,11 +149,12 @@ class AddressGuard:
         ``hooks``: ``resolver`` and ``classify``, for tests."""
         return cls(allow_private=spec.fetch.allow_private, trusted_urls=spec.origin_urls(), **hooks)
 
-    def addresses(self, host: str, port: int) -> list[str]:
+    def addresses(self, host: str, port: int, *, keep: bool = False) -> list[str]:
         """The addresses to connect to for ``host`` on ``port``, every one checked. Raises
-        :class:`AddressRefused`, or ``socket.gaierror`` when ``host`` does not resolve."""
+        :class:`AddressRefused`, or ``socket.gaierror`` when ``host`` does not resolve. An answer
+        :meth:`pacing_address` kept is used while it is fresh; ``keep``: keep this one."""
         literal = literal_addresses(host)
-        resolved = list(literal) or self._resolve(host)
+        resolved = list(literal) or self._resolve(host, keep)
         if not self.allow_private:
             for ip in resolved:
                 kind = self.classify(host, ip)
@@ -147,6 +163,18 @@ class AddressGuard:
                 if kind is not None and not (literal and (ip, port) in self.trusted):
                     raise AddressRefused(self._refusal(host, port, ip, kind, literal))
         return [str(ip) for ip in resolved]
+
+    def pacing_address(self, url: str) -> str:
+        """The address a fetch of ``url`` connects to first, resolved and checked now and kept
+        for that fetch's connection (:data:`KEEP_SECONDS`), so its host is resolved once; '' if
+        it has none the guard allows (the fetch then fails as it would have)."""
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        try:
+            port = parts.port or DEFAULT_PORTS.get(parts.scheme.lower(), 0)
+            return self.addresses(host, port, keep=True)[0] if host else ""
+        except (AddressRefused, OSError, ValueError):
+            return ""
 
     def _refusal(
         self, host: str, port: int, ip: IPAddress, kind: str, literal: tuple[IPAddress, ...]
@@ -162,10 +190,19 @@ class AddressGuard:
             "fetch.allow_private permits any)"
         )
 
-    def _resolve(self, host: str) -> list[IPAddress]:
+    def _resolve(self, host: str, keep: bool = False) -> list[IPAddress]:
+        name = host.rstrip(".").lower()
+        now = time.monotonic()
+        kept = self._kept.get(name)
+        if kept is not None and now - kept[0] < KEEP_SECONDS:
+            return kept[1]
         resolved = [ipaddress.ip_address(a.partition("%")[0]) for a in self.resolver(host)]
         if not resolved:
             raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
+        if keep:
+            if len(self._kept) >= KEEP_HOSTS:  # answers are kept for seconds: start afresh
+                self._kept.clear()
+            self._kept[name] = (now, resolved)
         return resolved
 
 

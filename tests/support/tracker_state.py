@@ -69,8 +69,9 @@ def _text(v: Any) -> Any:
 
 
 def _args(job: str, shard: int, *args: Any) -> tuple[Any, ...]:
-    # The shard's own active marker: every key in the job's slot (a cluster refuses others).
-    item_keys = keys.JobKeys(job, shard).item_keys(local_active=True)
+    # The shard's own active marker and sites: every key in the job's slot (a cluster refuses
+    # others).
+    item_keys = keys.JobKeys(job, shard).item_keys(local_active=True, shared_sites=False)
     return (SOURCE, len(item_keys), *item_keys, *args)
 
 

@@ -126,7 +126,8 @@ class Scraping:
         runtime = self.runtime
         context = runtime.job_context(job)
         checkout = runtime.tracker.checkout(
-            job, item, runtime.worker_id, max_lost=context.spec.max_lost)
+            job, item, runtime.worker_id, max_lost=context.spec.max_lost,
+            address=self._pacing_address(context, item))
         context = runtime.job_context(job, checkout.created)
         if checkout.status is not LeaseStatus.OK:
             dispatch(self.publisher, job, checkout.dispatch)
@@ -145,6 +146,18 @@ class Scraping:
         finally:
             if page.unsent:
                 dispatch(self.publisher, job, page.unsent)
+
+    @staticmethod
+    def _pacing_address(context: JobContext, item: str) -> str:
+        """The address ``item``'s fetch will connect to, for a job that paces by address ('' for
+        any other): resolved now, once, and kept for the fetch. A scraper or an ID that fails
+        here fails again once leased, where its failure is counted."""
+        if context.spec.politeness.key != "ip":
+            return ""
+        try:
+            return context.scraper().address_of(item)
+        except Exception:
+            return ""
 
     def _leased_page(self, context: JobContext, item: str, checkout: Checkout) -> LeasedPage:
         """``item``, just leased. With save batches, what the checkout handed out for scraping

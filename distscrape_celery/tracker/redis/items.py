@@ -152,10 +152,12 @@ class ItemCalls(ShardLayout):
         return AddResult(dispatch=dispatch, added=added)
 
     @converts_redis_errors
-    def checkout(self, job: str, item: str, worker_id: str, *, max_lost: int) -> Checkout:
+    def checkout(
+        self, job: str, item: str, worker_id: str, *, max_lost: int, address: str = ""
+    ) -> Checkout:
         bound, max_batch, lease = self._top_up_args(job)
         reply = self._eval_combined("checkout", self._item_keys(job, self._shard_of(job, item)),
-                                  [item, worker_id, lease, bound, max_batch, max_lost])
+                                  [item, worker_id, lease, bound, max_batch, max_lost, address])
         return Checkout(
             status=LeaseStatus(reply[0]), depth=int(reply[1]), failed_attempts=int(reply[2]),
             token=int(reply[3]), wait=float(reply[4]), created=reply[5],

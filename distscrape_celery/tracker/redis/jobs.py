@@ -216,6 +216,11 @@ class JobCalls(ShardLayout):
                 deleted += int(self.client.unlink(key))
             if buckets:
                 deleted += int(self.client.unlink(*buckets))
+        if not self.cluster:
+            # Its fetches under way in the sites every job shares (on a cluster, its own keys).
+            for key in self.client.scan_iter(match=keys.site_fetches_pattern(job),
+                                             count=DELETE_BATCH):
+                deleted += int(self.client.unlink(key))
         deleted += int(self.client.unlink(job_keys.policy))
         self.client.srem(keys.JOBS, job)
         self._layouts.pop(job, None)

@@ -107,7 +107,9 @@ class ShardLayout(RedisCore):
         # Built once per job and shard: every item call takes them (21 names).
         found = self._key_lists.get((job, shard))
         if found is None:
-            found = keys.JobKeys(job, shard).item_keys(local_active=self._routed(self._shards(job)))
+            # A cluster keeps each job's sites apart (keys.py): one call's keys share a slot.
+            found = keys.JobKeys(job, shard).item_keys(
+                local_active=self._routed(self._shards(job)), shared_sites=not self.cluster)
             self._key_lists[(job, shard)] = found
         return found
 

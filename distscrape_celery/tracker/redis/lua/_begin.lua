@@ -6,7 +6,7 @@ redis_call, str_format, str_sub = redis.call, string.format, string.sub
 K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 K_OWNERS, K_STATS, K_FAILS, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 K_PENDING, K_LOST, K_SPEC = KEYS[9], KEYS[10], KEYS[11]
-K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
+K_DOMAINS, K_INFLIGHT, K_SITES, K_DSEEN = KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE = KEYS[16], KEYS[17], KEYS[18], KEYS[19]
 K_SEEN, K_LATENCY = KEYS[20], KEYS[21]
 now_cache, id_domain = nil, nil
@@ -16,6 +16,7 @@ counts_deferred, deltas, token_base, tokens_taken, grow_deferred = false, {}, ni
 page_limits, reactivated = nil, false
 fails_empty, lost_empty = nil, nil
 limits_cache, head_starts, texts, caching_items = {}, {}, {}, true
+sites.budgets = {}
 new_sets()
 STATE_SET = {d = K_DISPATCHED, l = K_LEASED, S = K_LEASED, s = K_PENDING, w = K_DELAYED}
 if redis_call('EXISTS', K_SPEC) == 0 then

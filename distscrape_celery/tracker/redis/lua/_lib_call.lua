@@ -35,12 +35,17 @@
 --   KEYS[12] domains     zset  domain -> when it may next be dispatched; exactly the domains whose
 --                              queue is not empty and whose in-flight count is under their cap
 --   KEYS[13] inflight    hash  domain -> its d and l items (messages and fetches under way)
---   KEYS[14] slots       hash  domain -> when its next fetch may start (domains with an interval)
+--   KEYS[14] sites       the prefix of the sites' keys (the budget of a site, shared by the jobs
+--                        crawling it; see _lib_politeness.lua and keys.SITES): `s:<site>` when
+--                        its next fetch may start, `f:<site>` its fetches under way, `j:<site>`
+--                        the limits of the jobs that fetched from it lately
 --   KEYS[15] dseen       hash  domain -> items added (kept only with max_pages_per_domain)
 --   KEYS[16] delayed     zset  w items -> when their backoff ends
 --   KEYS[17] policy      hash  the job's crawl limits, written once by create_job: interval and
 --                              concurrency (every domain's), i:<domain> and c:<domain> (one
---                              domain's), delay:<domain> (its robots.txt Crawl-delay), max_pages,
+--                              domain's), delay:<domain> (its robots.txt Crawl-delay), pace
+--                              ('ip': the job's sites are its domains' addresses; missing: the
+--                              domains), a:<domain> (the domain's address, with pace ip), max_pages,
 --                              max_pages_per_domain, id_domain (the domain of items that are not
 --                              http(s) URLs); a missing field is no limit
 --   KEYS[18] control     hash  the job's state (running, paused, cancelled, finished, expired;
@@ -83,7 +88,7 @@ local redis_call, str_format, str_sub
 local K_ITEMS, K_QUEUES, K_DISPATCHED, K_LEASED
 local K_OWNERS, K_STATS, K_FAILS, K_DEAD
 local K_PENDING, K_LOST, K_SPEC
-local K_DOMAINS, K_INFLIGHT, K_SLOTS, K_DSEEN
+local K_DOMAINS, K_INFLIGHT, K_SITES, K_DSEEN
 local K_DELAYED, K_POLICY, K_CONTROL, K_ACTIVE
 local K_SEEN, K_LATENCY
 -- The job's state, read with its format once a call (every call's dispatch top-up asks for it):

@@ -11,7 +11,11 @@ local function clear_inflight(item, state)
   local set = STATE_SET[state]
   if set then redis_call('ZREM', set, item) end
   if HELD[state] then redis_call('HDEL', K_OWNERS, item) end
-  if state == 'd' or state == 'l' then vacate(domain_of(item)) end
+  if state == 'd' or state == 'l' then
+    local domain = domain_of(item)
+    if state == 'l' then sites.stop(item, domain) end
+    vacate(domain)
+  end
 end
 
 -- Leave whatever state `item` is in (`state`) for its domain's queue: at its head when `front`.

@@ -30,19 +30,23 @@ local function domain_of(item)
   return domain
 end
 
--- The domain's least microseconds between two fetch starts, and its in-flight cap.
+-- The domain's least microseconds between two fetch starts, its in-flight cap (the job's own
+-- limits for it), and its site: what the budget shared with other jobs is counted by, the domain
+-- itself or, with the job's pace 'ip', the address a worker last resolved it to (note_address).
 local function limits(domain)
   local cached = limits_cache[domain]
   if not cached then
     local policy = redis_call('HMGET', K_POLICY, 'interval', 'concurrency', 'i:' .. domain,
-      'c:' .. domain, 'delay:' .. domain)
+      'c:' .. domain, 'delay:' .. domain, 'pace', 'a:' .. domain)
     local interval = micros(policy[3] or policy[1] or '0')
     local delay = micros(policy[5] or '0')
     if delay > interval then interval = delay end
-    cached = {interval, tonumber(policy[4] or policy[2] or '') or math.huge}
+    local site = domain
+    if policy[6] == 'ip' and policy[7] then site = policy[7] end
+    cached = {interval, tonumber(policy[4] or policy[2] or '') or math.huge, site, policy[6]}
     limits_cache[domain] = cached
   end
-  return cached[1], cached[2]
+  return cached[1], cached[2], cached[3]
 end
 
 -- How much earlier than its waiting time says a domain without a fetch interval gets its turn:
@@ -128,6 +132,119 @@ local function goes_first(domain)
   return mean_of_job > 0 and head >= 2 * mean_of_job
 end
 
+-- -- sites: the budget every job crawling a site shares -----------------------------------------
+-- A site's fetches are paced by the strictest limits of the jobs that fetched from it lately
+-- (within sites.WINDOW, or twice a job's own interval if longer): its longest interval
+-- (max_rate, Crawl-delay) and its smallest in-flight cap. The site's keys (KEYS[14], K_SITES) are
+-- shared by every job on one Redis; on a cluster they are the job's own (keys.py), and so is the
+-- budget. The cap counts the site's fetches under way (leased items), each job's in a sorted set
+-- of its own, and holds a fetch back only while another job has some: alone, a job keeps to its
+-- own cap on the items of a domain in flight (messages in the broker included), as ever.
+-- One table of functions: the script chunks that the library begins are near Lua's 200 locals.
+-- `sites.budgets` caches, by site, what a call read of it (set anew by _begin.lua).
+local sites = {WINDOW = 10 * 1000000}
+
+-- A worker resolved `domain`'s host to `address` for the fetch it leases now: with the job's pace
+-- 'ip', that address is the domain's site from now on. A fetch under way when the address changes
+-- keeps its place under the old one until its lease's deadline.
+function sites.note_address(domain, address)
+  limits(domain)
+  local cached = limits_cache[domain]
+  if cached[4] ~= 'ip' or cached[3] == address then return end
+  redis_call('HSET', K_POLICY, 'a:' .. domain, address)
+  cached[3] = address
+end
+
+-- The sorted set of `job`'s fetches under way from `site`: item -> its lease's deadline.
+function sites.fetches(job, site)
+  return K_SITES .. 'f:' .. job .. ':' .. site
+end
+
+-- The site's budget: the strictest interval and cap of the jobs that fetched from it lately, this
+-- job's own limits for the domain (`interval`, `cap`) among them, and the other jobs' names; this
+-- job's entry is written when it changes or half its time has passed, so a steady crawl writes it
+-- a few times a minute.
+function sites.budget(site, interval, cap)
+  local found = sites.budgets[site]
+  if found then return found end
+  local key = K_SITES .. 'j:' .. site
+  local now = redis_now()
+  local entries = redis_call('HGETALL', key)
+  found = {interval, cap, {}}
+  local own
+  for i = 1, #entries, 2 do
+    local entry = entries[i + 1]
+    local other_interval, other_cap, till = string.match(entry, '^(%d+) (%d+) (%d+)$')
+    till = tonumber(till or '0')
+    if entries[i] == job_name then
+      own = {entry, till}
+    elseif till > now then
+      other_interval, other_cap = tonumber(other_interval), tonumber(other_cap)
+      if other_interval > found[1] then found[1] = other_interval end
+      if other_cap > 0 and other_cap < found[2] then found[2] = other_cap end
+      found[3][#found[3] + 1] = entries[i]
+    else
+      redis_call('HDEL', key, entries[i])
+    end
+  end
+  local hold = math.max(2 * interval, sites.WINDOW)
+  -- A cap of 0: none.
+  local limits_text = int_text(interval) .. ' ' .. (cap == math.huge and '0' or int_text(cap))
+  if not own or str_sub(own[1], 1, #limits_text + 1) ~= limits_text .. ' '
+      or own[2] - now < hold / 2 then
+    redis_call('HSET', key, job_name, limits_text .. ' ' .. int_text(now + hold))
+    -- The key lives as long as its longest entry (another job's may outlive this one's).
+    if #found[3] == 0 or redis_call('PTTL', key) < hold / 1000 then
+      redis_call('PEXPIRE', key, int_text(math.ceil(hold / 1000)))
+    end
+  end
+  sites.budgets[site] = found
+  return found
+end
+
+-- When the site's next fetch may start (microseconds, Redis time; 0: now).
+function sites.slot(site)
+  return tonumber(redis_call('GET', K_SITES .. 's:' .. site) or '0')
+end
+
+-- When a fetch of `domain` (of job limits `interval` and `cap`) from `site` may start, under the
+-- site's budget (0 or a time passed: now). While the site's fetches under way, of every job, are
+-- at its cap and some are another job's, its next turn comes a little later: about as long as the
+-- domain's fetches take (its mean lease time), from 20 ms to a second. A fetch whose lease ran out
+-- (its job deleted meanwhile) does not count.
+function sites.opens(domain, site, interval, cap)
+  local budget = sites.budget(site, interval, cap)
+  local now = redis_now()
+  local slot = budget[1] > 0 and sites.slot(site) or 0
+  if slot > now or budget[2] == math.huge or #budget[3] == 0 then return slot end
+  local under_way = 0
+  for _, other in ipairs(budget[3]) do
+    under_way = under_way + redis_call('ZCOUNT', sites.fetches(other, site), int_text(now), '+inf')
+  end
+  if under_way == 0 then return slot end
+  under_way = under_way + redis_call('ZCARD', sites.fetches(job_name, site))
+  if under_way < budget[2] then return slot end
+  return now + math.min(math.max(lease_mean(domain) or 0, 20000), 1000000)
+end
+
+-- A fetch of `item` from `site` starts now, under a lease until `deadline`: the site's next fetch
+-- waits its interval (the key lives until then), and the fetch is under way until sites.stop
+-- (extend keeps its deadline with the lease's).
+function sites.start(item, site, deadline)
+  local site_interval = sites.budgets[site][1]
+  if site_interval > 0 then
+    redis_call('SET', K_SITES .. 's:' .. site, int_text(redis_now() + site_interval), 'PX',
+      int_text(math.ceil(site_interval / 1000)))
+  end
+  redis_call('ZADD', sites.fetches(job_name, site), int_text(deadline), item)
+end
+
+-- The fetch of `item` of `domain` is over (its lease ended or moved on to saving).
+function sites.stop(item, domain)
+  local _, _, site = limits(domain)
+  redis_call('ZREM', sites.fetches(job_name, site), item)
+end
+
 local function inflight(domain)
   return tonumber(redis_call('HGET', K_INFLIGHT, domain) or '0')
 end
@@ -140,7 +257,8 @@ local function schedule(domain, in_flight)
   if (in_flight or inflight(domain)) < cap then
     local at = redis_now()
     if interval > 0 then
-      local slot = tonumber(redis_call('HGET', K_SLOTS, domain) or '0')
+      local _, _, site = limits(domain)
+      local slot = sites.slot(site)
       if slot > at then at = slot end
     else
       at = at - head_start(domain)

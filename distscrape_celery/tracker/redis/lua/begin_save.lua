@@ -45,7 +45,11 @@ if state == 'S' then
   end
 end
 redis_call('ZREM', K_PENDING, item)
-if state == 'l' then vacate(domain_of(item)) end
+if state == 'l' then
+  local domain = domain_of(item)
+  sites.stop(item, domain)
+  vacate(domain)
+end
 redis_call('ZADD', K_LEASED, int_text(now + lease), item)
 -- Often its owner entry already names the worker (it took the save message over at reserve).
 if owner ~= worker then redis_call('HSET', K_OWNERS, item, worker .. ' ' .. token) end

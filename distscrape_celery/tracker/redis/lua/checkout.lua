@@ -3,8 +3,10 @@
 -- pending, or that waits out a backoff, is not scraped now. A lease whose deadline passed may be
 -- taken over: its holder vanished, which counts against max_lost.
 -- Politeness holds at fetch time, whatever the broker delivered when: the lease takes its
--- domain's fetch slot (the next one opens an interval later, on Redis's clock). If the slot is not
--- open yet, or (for an item leased straight from its queue) the domain is at its in-flight cap,
+-- site's fetch slot (the next one opens the site's interval later, on Redis's clock; a site's
+-- budget is shared by every job crawling it, see _lib_politeness.lua). If the slot is not open
+-- yet, the site has as many fetches under way as its cap, or (for an item leased straight from
+-- its queue) the domain is at its in-flight cap,
 -- the item goes back to the head of its domain's queue and the caller gets 'throttled' with the
 -- seconds until the slot opens: the worker's slot is free at once, and no countdown is used.
 -- While the job is paused or cancelled, or out of time (its max_duration ran out), a delivered
@@ -15,6 +17,8 @@
 -- ARGV[3] lease       lease length in seconds
 -- ARGV[4] bound, ARGV[5] max_batch   dispatch top-up, as in add.lua (checkout frees a slot)
 -- ARGV[6] max_lost    as in retry_or_dead
+-- ARGV[7] address     optional: the address the worker resolved the item's host to, the
+--                     domain's site from now on if the job paces by address (sites.note_address)
 -- Returns {status, depth, failed_attempts, token, wait, created, record, dispatch_item...}
 -- (depth: the item's hops from a seed, its priority left out of its rank); status is
 -- ok|busy|throttled|held|done|dead|unknown; token is 0 unless ok; wait (a string, seconds)
@@ -51,9 +55,9 @@ if dispatch_held() then
   if state == 'd' then undispatch(item, depth, domain) end
   return {'held', depth_of(depth), fails, 0, '0', job_created, ''}
 end
-local interval, cap = limits(domain)
-local slot = 0
-if interval > 0 then slot = tonumber(redis_call('HGET', K_SLOTS, domain) or '0') end
+if ARGV[7] and ARGV[7] ~= '' then sites.note_address(domain, ARGV[7]) end
+local interval, cap, site = limits(domain)
+local slot = sites.opens(domain, site, interval, cap)
 if slot > now or (state == 'q' and inflight(domain) >= cap) then
   if state == 'd' then undispatch(item, depth, domain) end
   -- A queued item keeps its place; the domain's next turn is no earlier than its slot.
@@ -64,7 +68,6 @@ if slot > now or (state == 'q' and inflight(domain) >= cap) then
     job_created, ''}
   return take_for_dispatch(bound, max_batch, now + lease, out)
 end
-if interval > 0 then redis_call('HSET', K_SLOTS, domain, int_text(now + interval)) end
 if state == 'q' then
   -- Leased straight from its queue (a redelivered message): its queue entry goes stale.
   count('queued', -1)
@@ -73,6 +76,7 @@ end
 local token = new_token()
 redis_call('ZREM', K_DISPATCHED, item)
 redis_call('ZADD', K_LEASED, int_text(now + lease), item)
+sites.start(item, site, now + lease)
 redis_call('HSET', K_OWNERS, item, worker .. ' ' .. int_text(token))
 live_set(item, 'l', depth)
 -- What fetching a known item again needs (a job that revisits), for the worker, in hex.

@@ -27,6 +27,9 @@ end
 for i = 5 + reserved, 4 + reserved + running do
   if holder(ARGV[i]) == worker then
     extended = extended + redis_call('ZADD', K_LEASED, 'XX', 'GT', 'CH', deadline, ARGV[i])
+    -- Its place under its site's cap, if it is being fetched (see sites.stop).
+    local _, _, site = limits(domain_of(ARGV[i]))
+    redis_call('ZADD', sites.fetches(job_name, site), 'XX', 'GT', deadline, ARGV[i])
   end
 end
 for i = 5 + reserved + running, #ARGV - 1, 2 do

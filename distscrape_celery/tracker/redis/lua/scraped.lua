@@ -44,7 +44,8 @@ if v then
     -- this shorter, which only lessens the domain's head start).
     local deadline = redis_call('ZSCORE', K_LEASED, item)
     if deadline then record_lease_time(domain, tonumber(deadline) - lease) end
-    vacate(domain)  -- its fetch is over
+    sites.stop(item, domain)  -- its fetch is over
+    vacate(domain)
     if saver ~= '' then
       -- Saved by its holder now: under a lease its heartbeat keeps, recovered as a save whose
       -- process died if the holder vanishes.
