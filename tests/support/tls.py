@@ -33,10 +33,11 @@ class TestCA:
         ca.cert_pem.write_to_path(str(bundle))
         return cls(ca, str(bundle), ca.issue_cert("127.0.0.1", "localhost"))
 
-    def server_context(self) -> ssl.SSLContext:
-        """What a test server or proxy serves TLS with: this CA's certificate for 127.0.0.1."""
+    def server_context(self, *names: str) -> ssl.SSLContext:
+        """What a test server or proxy serves TLS with: this CA's certificate for 127.0.0.1
+        and localhost, or for ``names`` if given."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.server.configure_cert(context)
+        (self.ca.issue_cert(*names) if names else self.server).configure_cert(context)
         return context
 
 
