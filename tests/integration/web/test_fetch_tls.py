@@ -16,7 +16,7 @@ from distscrape_celery.errors import ConfigError, FetchError
 from distscrape_celery.settings import Settings
 from tests.support.cli import assert_one_line_error, run
 from tests.support.guard import public_test_hooks, resolver
-from tests.support.http import reply, serve
+from tests.support.http import serve
 from tests.support.proxies import http_proxy, socks5_proxy
 from tests.support.tls import TestCA, trusting
 
