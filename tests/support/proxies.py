@@ -1,7 +1,8 @@
 """Proxies on 127.0.0.1 for the tests, each counting what passes through it: an HTTP proxy
 that forwards plain requests and tunnels CONNECT (served over TLS too, as an ``https://``
-proxy), and a SOCKS5 proxy (RFC 1928, with RFC 1929's user name and password when asked). They connect only to 127.0.0.x: a test's request for
-anything else through them is refused and counted, never sent."""
+proxy), and a SOCKS5 proxy (RFC 1928, with RFC 1929's user name and password when asked).
+They connect only to 127.0.0.x: a test's request for anything else through them is refused and
+counted, never sent."""
 
 from __future__ import annotations
 

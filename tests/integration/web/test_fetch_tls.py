@@ -56,7 +56,8 @@ def test_an_https_page_is_fetched_with_the_ca_bundle_and_refused_without_it(test
 
 
 def test_a_certificate_for_another_name_is_refused_even_from_a_trusted_ca(test_ca):
-    with serve({"/p": ok}, tls=test_ca.server_context("other.example")) as (base, _, log), trusting(test_ca.bundle):
+    with serve({"/p": ok}, tls=test_ca.server_context("other.example")) as (base, _, log), \
+            trusting(test_ca.bundle):
         fetcher, policy = policy_fetcher({"headers": {"X-Job": "1"}}, [base + "/"])
         with pytest.raises(FetchError, match="not trusted: IP address mismatch") as raised:
             get(fetcher, policy, base + "/p")
@@ -95,8 +96,8 @@ def test_the_tunnels_far_end_is_verified_too(tls_site):
 def test_an_https_page_goes_through_a_socks_proxy_verified_by_its_name(test_ca, scheme):
     """The proxy is asked for the address the guard checked; the certificate is checked against
     the URL's name (shop.example), not that address."""
-    with serve({"/p": ok}, tls=test_ca.server_context("shop.example")) as (base, _, log), socks5_proxy() as proxy, \
-            trusting(test_ca.bundle):
+    with serve({"/p": ok}, tls=test_ca.server_context("shop.example")) as (base, _, log), \
+            socks5_proxy() as proxy, trusting(test_ca.bundle):
         port = int(base.rsplit(":", 1)[1])
         url = f"https://shop.example:{port}/p"
         fetcher, policy = policy_fetcher(
