@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -218,6 +219,13 @@ class Settings(BaseModel):
         "tor=socks5h://127.0.0.1:9050 (http, https, socks5, socks5h). A proxy's credentials "
         "stay here: a spec names the proxy only.",
     )
+    ca_bundle: Optional[str] = Field(
+        None,
+        description="A PEM file of the certificate authorities whose certificates the workers "
+        "accept from https:// sites and https:// proxies, instead of certifi's bundle. To trust "
+        "a private CA as well as the public ones, give a copy of certifi's bundle (python -m "
+        "certifi prints its path) with the private CA's certificate appended. Unset: certifi's.",
+    )
     credentials: dict[str, SecretStr] = Field(
         default_factory=dict,
         description="Not one variable: each DISTSCRAPE_CREDENTIAL_<NAME> is the credential "
@@ -255,6 +263,25 @@ class Settings(BaseModel):
                     f"proxy {name!r}: {redact(url)!r} is not a proxy URL "
                     f"({', '.join(PROXY_SCHEMES)}://[user:password@]host:port)")
         return value
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _check_ca_bundle(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        # Loaded here as the fetchers will load it, so a bad file stops the worker at its start
+        # rather than failing every https:// item.
+        try:
+            context = ssl.create_default_context(cafile=value)
+        except OSError as exc:  # ssl.SSLError is an OSError too; its reason is the useful part
+            reason = (exc.reason if isinstance(exc, ssl.SSLError) and exc.reason
+                      else exc.strerror or str(exc))
+            raise ValueError(f"cannot load {value!r} as a PEM bundle of CA certificates: "
+                             f"{reason}") from None
+        if not context.get_ca_certs():
+            raise ValueError(f"{value!r} holds no CA certificate")
+        # Absolute: the worker processes it starts may run elsewhere.
+        return os.path.abspath(value)
 
     @field_validator("credentials")
     @classmethod

@@ -12,6 +12,7 @@ import email.utils
 import fnmatch
 import os
 import re
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 from urllib.parse import urldefrag, urljoin, urlsplit
 
-import certifi
 import urllib3
 import urllib3.exceptions
 from urllib3.util import make_headers, parse_url
@@ -32,6 +32,7 @@ from ..job.spec import JobSpec
 from .fetch_policy import FetchPolicy, PolicyRefused, current_policy
 from .proxies import check_target, proxy_manager
 from .ssrf import AddressGuard, AddressRefused, guarded_pool_classes
+from .trust import ca_certs
 from ..job.urls import PLAIN_ORIGIN, PLAIN_PATH
 
 # An absolute http(s) URL that urllib3's parse_url would give back unchanged: lower-case host
@@ -236,7 +237,7 @@ class Fetcher:
         # visits. Retries and redirects are ours (each hop is checked), never urllib3's.
         manager = urllib3.PoolManager(
             num_pools=POOLS, headers={**self._headers}, retries=False,
-            ca_certs=certifi.where(), maxsize=self.connections_per_host,
+            ca_certs=ca_certs(), maxsize=self.connections_per_host,
         )
         if self.guard is not None:
             # Every new connection, whichever thread opens it, goes to an address the guard
@@ -460,6 +461,9 @@ def _cause(exc: urllib3.exceptions.ProxyError) -> str:
     inner = getattr(exc, "original_error", None)
     if isinstance(inner, urllib3.exceptions.NewConnectionError):
         return "cannot connect to the proxy"
+    why = _unverified(inner)
+    if why is not None:
+        return f"the proxy's TLS certificate is not trusted: {why} ({_TRUSTED})"
     if isinstance(inner, OSError) and "Tunnel connection failed" in str(inner):
         return str(inner).partition(": ")[2] or "tunnel refused"
     return type(inner or exc).__name__
@@ -469,6 +473,18 @@ def _self_description(headers: urllib3.HTTPHeaderDict) -> dict[str, tuple[str, .
     """The :class:`Download` fields of the headers in which a page speaks of itself."""
     return {"robots_tags": tuple(headers.getlist("X-Robots-Tag")),
             "links": tuple(headers.getlist("Link"))}
+
+
+# Where a refused certificate's CA would have to be, for the messages that report one.
+_TRUSTED = "the CAs trusted are DISTSCRAPE_CA_BUNDLE's, or certifi's without it"
+
+
+def _unverified(exc: Optional[BaseException]) -> Optional[str]:
+    """Why a certificate was refused, if ``exc`` (urllib3's wrapper) reports that; else None."""
+    cause = exc.args[0] if isinstance(exc, urllib3.exceptions.SSLError) and exc.args else None
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return cause.verify_message or cause.reason or str(cause)
+    return None
 
 
 def _total_timeout(url: str, spec: FetchSpec) -> FetchError:
@@ -604,6 +620,11 @@ def _urllib3_error(exc: urllib3.exceptions.HTTPError, url: str, spec: FetchSpec)
         # The server sent a body its own Content-Encoding does not describe; a retry gets the same.
         return FetchError(f"cannot decode the body of {url}", retryable=False)
     if isinstance(exc, urllib3.exceptions.SSLError):
+        why = _unverified(exc)
+        if why is not None:
+            # The same certificate is refused next time: only the operator's trust changes it.
+            return FetchError(f"TLS certificate of {url} is not trusted: {why} ({_TRUSTED})",
+                              retryable=False)
         return FetchError(f"TLS error for {url}", retryable=True)
     if isinstance(exc, urllib3.exceptions.ProtocolError):
         return FetchError(f"connection broken while reading {url}", retryable=True)

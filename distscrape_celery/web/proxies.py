@@ -13,7 +13,6 @@ from __future__ import annotations
 import socket
 from typing import Optional
 
-import certifi
 import urllib3
 from urllib3.util import make_headers, parse_url
 
@@ -21,6 +20,7 @@ from ..errors import FetchError
 from ..job.urls import DEFAULT_PORTS
 from .deadline import watched_pool_classes
 from .ssrf import AddressGuard, guarded_pool_classes
+from .trust import ca_certs
 
 # Target hosts a proxy's manager keeps pools for (a SOCKS proxy or an HTTPS target: a pool per
 # target; an HTTP target through an HTTP proxy shares the proxy's).
@@ -38,7 +38,7 @@ def proxy_manager(
     (the fetcher's own), its connections bounded by the download's total deadline and, for a
     SOCKS proxy, aimed at the addresses ``guard`` checked."""
     common = dict(num_pools=_PROXY_POOLS, headers={**headers}, retries=False,
-                  ca_certs=certifi.where(), maxsize=maxsize)
+                  ca_certs=ca_certs(), maxsize=maxsize)
     manager: urllib3.PoolManager
     if is_socks(proxy_url):
         from urllib3.contrib.socks import SOCKSProxyManager

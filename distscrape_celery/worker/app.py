@@ -14,6 +14,7 @@ from kombu import Exchange, Queue
 
 from ..redaction import escape_log_records
 from ..settings import Settings
+from ..web.trust import trust
 from . import kombu_fixes
 from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 
@@ -146,6 +147,7 @@ def configure_app(settings: Settings, *, in_memory: bool = False) -> Celery:
     in-process transport: no broker at all."""
     global _settings
     _settings = settings
+    trust(settings.ca_bundle)
     _drop_connections()
     conf = celery_config(settings)
     if in_memory:

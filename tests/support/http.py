@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import ssl
 import threading
 import time
 from collections import Counter
@@ -34,8 +35,11 @@ def reply(
 
 
 @contextmanager
-def serve(routes: dict[str, Route]) -> Iterator[tuple[str, threading.Event, list[dict]]]:
-    """Serve ``routes`` (path -> handler) on 127.0.0.1, HTTP/1.1 keep-alive.
+def serve(
+    routes: dict[str, Route], tls: ssl.SSLContext | None = None,
+) -> Iterator[tuple[str, threading.Event, list[dict]]]:
+    """Serve ``routes`` (path -> handler) on 127.0.0.1, HTTP/1.1 keep-alive; over TLS with the
+    server context ``tls`` (an https:// base URL).
 
     Yields (base URL, an event set at teardown so stalled handlers give up, request log)."""
     release = threading.Event()
@@ -62,10 +66,16 @@ def serve(routes: dict[str, Route]) -> Iterator[tuple[str, threading.Event, list
                 pass
 
     server = QuietServer(("127.0.0.1", 0), Handler)
+    if tls is not None:
+        # The handshake happens on the handler's first read, in its own thread: a client that
+        # refuses the certificate fails only its own connection (handle() drops the error).
+        server.socket = tls.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}", release, log
+        scheme = "https" if tls is not None else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_port}", release, log
     finally:
         release.set()
         server.shutdown()

@@ -1,14 +1,17 @@
 """Proxies on 127.0.0.1 for the tests, each counting what passes through it: an HTTP proxy
-that forwards plain requests and tunnels CONNECT, and a SOCKS5 proxy (RFC 1928, with RFC
-1929's user name and password when asked). They connect only to 127.0.0.x: a test's request for
-anything else through them is refused and counted, never sent."""
+that forwards plain requests and tunnels CONNECT (served over TLS too, as an ``https://``
+proxy), and a SOCKS5 proxy (RFC 1928, with RFC 1929's user name and password when asked).
+They connect only to 127.0.0.x: a test's request for anything else through them is refused and
+counted, never sent."""
 
 from __future__ import annotations
 
 import base64
 import ipaddress
+import select
 import socket
 import socketserver
+import ssl
 import struct
 import threading
 from collections.abc import Iterator
@@ -41,24 +44,29 @@ def _loopback(host: str) -> bool:
 
 
 def _relay(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until either side closes."""
-    def pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    other = threading.Thread(target=pump, args=(b, a), daemon=True)
-    other.start()
-    pump(a, b)
-    other.join(5)
+    """Copy bytes both ways until either side closes. One thread: a TLS socket (the client's,
+    to an https:// proxy) must not be read and written from two at once."""
+    ends = {a: b, b: a}
+    try:
+        while True:
+            # Bytes a TLS socket has decrypted already are not seen by select.
+            ready = [s for s in ends if isinstance(s, ssl.SSLSocket) and s.pending()]
+            ready = ready or select.select(list(ends), [], [], 30)[0]
+            if not ready:
+                return  # idle: the client keeps a pool's connection it will not use again
+            for src in ready:
+                data = src.recv(65536)
+                if not data:
+                    return
+                ends[src].sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (a, b):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def _read_head(rfile) -> Optional[tuple[str, list[tuple[str, str]]]]:
@@ -175,10 +183,23 @@ class _ProxyServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, handler, credentials: Optional[str]) -> None:
+    def __init__(self, handler, credentials: Optional[str],
+                 tls: Optional[ssl.SSLContext] = None) -> None:
         super().__init__(("127.0.0.1", 0), handler)
         self.log = ProxyLog()
         self.credentials = credentials
+        self.tls = tls
+
+    def finish_request(self, request, client_address) -> None:
+        if self.tls is not None:
+            # In the request's own thread: a client that refuses the certificate is logged
+            # and fails its connection only.
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except OSError as exc:
+                self.log.add(refused="tls", error=str(exc))
+                return
+        super().finish_request(request, client_address)
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that hangs up mid-tunnel is no test's failure
@@ -196,8 +217,9 @@ class RunningProxy:
 
 
 @contextmanager
-def _running(handler, credentials: Optional[str]) -> Iterator[RunningProxy]:
-    server = _ProxyServer(handler, credentials)
+def _running(handler, credentials: Optional[str],
+             tls: Optional[ssl.SSLContext] = None) -> Iterator[RunningProxy]:
+    server = _ProxyServer(handler, credentials, tls)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -208,10 +230,11 @@ def _running(handler, credentials: Optional[str]) -> Iterator[RunningProxy]:
         thread.join(5)
 
 
-def http_proxy(credentials: Optional[str] = None):
+def http_proxy(credentials: Optional[str] = None, tls: Optional[ssl.SSLContext] = None):
     """An HTTP proxy (forwarding, and CONNECT tunnels) that asks for basic auth with
-    ``credentials`` (``user:password``) when given."""
-    return _running(_HttpProxyHandler, credentials)
+    ``credentials`` (``user:password``) when given; with the server context ``tls``, an
+    ``https://`` proxy (its clients speak TLS to it)."""
+    return _running(_HttpProxyHandler, credentials, tls)
 
 
 def socks5_proxy(credentials: Optional[str] = None):

@@ -1,6 +1,6 @@
 """A job's fetch policy in crawls by real worker processes: one cookie jar for all of them,
-credentials and proxies read from each worker's own environment, and a worker that lacks a
-credential failing the item, not itself."""
+credentials, proxies and the CAs to trust read from each worker's own environment, and a worker
+that lacks a credential (or trust in a site's certificate) failing the item, not itself."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from distscrape_celery.worker.publish import publisher
 from tests.support.crawl import check_all, crawl_settings
 from tests.support.http import reply, serve
 from tests.support.proxies import http_proxy
+from tests.support.tls import TestCA, trusting
 
 PAGES = 16
 
@@ -94,6 +95,45 @@ def test_a_crawl_through_a_proxy_with_a_credential_of_the_workers(redis_url, wor
     assert {entry["target"].split(base, 1)[1] for entry in proxy.log.entries} == served
     assert all(entry["headers"]["Authorization"] == "Bearer tok-worker" for entry in log)
     assert "tok-worker" not in stored_spec and "px:pw" not in stored_spec
+
+
+def test_a_crawl_of_an_https_site_through_an_https_proxy(redis_url, workers, tmp_path):
+    """TLS to the proxy and, inside its tunnel, to the site: both certificates signed by a CA
+    that only the workers' ca_bundle setting makes trusted."""
+    ca = TestCA.create(tmp_path)
+    links = "".join(f'<a href="/p/{n}">{n}</a>' for n in range(4))
+    routes = {"/": lambda h: html(h, links), **{f"/p/{n}": lambda h: html(h, "ok")
+                                                 for n in range(4)}}
+    with trusting(ca.bundle), http_proxy(credentials="px:pw", tls=ca.server_context()) as proxy, \
+            serve(routes, tls=ca.server_context()) as (base, _, log):
+        settings = crawl_settings(redis_url, lease_seconds=10, ca_bundle=ca.bundle,
+                                  proxies={"tls": proxy.url("https", "px:pw")})
+        tracker, _ = crawl(settings, workers, ["tls-0", "tls-1"], "tls", {
+            "seeds": [base + "/"], "saver": {"output": str(tmp_path / "out")},
+            "fetch": {"proxies": ["tls"]}})
+    assert tracker.dead_items("tls") == {}
+    assert tracker.stats("tls").done == 5
+    assert {"/", *(f"/p/{n}" for n in range(4))} <= {entry["path"] for entry in log}
+    # Nothing reached the site but through the proxy's tunnels.
+    assert proxy.log.entries and all(
+        (e.get("method"), e.get("target")) == ("CONNECT", base.split("://", 1)[1])
+        for e in proxy.log.entries)
+    saved = sorted(p.read_bytes() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert b"ok" in b"".join(saved)
+
+
+def test_a_worker_that_does_not_trust_a_sites_certificate_fails_the_item_and_lives(
+        redis_url, workers, tmp_path):
+    ca = TestCA.create(tmp_path)
+    settings = crawl_settings(redis_url, lease_seconds=10)
+    with serve({"/": lambda h: html(h, "ok")}, tls=ca.server_context()) as (base, _, log):
+        tracker, procs = crawl(settings, workers, ["notrust-0"], "notrust", {
+            "seeds": [base + "/"], "saver": {"output": str(tmp_path / "out")}})
+    [reason] = tracker.dead_items("notrust").values()
+    assert "is not trusted: unable to get local issuer certificate" in reason
+    assert "DISTSCRAPE_CA_BUNDLE" in reason
+    check_all(procs)()  # the worker is alive
+    assert log == []
 
 
 def test_a_worker_without_the_credential_fails_the_item_and_lives(redis_url, workers, tmp_path):
