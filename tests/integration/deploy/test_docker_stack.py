@@ -1,8 +1,8 @@
 """The Docker stack as a user runs it: a Docker engine of the test's own, the image built from
 docker/Dockerfile on a base made from Debian's packages (Docker Hub is out of reach here), the
 compose stack up, a generated site served by a container in the stack's network crawled whole,
-Flower and the exporter answering only with their passwords, and a worker container stopped
-mid-crawl losing nothing.
+Flower and the exporter answering only with their passwords, the job API only with its token (and
+its dashboard served), and a worker container stopped mid-crawl losing nothing.
 
 Needs root and Debian's docker.io, docker-compose (or the compose v2 plug-in) and debootstrap
 (.ci/run installs them); skipped, with the reason, where no engine can be started. The first run
@@ -13,6 +13,7 @@ nothing and take about a minute and a half."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import subprocess
 import tarfile
@@ -38,6 +39,7 @@ PAGES, SITE_PORT, SITE_DELAY = 200, 8301, 0.3
 REDIS_PASSWORD = "test-redis-7f3a9c"
 FLOWER_AUTH = "admin:test-flower-51be"
 METRICS_AUTH = "prometheus:test-metrics-c04d"
+API_TOKEN = "test-api-token-9d2e6b41"
 JOB = "site"
 
 
@@ -55,13 +57,14 @@ class Stack:
 
     def __init__(self, engine: DockerEngine, tmp: Path, base: str) -> None:
         self.engine = engine
-        self.flower_port, self.metrics_port = free_port(), free_port()
+        self.flower_port, self.metrics_port, self.api_port = free_port(), free_port(), free_port()
         env_file = tmp / "stack.env"
         env_file.write_text("\n".join([
             f"COMPOSE_PROJECT_NAME={PROJECT}", f"REDIS_PASSWORD={REDIS_PASSWORD}",
-            f"FLOWER_BASIC_AUTH={FLOWER_AUTH}", f"METRICS_AUTH={METRICS_AUTH}",
+            f"FLOWER_BASIC_AUTH={FLOWER_AUTH}", f"METRICS_AUTH={METRICS_AUTH}", f"API_TOKEN={API_TOKEN}",
             "WORKERS=2", "WORKER_CONCURRENCY=8", f"FLOWER_PORT={self.flower_port}",
-            f"METRICS_PORT={self.metrics_port}", f"BASE_IMAGE={base}", f"REDIS_IMAGE={base}", ""]))
+            f"METRICS_PORT={self.metrics_port}", f"API_PORT={self.api_port}",
+            f"BASE_IMAGE={base}", f"REDIS_IMAGE={base}", ""]))
         # The site: the crawler's own generated site, served by a container of the stack.
         site_file = tmp / "site.yaml"
         site_file.write_text(f"""\
@@ -146,6 +149,19 @@ def test_the_compose_stack_crawls_a_site_guards_its_uis_and_loses_nothing_when_a
         assert http_get(metrics, auth="prometheus:wrong")[0] == 401
         status, body = http_get(metrics, auth=METRICS_AUTH)
         assert status == 200 and b"distscrape_up 1.0" in body
+        # The job API, published on the host's loopback too: its jobs only with its token, the
+        # dashboard's page and files (which hold no data) without.
+        api = f"http://127.0.0.1:{stack.api_port}"
+        wait_for("the job API answering", lambda: http_get(api + "/healthz")[0] == 200, timeout=120)
+        assert http_get(api + "/api/jobs")[0] == 401
+        assert http_get(api + "/api/jobs", bearer="test-api-token-wrong000")[0] == 401
+        assert http_get(api + "/api/jobs", auth=FLOWER_AUTH)[0] == 401  # another service's password
+        assert http_get(api + "/api/jobs", bearer=API_TOKEN) == (200, b"[]")
+        status, page = http_get(api + "/")
+        assert status == 200 and b"<title>distscrape jobs</title>" in page
+        assert b'src="/static/dashboard.js"' in page
+        status, script = http_get(api + "/static/dashboard.js")
+        assert status == 200 and b"Authorization" in script
 
         # Seed as the compose file's header says, with the site container's address.
         t = time.monotonic()
@@ -191,6 +207,18 @@ def test_the_compose_stack_crawls_a_site_guards_its_uis_and_loses_nothing_when_a
         assert _saved(engine, survivor, "/data/site") == expected
         status, body = http_get(metrics, auth=METRICS_AUTH)
         assert f'distscrape_job_done_items_total{{job="{JOB}"}} {PAGES}.0'.encode() in body
+        # The API reads the same Redis: the crawled job, with every page, and finished once a
+        # worker has marked it so (a moment after its last page).
+        assert http_get(api + f"/api/jobs/{JOB}")[0] == 401
+
+        def listed():
+            status, body = http_get(api + "/api/jobs", bearer=API_TOKEN)
+            assert status == 200, body
+            (job,) = json.loads(body)
+            assert (job["job"], job["done"], job["dead"], job["seen"]) == (JOB, PAGES, 0, PAGES), job
+            return job["state"] == "finished"
+
+        wait_for("the API listing the job finished", listed, timeout=60)
         timings["total"] = time.monotonic() - started
         print(f"\nworker {ids[stopped]} held {len(held)} items when stopped; compose "
               f"{' '.join(engine.compose_command())}; " + "; ".join(f"{k} {v:.1f} s" for k, v in timings.items()))

@@ -1,8 +1,9 @@
 """The Kubernetes manifests (docker/kubernetes): rendered as ``kubectl apply -k`` would, validated
 against the API schemas of named Kubernetes versions (kubernetes-validate, strict), KEDA's
 ScaledObject against a schema of ours, their parts checked against each other and against the
-package; and a worker started exactly as the workers' Deployment starts it, sent SIGTERM mid-crawl
-as the kubelet does, losing nothing."""
+package; a worker started exactly as the workers' Deployment starts it, sent SIGTERM mid-crawl
+as the kubelet does, losing nothing; and the job API started as its Deployment starts it, with
+the token from the Secret's file, answering its probes and nothing else without the token."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from distscrape_celery.worker.publish import publisher
 from tests.support import REPO_ROOT as ROOT
 from tests.support.crawl import crawl_settings, expected_files, saved_files
 from tests.support.kustomize import render
-from tests.support.ops import metrics_once
+from tests.support.ops import free_port, http_get, metrics_once, wait_for
 
 KUBERNETES = ROOT / "docker" / "kubernetes"
 BASE = KUBERNETES / "base"
@@ -146,6 +147,7 @@ def test_the_settings_are_production_envs_and_redis_runs_config_redis_conf():
 
 
 def _secret_refs(docs) -> set[tuple[str, str]]:
+    """(Secret, key) of every Secret a workload reads: as a variable or as a mounted file."""
     refs = set()
     for doc in docs.values():
         if doc["kind"] in ("Deployment", "StatefulSet"):
@@ -154,17 +156,43 @@ def _secret_refs(docs) -> set[tuple[str, str]]:
                     ref = e.get("valueFrom", {}).get("secretKeyRef")
                     if ref:
                         refs.add((ref["name"], ref["key"]))
+            for volume in pod_spec(doc).get("volumes", []):
+                if "secret" in volume:
+                    secret = volume["secret"]
+                    assert secret.get("items"), f"{volume['name']}: name the keys it mounts"
+                    refs |= {(secret["secretName"], item["key"]) for item in secret["items"]}
     return refs
+
+
+def api_token_file(docs) -> tuple[str, dict, dict]:
+    """The API container's DISTSCRAPE_API_TOKEN_FILE, and the volume and mount it lies in."""
+    api = docs[("Deployment", "distscrape-api")]
+    c = container(api, "api")
+    (path,) = [e["value"] for e in c["env"] if e["name"] == "DISTSCRAPE_API_TOKEN_FILE"]
+    (mount,) = [m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    volume = next(v for v in pod_spec(api)["volumes"] if v["name"] == mount["name"])
+    return path, volume, mount
 
 
 def test_credentials_come_from_secrets_that_the_docs_create():
     docs = rendered(BASE)
     refs = _secret_refs(docs)
     assert {("distscrape-redis", "url"), ("distscrape-redis", "password"),
-            ("distscrape-flower", "basic-auth"), ("distscrape-metrics", "auth")} == refs
+            ("distscrape-flower", "basic-auth"), ("distscrape-metrics", "auth"),
+            ("distscrape-api", "token")} == refs
     assert not [d for d in docs.values() if d["kind"] == "Secret"]  # no password in the repository
     assert container(docs[("Deployment", "distscrape-flower")], "flower")["env"][-1]["name"] == "FLOWER_BASIC_AUTH"
     assert container(docs[("Deployment", "distscrape-metrics")], "metrics")["env"][-1]["name"] == "DISTSCRAPE_METRICS_AUTH"
+    # The API's token: the file its variable names is the Secret's key, mounted read-only, and
+    # readable by the pod's group (the API's user) only; no token in a variable.
+    path, volume, mount = api_token_file(docs)
+    (item,) = volume["secret"]["items"]
+    assert (volume["secret"]["secretName"], item["key"]) == ("distscrape-api", "token")
+    assert path == f"{mount['mountPath'].rstrip('/')}/{item['path']}" and mount["readOnly"]
+    api_pod = pod_spec(docs[("Deployment", "distscrape-api")])
+    assert volume["secret"]["defaultMode"] & 0o047 == 0o040, oct(volume["secret"]["defaultMode"])
+    assert api_pod["securityContext"]["fsGroup"] == api_pod["securityContext"]["runAsGroup"]
+    assert "DISTSCRAPE_API_TOKEN" not in {e["name"] for e in container(docs[("Deployment", "distscrape-api")], "api")["env"]}
     created = set()
     text = (ROOT / "docs" / "deployment.md").read_text().replace("\\\n", " ")
     for line in text.splitlines():
@@ -203,9 +231,22 @@ def test_services_budgets_and_the_network_policy_select_the_right_pods():
     # Every pod that talks to Redis is let in, and the label is the crawl's own.
     users = {name for (kind, name), doc in docs.items() if kind == "Deployment"
              and any(e["name"] == "DISTSCRAPE_REDIS_URL" for c in pod_spec(doc)["containers"] for e in c.get("env", []))}
-    assert users == {"distscrape-worker", "distscrape-flower", "distscrape-metrics"}
+    assert users == {"distscrape-worker", "distscrape-flower", "distscrape-metrics", "distscrape-api"}
     assert source["podSelector"]["matchLabels"] == PART_OF
     assert all(_matches(PART_OF, pods[u]) for u in users)
+
+
+def test_every_pod_runs_unprivileged_on_a_read_only_root():
+    docs = rendered(BASE)
+    for (kind, name), doc in docs.items():
+        if kind not in ("Deployment", "StatefulSet"):
+            continue
+        pod = pod_spec(doc)["securityContext"]
+        assert pod["runAsNonRoot"] and pod["runAsUser"] > 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for c in pod_spec(doc)["containers"]:
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}, (name, c["name"])
 
 
 def test_output_goes_to_the_volume_the_output_roots_name():
@@ -236,12 +277,11 @@ def test_the_autoscaler_scales_the_workers_on_metrics_the_exporter_serves(redis_
 
 # -- scale-down loses nothing ---------------------------------------------------------------------
 
-def manifest_worker_command() -> tuple[list[str], dict[str, str]]:
-    """The workers' container command and the environment the Deployment gives it (values from
-    the ConfigMap; the Secret's come from the test)."""
+def manifest_command(deployment: str, name: str) -> tuple[list[str], dict[str, str]]:
+    """A container's command and the environment its Deployment gives it (values from the
+    ConfigMap and literal ones; the Secret's come from the test)."""
     docs = rendered(BASE)
-    worker = docs[("Deployment", "distscrape-worker")]
-    c = container(worker, "worker")
+    c = container(docs[("Deployment", deployment)], name)
     env: dict[str, str] = {}
     for source in c.get("envFrom", []):
         env.update(docs[("ConfigMap", source["configMapRef"]["name"])]["data"])
@@ -259,7 +299,7 @@ def test_a_worker_started_as_the_deployment_starts_it_loses_nothing_on_sigterm_m
     Deployment scales down, in the middle of a crawl. It exits well within the pod's grace
     period, holds nothing once gone, and another worker finishes the crawl long before a lease
     would have passed: every page saved, none downloaded twice."""
-    command, env = manifest_worker_command()
+    command, env = manifest_command("distscrape-worker", "worker")
     docs = rendered(BASE)
     grace = pod_spec(docs[("Deployment", "distscrape-worker")])["terminationGracePeriodSeconds"]
     lease = float(env["DISTSCRAPE_LEASE_SECONDS"])
@@ -327,3 +367,85 @@ def test_a_worker_started_as_the_deployment_starts_it_loses_nothing_on_sigterm_m
         if pod.poll() is None:
             os.killpg(pod.pid, signal.SIGKILL)
             pod.wait(10)
+
+
+# -- the job API as its Deployment runs it --------------------------------------------------------
+
+def test_the_api_started_as_its_deployment_starts_it_answers_its_probes_and_wants_the_token(
+    redis_url, tmp_path
+):
+    """The API container's command with the ConfigMap's settings and the token in a file laid out
+    as the Secret's volume lays it out (here under tmp_path; the Secret's value, as
+    ``--from-literal`` stores it, has no newline): the probes' route answers without a token on
+    the port the probes name, the jobs and the dashboard's page as the API serves them, the jobs
+    only with the Secret's token."""
+    docs = rendered(BASE)
+    c = container(docs[("Deployment", "distscrape-api")], "api")
+    command, env = manifest_command("distscrape-api", "api")
+    port = int(command[command.index("--port") + 1])
+    assert command[command.index("--bind") + 1] == "0.0.0.0"  # reachable through the Service
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    probes = [c[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")]
+    assert all(named[probe["port"]] == port for probe in probes)
+    assert [p["targetPort"] for p in docs[("Service", "distscrape-api")]["spec"]["ports"]] == ["http"]
+    path, volume, mount = api_token_file(docs)
+    (item,) = volume["secret"]["items"]
+    secret_dir = tmp_path / "secret"
+    secret_dir.mkdir()
+    token = "k8s-api-token-5e1d9a0c77"
+    (secret_dir / item["path"]).write_text(token)
+    # Loopback only on this shared machine, on a free port; everything else as the pod has it.
+    local = free_port()
+    command[command.index("--bind") + 1] = "127.0.0.1"
+    command[command.index("--port") + 1] = str(local)
+    env.update({"DISTSCRAPE_REDIS_URL": redis_url,  # the Secret's url
+                "DISTSCRAPE_API_TOKEN_FILE": str(secret_dir / Path(path).relative_to(mount["mountPath"]))})
+    path_var = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+    log = tmp_path / "api.log"
+    pod = subprocess.Popen(command, env={**{k: v for k, v in os.environ.items() if not k.startswith("DISTSCRAPE_")},
+                                         **env, "PATH": path_var},
+                           stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                           start_new_session=True)
+    base = f"http://127.0.0.1:{local}"
+    try:
+        def ready() -> bool:
+            assert pod.poll() is None, log.read_text()[-3000:]
+            return http_get(base + probes[1]["path"], timeout=5)[0] == 200
+
+        wait_for("the API's readiness probe", ready, timeout=60)
+        for probe in probes:
+            assert http_get(base + probe["path"])[0] == 200, probe
+        assert http_get(base + "/api/jobs")[0] == 401
+        assert http_get(base + "/api/jobs", bearer="k8s-api-token-wrong000")[0] == 401
+        status, body = http_get(base + "/api/jobs", bearer=token)
+        assert status == 200 and json.loads(body) == [], body
+        status, page = http_get(base + "/")
+        assert status == 200 and b"<title>distscrape jobs</title>" in page
+        # The kubelet's SIGTERM: uvicorn shuts down and then ends by that signal, within the
+        # default grace period (30 s).
+        pod.send_signal(signal.SIGTERM)
+        assert pod.wait(30) in (0, -signal.SIGTERM), log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    finally:
+        if pod.poll() is None:
+            os.killpg(pod.pid, signal.SIGKILL)
+            pod.wait(10)
+
+
+def test_the_documented_ingress_is_valid_and_sends_tls_traffic_to_the_api_service():
+    """docs/deployment.md's Ingress for the API, as written: valid, TLS for every host it routes,
+    and its backend the API's Service and named port."""
+    text = (ROOT / "docs" / "deployment.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    (ingress,) = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "Ingress"]
+    for version in KUBERNETES_VERSIONS:
+        validate(ingress, version)
+    docs = rendered(BASE)
+    hosts = {h for tls in ingress["spec"]["tls"] for h in tls["hosts"]}
+    for rule in ingress["spec"]["rules"]:
+        assert rule["host"] in hosts, rule["host"]
+        for path in rule["http"]["paths"]:
+            backend = path["backend"]["service"]
+            service = docs[("Service", backend["name"])]
+            assert service["spec"]["selector"]["app.kubernetes.io/component"] == "api"
+            assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
