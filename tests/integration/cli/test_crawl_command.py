@@ -847,8 +847,9 @@ def test_ctrl_c_while_the_command_starts_is_one_line(delay, tmp_path):
     assert "Traceback" not in crawl.stderr, crawl.stderr
     if status == -signal.SIGINT:
         # On a loaded machine the signal can still come before the interpreter has installed
-        # its handler: the default action ends it, silently (a shell shows 130 for that too).
-        assert crawl.stderr == "", crawl.stderr
+        # its handler: the default action ends it, silently (a shell shows 130 for that too);
+        # on a loaded machine it was also seen to end that way after its one line.
+        assert crawl.stderr in ("", "distscrape: interrupted\n"), crawl.stderr
         return
     assert status == 130, (status, crawl.stderr)
     assert crawl.stderr.strip().splitlines()[-1] == "distscrape: interrupted", crawl.stderr
