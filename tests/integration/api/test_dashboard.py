@@ -4,6 +4,7 @@ live, open its domains, press Pause and find the job paused in Redis."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -26,10 +27,14 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 @pytest.fixture
 def browser(tmp_path):
-    # .ci/run installs Debian's chromium and chromium-driver; without them this fails, saying so.
-    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), (
-        "the dashboard test needs Debian's chromium and chromium-driver "
-        "(apt-get install chromium chromium-driver; .ci/run does)")
+    # .ci/run installs Debian's chromium and chromium-driver. Without them the test skips,
+    # saying why (the README's test command needs only Python), except in CI, where it fails.
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        reason = ("the dashboard test needs Debian's chromium and chromium-driver "
+                  "(apt-get install chromium chromium-driver; .ci/run does)")
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in FLAGS:
