@@ -114,15 +114,21 @@ class DockerEngine:
     def has_image(self, name: str) -> bool:
         return self.docker("image", "inspect", name, check=False, timeout=60).returncode == 0
 
-    def compose_command(self) -> list[str]:
-        """``docker compose`` (v2) where the plug-in is installed, else ``docker-compose`` (1.29)."""
-        if self.docker("compose", "version", check=False, timeout=60).returncode == 0:
+    def compose_command(self, tool: str) -> list[str]:
+        """The command line of a compose tool: ``"v2"`` is ``docker compose`` (the plug-in),
+        ``"v1.29"`` is ``docker-compose`` (Debian 12's); an AssertionError where it is missing."""
+        if tool == "v2":
+            if self.docker("compose", "version", check=False, timeout=60).returncode != 0:
+                raise AssertionError("docker compose (v2) is not installed: .ci/run puts the plug-in from "
+                                     "Debian 13's docker-compose package in /usr/local/lib/docker/cli-plugins")
             return [shutil.which("docker") or "docker", "compose"]
-        legacy = shutil.which("docker-compose")
-        if legacy is None:
-            raise AssertionError("neither docker compose nor docker-compose is installed "
-                                 "(.ci/run installs Debian's docker-compose)")
-        return [legacy]
+        if tool == "v1.29":
+            legacy = shutil.which("docker-compose")
+            if legacy is None:
+                raise AssertionError("docker-compose (1.29) is not installed "
+                                     "(.ci/run installs Debian's docker-compose)")
+            return [legacy]
+        raise ValueError(f"unknown compose tool {tool!r}: v2 or v1.29")
 
 
 def base_image(engine: DockerEngine) -> tuple[str, float]:

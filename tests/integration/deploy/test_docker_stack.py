@@ -2,13 +2,16 @@
 docker/Dockerfile on a base made from Debian's packages (Docker Hub is out of reach here), the
 compose stack up, a generated site served by a container in the stack's network crawled whole,
 Flower and the exporter answering only with their passwords, the job API only with its token (and
-its dashboard served), and a worker container stopped mid-crawl losing nothing.
+its dashboard served), and a worker container stopped mid-crawl losing nothing. It runs twice on
+the one engine and image, one after the other: with ``docker compose`` (v2) and with
+``docker-compose`` 1.29 (Debian 12's).
 
-Needs root and Debian's docker.io, docker-compose (or the compose v2 plug-in) and debootstrap
-(.ci/run installs them); skipped, with the reason, where no engine can be started. The first run
-on a machine makes the base image (2 to 6 minutes) and the image's dependency layer (1.5 to 3
-minutes), by the machine's load; both stay in the engine's data root, so that later runs build
-nothing and take about a minute and a half."""
+Needs root and Debian's docker.io, docker-compose and debootstrap, and the compose v2 plug-in
+(.ci/run installs them all); skipped, with the reason, where no engine can be started, and failed
+where one can but a compose tool is missing. The first run on a machine makes the base image (2
+to 6 minutes) and the image's dependency layer (1.5 to 3 minutes), by the machine's load; both
+stay in the engine's data root, so that later runs build nothing and each compose tool's run
+takes about half a minute."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from tests.support.ops import free_port, http_get, wait_for
 
 pytestmark = [pytest.mark.docker_engine, pytest.mark.timeout(1800)]
 
-PROJECT = "dstest"
+COMPOSE_TOOLS = ("v2", "v1.29")  # DockerEngine.compose_command's names
 IMAGE = "distscrape-celery:latest"  # compose.yaml's image
 PAGES, SITE_PORT, SITE_DELAY = 200, 8301, 0.3
 REDIS_PASSWORD = "test-redis-7f3a9c"
@@ -52,15 +55,30 @@ def engine():
         pytest.skip(f"no Docker engine can be started here: {exc}")
 
 
-class Stack:
-    """The compose project ``PROJECT`` of docker/compose.yaml plus the test's site service."""
+@pytest.fixture(scope="module")
+def image(engine: DockerEngine) -> str:
+    """``IMAGE`` built from docker/Dockerfile on the stand-in base, once for every compose tool;
+    the base's name."""
+    base, took = base_image(engine)
+    t = time.monotonic()
+    engine.docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
+                  "-f", "docker/Dockerfile", "-t", IMAGE, ".", cwd=ROOT, timeout=1200)
+    print(f"\nbase image {took:.1f} s (0: cached); image build {time.monotonic() - t:.1f} s")
+    # The images of earlier builds, which this one replaced, would fill the data root run by run.
+    engine.docker("image", "prune", "-f")
+    return base
 
-    def __init__(self, engine: DockerEngine, tmp: Path, base: str) -> None:
-        self.engine = engine
+
+class Stack:
+    """The compose project ``project`` of docker/compose.yaml plus the test's site service, run
+    by the compose tool ``command``."""
+
+    def __init__(self, engine: DockerEngine, tmp: Path, base: str, command: list[str], project: str) -> None:
+        self.engine, self.project = engine, project
         self.flower_port, self.metrics_port, self.api_port = free_port(), free_port(), free_port()
         env_file = tmp / "stack.env"
         env_file.write_text("\n".join([
-            f"COMPOSE_PROJECT_NAME={PROJECT}", f"REDIS_PASSWORD={REDIS_PASSWORD}",
+            f"COMPOSE_PROJECT_NAME={project}", f"REDIS_PASSWORD={REDIS_PASSWORD}",
             f"FLOWER_BASIC_AUTH={FLOWER_AUTH}", f"METRICS_AUTH={METRICS_AUTH}", f"API_TOKEN={API_TOKEN}",
             "WORKERS=2", "WORKER_CONCURRENCY=8", f"FLOWER_PORT={self.flower_port}",
             f"METRICS_PORT={self.metrics_port}", f"API_PORT={self.api_port}",
@@ -75,12 +93,13 @@ services:
     command: ["python3", "-m", "distscrape_celery.testing.local_site", "--pages", "{PAGES}",
               "--delay", "{SITE_DELAY}", "--host", "0.0.0.0", "--port", "{SITE_PORT}"]
 """)
-        self.base = [*engine.compose_command(), "--env-file", str(env_file),
+        self.base = [*command, "--env-file", str(env_file),
                      "-f", str(ROOT / "docker" / "compose.yaml"), "-f", str(site_file)]
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True):
+        # No terminal on stdin: compose v2 would give `run` one.
         res = subprocess.run([*self.base, *args], env=self.engine.env, capture_output=True, text=True,
-                             timeout=timeout, cwd=ROOT)
+                             timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
         if check and res.returncode != 0:
             raise AssertionError(f"compose {' '.join(args)} failed ({res.returncode}):\n"
                                  f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
@@ -109,24 +128,24 @@ def _saved(engine: DockerEngine, container: str, path: str) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.parametrize("tool", COMPOSE_TOOLS)
 def test_the_compose_stack_crawls_a_site_guards_its_uis_and_loses_nothing_when_a_worker_stops(
-    engine, tmp_path
+    engine, image, tool, tmp_path
 ):
     timings: dict[str, float] = {}
     started = time.monotonic()
-    base, timings["base image (0: cached)"] = base_image(engine)
-    t = time.monotonic()
-    engine.docker("build", "--network", "host", "--build-arg", f"BASE_IMAGE={base}",
-                  "-f", "docker/Dockerfile", "-t", IMAGE, ".", cwd=ROOT, timeout=1200)
-    timings["image build"] = time.monotonic() - t
-    # The images of earlier builds, which this one replaced, would fill the data root run by run.
-    engine.docker("image", "prune", "-f")
-    stack = Stack(engine, tmp_path, base)
+    command = engine.compose_command(tool)
+    # A project of each tool's own: nothing one run leaves can pass for the other's.
+    stack = Stack(engine, tmp_path, image, command, project=f"dstest-{tool.replace('.', '')}")
     t = time.monotonic()
     stack.compose("up", "-d", "--no-build")
     try:
         timings["compose up"] = time.monotonic() - t
-        redis_ip = stack.ip(stack.containers("redis")[0])
+        redis_container = stack.containers("redis")[0]
+        # The project's name from COMPOSE_PROJECT_NAME in the env file, as docs/deployment.md says.
+        assert engine.docker("inspect", "-f", '{{index .Config.Labels "com.docker.compose.project"}}',
+                             redis_container).stdout.strip() == stack.project
+        redis_ip = stack.ip(redis_container)
         site_ip = stack.ip(stack.containers("site")[0])
         workers = stack.containers("worker")
         assert len(workers) == 2, stack.logs()
@@ -220,8 +239,8 @@ def test_the_compose_stack_crawls_a_site_guards_its_uis_and_loses_nothing_when_a
 
         wait_for("the API listing the job finished", listed, timeout=60)
         timings["total"] = time.monotonic() - started
-        print(f"\nworker {ids[stopped]} held {len(held)} items when stopped; compose "
-              f"{' '.join(engine.compose_command())}; " + "; ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
+        print(f"\nworker {ids[stopped]} held {len(held)} items when stopped; compose {tool} "
+              f"({' '.join(command)}); " + "; ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
     except BaseException:
         print(stack.logs())
         raise
