@@ -14,7 +14,7 @@ from ..core.jobs import job_row, job_rows
 from ..errors import ConfigError
 from ..job.schedule import Schedule
 from ..redaction import escape
-from ..tracker import JobAction, JobState
+from ..tracker import JobAction, JobState, Tracker
 from .group import cli, redis_runtime, redis_tracker, redis_url_option, settings_for
 
 JOB_COLUMNS = ("seen", "queued", "leased", "done", "dead")
