@@ -13,7 +13,7 @@ from typing import Literal, Optional
 from pydantic import Field, ValidationInfo, field_validator
 
 from .fetch_policy_spec import (
-    AuthSpec, DomainFetchSpec, check_domain_keys, check_headers, check_proxy_names,
+    AuthSpec, DomainFetchSpec, Headers, ProxyNames, check_domain_keys,
 )
 from .strict import StrictModel
 from ..tracker.defaults import DOMAIN_CONCURRENCY
@@ -70,7 +70,7 @@ class FetchSpec(StrictModel):
         "DNS answer never is.",
     )
 
-    headers: dict[str, str] = Field(
+    headers: Headers = Field(
         default_factory=dict,
         description='Sent with every request, e.g. {"Accept-Language" = "en"}; '
         "fetch.domains adds a domain's own.",
@@ -81,7 +81,7 @@ class FetchSpec(StrictModel):
         'credential = "SHOP_TOKEN"}: each worker reads DISTSCRAPE_CREDENTIAL_SHOP_TOKEN. '
         "fetch.domains gives other domains theirs.",
     )
-    proxies: list[str] = Field(
+    proxies: ProxyNames = Field(
         default_factory=list, max_length=100,
         description="Names of the workers' proxies (their DISTSCRAPE_PROXIES setting) that "
         "requests go through, in turn; none: straight to the site.",
@@ -111,16 +111,6 @@ class FetchSpec(StrictModel):
         if not value.isprintable():
             raise ValueError("must be one line of printable characters")
         return value
-
-    @field_validator("headers")
-    @classmethod
-    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
-        return check_headers(value)
-
-    @field_validator("proxies")
-    @classmethod
-    def _proxies(cls, value: list[str]) -> list[str]:
-        return check_proxy_names(value) or []
 
     @field_validator("domains")
     @classmethod

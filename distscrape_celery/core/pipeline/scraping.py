@@ -134,8 +134,7 @@ class Scraping:
             # Done, dead, busy elsewhere, unknown, or throttled (back in its domain's queue until
             # the domain's slot opens): nothing to do here, and this worker's slot is free now.
             return checkout.status.value, None
-        page = self._leased_page(context, item, checkout)
-        page.go_on = go_on
+        page = self._leased_page(context, item, checkout, go_on)
         try:
             # Its robots.txt, sitemaps and the page itself: every request carries what the
             # job's fetch policy asks (headers, credentials, proxies, cookies).
@@ -159,15 +158,19 @@ class Scraping:
         except Exception:
             return ""
 
-    def _leased_page(self, context: JobContext, item: str, checkout: Checkout) -> LeasedPage:
-        """``item``, just leased. With save batches, what the checkout handed out for scraping
-        may go to the broker with the page's save (one broker round trip a page fewer; see
-        :meth:`ScrapedSaves.may_wait`); at once if the page ends otherwise."""
+    def _leased_page(
+        self, context: JobContext, item: str, checkout: Checkout,
+        go_on: Optional[Callable[[], bool]],
+    ) -> LeasedPage:
+        """``item``, just leased, its scrape carrying on while ``go_on()`` says so. With save
+        batches, what the checkout handed out for scraping may go to the broker with the page's
+        save (one broker round trip a page fewer; see :meth:`ScrapedSaves.may_wait`); at once if
+        the page ends otherwise."""
         unsent = list(checkout.dispatch)
         may_wait = self.scraped_saves is not None and self.scraped_saves.may_wait(context)
         if not may_wait:
             unsent = dispatch_or_keep(self.publisher, context.job, item, unsent)
-        return LeasedPage(context, item, checkout, unsent, may_wait)
+        return LeasedPage(context, item, checkout, unsent, may_wait, go_on)
 
     def _scrape_leased(self, page: LeasedPage) -> str:
         """:meth:`scrape` once the page is leased. Raises :class:`_Ended` for a page that a
