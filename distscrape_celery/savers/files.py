@@ -161,10 +161,11 @@ class FileItemSaver(ItemSaver):
         entry that fails gets its exception in ``results``."""
         group = _StagedGroup()
         device_by_directory: dict[Path, int] = {}
+        real_parents: dict[Path, str] = {}
         for index, (item, download) in enumerate(entries):
             try:
                 target = self.output / self.name_for(item)
-                temporary = _write_temp(target, download.body, real_output, False)
+                temporary = _write_temp(target, download.body, real_output, False, real_parents)
                 directory = temporary.parent
                 if directory not in device_by_directory:
                     device_by_directory[directory] = _device_of(temporary, target)
@@ -260,16 +261,31 @@ def _write_atomically(target: Path, body: bytes, real_output: str, fsync: bool) 
             raise _file_error(target, exc) from exc
 
 
-def _write_temp(target: Path, body: bytes, real_output: str, fsync: bool) -> Path:
-    """Write ``body`` to a new temporary file beside ``target`` (fsynced with ``fsync``) and
-    return its path. Raises _ShapeConflict or SaveError, as _write_atomically."""
-    # Checked before mkdir, which would follow a symlink out of the output directory.
-    real_target = os.path.realpath(target)
-    if os.path.commonpath([real_output, real_target]) != real_output:
+def _check_inside(target: Path, real_output: str, real_parents: dict[Path, str]) -> None:
+    """Refuse ``target`` if it resolves outside the output directory, through a symlink among
+    its directories or as a symlink itself. ``real_parents`` keeps each directory resolved, for
+    the other files of one save: resolving costs a system call per part of the path."""
+    parent = target.parent
+    real_parent = real_parents.get(parent)
+    if real_parent is None:
+        real_parent = real_parents[parent] = os.path.realpath(parent)
+    real_target = os.path.join(real_parent, target.name)
+    if os.path.islink(real_target):
+        real_target = os.path.realpath(real_target)
+    if not real_target.startswith(real_output.rstrip(os.sep) + os.sep):
         raise SaveError(
             f"refusing to write {str(target)!r}: it resolves to {real_target!r}, "
             f"outside the output directory {real_output!r}"
         )
+
+
+def _write_temp(target: Path, body: bytes, real_output: str, fsync: bool,
+                real_parents: Optional[dict[Path, str]] = None) -> Path:
+    """Write ``body`` to a new temporary file beside ``target`` (fsynced with ``fsync``) and
+    return its path. ``real_parents``: as _check_inside takes it, for a group of files. Raises
+    _ShapeConflict or SaveError, as _write_atomically."""
+    # Checked before mkdir, which would follow a symlink out of the output directory.
+    _check_inside(target, real_output, {} if real_parents is None else real_parents)
     temporary = target.parent / (_TMP_PREFIX + secrets.token_hex(8))
     try:
         # Not mkstemp: its mode is 0o600, and saved files should get the umask's usual mode.

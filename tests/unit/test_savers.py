@@ -419,8 +419,11 @@ def test_save_many_one_bad_entry_leaves_the_others_saved(tmp_path: Path) -> None
         ("http://evil/x.html", page(b"nope")),
         ("http://h/x.html/y", page(b"under")),  # its directory would be a file: _conflicts
         ("http://h/b.html", page(b"b")),
+        ("http://evil/y.html", page(b"nope")),  # its directory, resolved once, still refused
     ])
     assert isinstance(got[1], SaveError) and "outside the output directory" in str(got[1])
+    assert isinstance(got[4], SaveError) and "outside the output directory" in str(got[4])
+    assert list(outside.iterdir()) == []
     assert got[0] == str(out / "h" / "a.html") and got[3] == str(out / "h" / "b.html")
     assert got[2] == str(out / "_conflicts" / sha1("http://h/x.html/y"))
     assert Path(got[2]).read_bytes() == b"under"
