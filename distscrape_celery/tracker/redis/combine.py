@@ -40,7 +40,10 @@ class _Call:
         self.weight = weight
         self.reply: Any = None
         self.error: BaseException | None = None
-        self.ready = threading.Event()
+        # Released once, when the call's reply (or the lead) is in: a bare lock, not an Event,
+        # whose Condition costs several locks and calls on both sides, once a page.
+        self.ready = threading.Lock()
+        self.ready.acquire()
         self.lead = False
 
 
@@ -85,7 +88,7 @@ class Combiner:
             lead, group.busy = not group.busy, True
         if not lead:
             try:
-                own.ready.wait()
+                own.ready.acquire()
             except BaseException:
                 self._abandon(group, own)
                 raise
@@ -113,7 +116,7 @@ class Combiner:
                 self._hand_on(group)
             for c in calls:
                 if c is not own:
-                    c.ready.set()
+                    c.ready.release()
         return self._outcome(own)
 
     def _take(self, group: _Group) -> list[_Call]:
@@ -132,7 +135,7 @@ class Combiner:
         """The lead goes to the first call waiting, if any (under the lock)."""
         if group.waiting:
             group.waiting[0].lead = True
-            group.waiting[0].ready.set()
+            group.waiting[0].ready.release()
         else:
             group.busy = False
 

@@ -302,17 +302,22 @@ def test_an_interrupted_waiter_passes_the_lead_on(monkeypatch):
     for ever."""
     interrupt = threading.Event()
 
-    class InterruptibleEvent(threading.Event):
-        def wait(self, timeout=None):
+    class InterruptedWait:
+        """A call's ``ready`` lock whose wait is cut short by an exception."""
+
+        def acquire(self, blocking=True, timeout=-1):
             interrupt.wait(10)
             raise KeyboardInterrupt
+
+        def release(self):
+            pass
 
     real_call = combine._Call
 
     def make(payload, weight=1):
         call = real_call(payload, weight)
         if payload == 2:
-            call.ready = InterruptibleEvent()
+            call.ready = InterruptedWait()
         return call
 
     monkeypatch.setattr(combine, "_Call", make)
