@@ -87,6 +87,16 @@ class Settings(BaseModel):
         description="Hard limit on one task's run time (prefork pool). A long task keeps its "
         "lease through heartbeats, so this, not the lease, bounds how long one item may take.",
     )
+    carry_seconds: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="How long a scrape task goes on with more items of its job, each handed to "
+        "it by the tracker as its last page ends, instead of leaving them to a message each: "
+        "a page then costs no broker message, delivery or task run (docs/architecture.md, "
+        "'Carrying on'). A stopping worker starts no more. 0: every item its own task, as "
+        "Flower then shows. At most a quarter of task_time_limit.",
+    )
     dispatch_factor: float = Field(
         DISPATCH_FACTOR,
         gt=0,
@@ -307,6 +317,16 @@ class Settings(BaseModel):
         lease = info.data.get("lease_seconds")
         if lease is not None and value > lease / 4:
             raise ValueError(f"must be at most a quarter of lease_seconds ({lease:g})")
+        return value
+
+    @field_validator("carry_seconds")
+    @classmethod
+    def _check_carry_seconds(cls, value: float, info: ValidationInfo) -> float:
+        # The time limit ends the task, with the item it carried on to: leave that item the
+        # rest of it.
+        limit = info.data.get("task_time_limit")
+        if limit is not None and value > limit / 4:
+            raise ValueError(f"must be at most a quarter of task_time_limit ({limit:g})")
         return value
 
     @field_validator("worker_prune_seconds")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -362,7 +363,8 @@ def run_in_memory_crawl(
     ``settings``, its own output is the root."""
     from celery.contrib.testing.worker import start_worker
 
-    from ..worker.agent import WorkerAgent
+    from ..worker.agent import WorkerAgent, reserved_items
+    from ..worker.tasks import carried_items, carry_here
     from ..worker.app import app, configure_app
     from ..core.runtime import Runtime, install_runtime
     from ..worker.publish import publisher
@@ -371,13 +373,15 @@ def run_in_memory_crawl(
     configure_app(settings, in_memory=True)
     runtime = Runtime.in_memory_runtime(settings)
     install_runtime(runtime)
-    agent = WorkerAgent(runtime, concurrency=concurrency, publish=publisher.scrape)
+    agent = WorkerAgent(runtime, concurrency=concurrency, publish=publisher.scrape,
+                        held_items=functools.partial(reserved_items, carried=carried_items))
     try:
         with contextlib.ExitStack() as stack, start_worker(
             app, pool="threads", concurrency=concurrency, perform_ping_check=False,
             loglevel="WARNING", shutdown_timeout=60,
         ) as worker:
             agent.register()
+            carry_here()  # the worker's threads run here, where the agent keeps their leases
             agent.start()
             try:
                 manager = CrawlManager(runtime.tracker, publisher.scrape, settings=settings)

@@ -224,7 +224,7 @@ class Tracker(ABC):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
-        cut: int = 0, priorities: Sequence[int] = (),
+        cut: int = 0, priorities: Sequence[int] = (), *, carry: bool = False,
     ) -> ScrapedResult:
         """Queue ``found`` (at ``depth``; at ``priorities``, one per found item, or all at 0 when
         empty) and, if ``token`` still holds ``item``, make it save
@@ -239,7 +239,11 @@ class Tracker(ABC):
 
         With ``keep_as`` (the caller's worker id), the caller queues the save task later: the
         item waits for it under ``keep_as``'s lease (kept by its heartbeat's ``saves``) until
-        :meth:`handoff`, so it is reclaimed a lease after ``keep_as`` vanishes."""
+        :meth:`handoff`, so it is reclaimed a lease after ``keep_as`` vanishes.
+
+        With ``carry``, the caller goes on with one more item itself, in the slot its fetch
+        frees: if ``token`` still holds ``item``, one is handed out to it past the dispatch bound
+        (politeness kept), first in ``dispatch`` (as :meth:`complete` does)."""
 
     @abstractmethod
     def handoff(self, job: str, worker_id: str, saves: Sequence[tuple[str, int]]) -> int:

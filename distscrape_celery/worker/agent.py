@@ -52,10 +52,16 @@ class Held:
 
 
 HeldItems = Callable[[], dict[str, Held]]
+# (job, item, since): an item a task carried on to, since then (time.time()).
+Carried = tuple[str, str, float]
 
 
-def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
-    """What this worker has reserved or is running, by job. A task running for longer than
+def reserved_items(
+    max_running: Optional[float] = None, carried: Callable[[], Iterable[Carried]] = tuple,
+) -> dict[str, Held]:
+    """What this worker has reserved or is running, by job, with the items its running tasks
+    carried on to (``carried()``: (job, item, since), ``since`` by ``time.time()``; the tasks
+    of this process only). A task running for longer than
     ``max_running`` seconds counts as not running, so its lease is no longer kept: the prefork
     pool kills such a task at its time limit anyway, but the threads pool has no time limits,
     and a hung download or save must not hold its item for ever (another worker takes it a lease
@@ -90,6 +96,11 @@ def reserved_items(max_running: Optional[float] = None) -> dict[str, Held]:
             held[job].saves.extend(saves)
         except (IndexError, TypeError, ValueError):
             continue
+    # Items the running tasks carried on to: no request names them.
+    for job, item, since in carried():
+        if max_running is None or since >= time.time() - max_running:
+            held[job].items.append(item)
+            held[job].running.append(item)
     return held
 
 

@@ -28,7 +28,7 @@ from .agent import WorkerAgent, reserved_items
 from .app import current_settings
 from .names import SAVE_BATCH_TASK, SAVE_TASK, save_pairs
 from .publish import publisher
-from .tasks import flush_saves
+from .tasks import carried_items, carry_here, flush_saves
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,13 @@ def _on_worker_init(sender, **_):
     max_running = worker_runtime.settings.task_time_limit
     _agent = WorkerAgent(
         worker_runtime, concurrency=concurrency, publish=publisher.scrape,
-        held_items=functools.partial(reserved_items, max_running=max_running),
+        held_items=functools.partial(reserved_items, max_running=max_running,
+                                     carried=carried_items),
     )
     _agent.register()
+    # Its heartbeat keeps the leases of what this process's tasks carry on to (a prefork pool
+    # process's are out of its sight: there every item stays a task of its own).
+    carry_here()
     # Celery's cold shutdown (SIGQUIT, or a second SIGTERM) skips worker_shutdown; the process
     # still exits through the interpreter, so give back what we hold there too.
     atexit.register(_agent.stop)

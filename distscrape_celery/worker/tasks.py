@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Optional
@@ -17,12 +18,9 @@ from .names import SAVE_BATCH_TASK, SAVE_TASK, SCRAPE_TASK
 from .publish import publisher
 
 _pipeline: Optional[ItemPipeline] = None
-
-# How long a scrape task may carry on with the items that pages ending without a save hand out
-# (a generation's unchanged revisits; Scraping.scrape): short beside any time limit, and a
-# stopping worker starts no more of them.
-CARRY_SECONDS = 1.0
-
+# The process whose heartbeat keeps the leases of the items its tasks carry on to (see
+# carry_here); in any other (a prefork pool process) every item is a task of its own.
+_carrying_pid: Optional[int] = None
 
 def pipeline() -> ItemPipeline:
     """The process's pipeline: one per runtime, so what it learns once per domain (robots.txt's
@@ -36,15 +34,33 @@ def pipeline() -> ItemPipeline:
 
 @app.task(name=SCRAPE_TASK, ignore_result=True)
 def scrape(job: str, item: str) -> str:
-    """Download one item (URL or ID), queue the items found in it, and chain its save task."""
+    """Download one item (URL or ID), queue the items found in it, and chain its save task;
+    then, for up to ``carry_seconds``, the same for each item the tracker hands it next."""
+    go_on = (_carry_for(current_settings().carry_seconds) if _carrying_pid == os.getpid()
+             else None)
     try:
-        return pipeline().scrape(job, item, _carry_for(CARRY_SECONDS))
+        return pipeline().scrape(job, item, go_on)
     except TrackerUnavailable as exc:
         return left_for_recovery(job, item, exc)
 
 
-def _carry_for(seconds: float) -> Callable[[], bool]:
-    """Whether a task begun now may still carry on with another item."""
+def carry_here() -> None:
+    """Let this process's scrape tasks carry on from item to item: its worker agent, which keeps
+    the leases of what they hold (:func:`carried_items`), runs here."""
+    global _carrying_pid
+    _carrying_pid = os.getpid()
+
+
+def carried_items() -> list[tuple[str, str, float]]:
+    """(job, item, since: ``time.time()``) of each item this process's scrape tasks carried on
+    to and are on now."""
+    return [] if _pipeline is None else _pipeline.carried()
+
+
+def _carry_for(seconds: float) -> Optional[Callable[[], bool]]:
+    """Whether a task begun now may still carry on with another item (None: it may not)."""
+    if seconds <= 0:
+        return None
     until = time.monotonic() + seconds
     return lambda: time.monotonic() < until and not _stopping()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from tests.support.crawl import crawl_settings, expected_files, registered_id, saved_files
 from distscrape_celery.testing.sitegen import SiteServer
 
@@ -25,18 +27,23 @@ def holders(redis_client, job: str) -> set[str]:
     return {v.split()[0] for v in redis_client.hvals(JobKeys(job).owners)}
 
 
-def _two_workers(redis_url, workers, first: str, second: str):
+def _two_workers(redis_url, workers, first: str, second: str, pool: str = "prefork"):
     """Settings with a short lease, a tracker, and two registered workers; the app configured."""
     settings = crawl_settings(redis_url, lease_seconds=LEASE)
     tracker = RedisTracker.from_url(redis_url)
-    procs = workers(settings, first), workers(settings, second)
+    procs = workers(settings, first, pool=pool), workers(settings, second, pool=pool)
     wait_for_workers(tracker, 2)
     configure_app(settings)
     return settings, tracker, procs
 
 
-def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, workers, tmp_path):
-    settings, tracker, (victim, survivor) = _two_workers(redis_url, workers, "crash-0", "crash-survivor")
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, workers, tmp_path,
+                                                 pool):
+    """With the threads pool the tasks carry on from item to item, so a victim dies holding
+    items that no message names."""
+    settings, tracker, (victim, survivor) = _two_workers(redis_url, workers, "crash-0",
+                                                         "crash-survivor", pool)
     # Celery's own redelivery would take the visibility timeout; recovery must not wait for it.
     assert settings.visibility_timeout >= 5 * LEASE
     n = len(site.reachable)
@@ -60,7 +67,7 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
             victim.kill(signal.SIGKILL)
             killed_at = time.monotonic()
             victim.proc.wait(10)
-            victim = workers(settings, f"crash-{kill + 1}")
+            victim = workers(settings, f"crash-{kill + 1}", pool=pool)
             # The dead worker's leases must be handed on within about one lease.
             while victim_id in holders(redis_client, job):
                 assert time.monotonic() - killed_at < LEASE + 8, "leases of a dead worker not recovered"
@@ -74,6 +81,11 @@ def test_sigkill_workers_mid_crawl_loses_nothing(redis_url, redis_client, site, 
     assert saved_files(out) == expected_files(server, site, out)
     assert sum(server.counts().values()) > n  # leased work of the killed workers was redone
     assert max(recoveries) <= LEASE + 3, recoveries
+    carried = survivor.log_path.read_text(errors="replace").count(": carried on to: ")
+    if pool == "threads":
+        assert carried > 0
+    else:  # its heartbeat, in the pool's parent, could not keep what a pool process carried
+        assert carried == 0
     print(f"\ncrash test: {KILLS} kills, recoveries {[round(r, 2) for r in recoveries]} s, "
           f"whole crawl {elapsed:.1f} s, {sum(server.counts().values()) - n} refetches")
 

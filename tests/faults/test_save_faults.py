@@ -138,11 +138,15 @@ def _assert_extra_downloads_had_a_vanished_holder(server, fetched, again, procs)
 
 
 def _results(procs) -> Counter:
-    """What the tasks returned, from Celery's INFO lines ("... succeeded in 0.1s: 'saved'")."""
+    """What became of each item a task ran, from the INFO lines: Celery's for the task's own
+    ("... succeeded in 0.1s: 'saved'"), the pipeline's for those it carried on to ("... carried
+    on to: saved")."""
     out: Counter = Counter()
     for line in _worker_logs(procs).splitlines():
         if "succeeded in" in line and ": '" in line:
             out[line.rsplit(": '", 1)[1].rstrip("'")] += 1
+        elif ": carried on to: " in line:
+            out[line.rsplit(": carried on to: ", 1)[1].strip()] += 1
     return out
 
 
@@ -876,7 +880,10 @@ def test_sigkill_in_an_inline_save_downloads_again_and_loses_nothing(
     assert "distscrape.save[" not in logs and "distscrape.save_batch[" not in logs, (
         "a save task ran although saves are inline")
     if batch == 1:
-        assert _results(procs)["saved"] == n
+        # Each page saved by the task that scraped it. A task reports its own item when its
+        # run ends, so a process killed later in the run never reports it (saved before the
+        # kill, its message comes back and finds it done): one report fewer per kill at most.
+        assert n - len(victims) <= _results(procs)["saved"] <= n
     # An inline save stages no body, so none is left behind by the killed ones either.
     assert _in_flight(redis_client, job) == dict.fromkeys(
         ("owners", "leased", "pending", "dispatched", "bodies"), 0)

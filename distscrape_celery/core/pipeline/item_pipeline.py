@@ -35,10 +35,15 @@ class ItemPipeline:
 
     def scrape(self, job: str, item: str, go_on: Optional[Callable[[], bool]] = None) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task (or save
-        it here, with the ``save_inline`` setting); with ``go_on``, carry on with what a page
-        that ends without a save hands out (:meth:`Scraping.scrape`). Returns what happened to
+        it here, with the ``save_inline`` setting); with ``go_on``, carry on with more items of
+        the job while ``go_on()`` says so (:meth:`Scraping.scrape`). Returns what happened to
         ``item`` (for logs and tests)."""
         return self._scraping.scrape(job, item, go_on)
+
+    def carried(self) -> list[tuple[str, str, float]]:
+        """(job, item, since: ``time.time()``) of each item a scrape carried on to and is on now:
+        held by this process although no task names it."""
+        return self._scraping.carried()
 
     def save(self, job: str, item: str, token: int, meta: dict) -> str:
         """Save a scraped item through the job's saver, then mark it done."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -93,31 +95,46 @@ class Scraping:
         self.scraped_saves = scraped_saves  # None: each page gets a save message of its own
         self.fetch_rules = FetchRules(runtime.tracker)
         self.sitemap_steps = SitemapSteps(runtime, publisher, failures, self.fetch_rules)
+        # By thread: (job, item, since) of the item a scrape carried on to (see carried).
+        self._carried: dict[int, tuple[str, str, float]] = {}
 
     def scrape(self, job: str, item: str, go_on: Optional[Callable[[], bool]] = None) -> str:
         """Lease and download ``item``, queue what it links to, hand it to a save task (or save
         it here, with the ``save_inline`` setting). Returns what happened (for logs and tests).
 
-        With ``go_on``, a page that ends without a save (a revisit found it unchanged, or gone)
-        takes one more item in the slot it frees, while ``go_on()`` says so (the tracker's
-        ``complete`` with ``carry``), and this call scrapes it next, and so on: such a page costs
-        little beside its task (a message, its delivery, the task's run), so a generation's
-        revisits go on in one task. The item taken is handed out in the tracker as a message's
-        would be: if this process dies, it is reclaimed within a lease. Returns what happened to
-        ``item``."""
+        With ``go_on``, a page whose fetch ends (scraped, or found unchanged or gone by a
+        revisit) takes one more item in the slot it frees, while ``go_on()`` says so (the
+        tracker's ``scraped`` or ``complete`` with ``carry``), and this call scrapes it next, and
+        so on: the item costs no message, delivery or task run of its own. It is handed out in
+        the tracker as a message's would be: if this process dies, it is reclaimed within a
+        lease. Returns what happened to ``item``."""
         outcome, carried = self._scrape_one(job, item, go_on)
-        while carried is not None:
-            item = carried
-            try:
-                then, carried = self._scrape_one(job, item, go_on)
-            except TrackerUnavailable as exc:
-                left_for_recovery(job, item, exc)
-                break
-            except Exception:  # its message's task has ended well; this one is reclaimed
-                log.exception("%s %s: scraping an item carried on to raised", job, item)
-                break
-            log.debug("%s %s: carried on to: %s", job, item, then)
+        if carried is None:
+            return outcome
+        thread = threading.get_ident()
+        try:
+            while carried is not None:
+                item = carried
+                # Held by this process although no task names it: a worker's heartbeat keeps
+                # its lease as it keeps a running task's.
+                self._carried[thread] = (job, item, time.time())
+                try:
+                    then, carried = self._scrape_one(job, item, go_on)
+                except TrackerUnavailable as exc:
+                    left_for_recovery(job, item, exc)
+                    break
+                except Exception:  # its message's task has ended well; this one is reclaimed
+                    log.exception("%s %s: scraping an item carried on to raised", job, item)
+                    break
+                log.info("%s %s: carried on to: %s", job, item, then)
+        finally:
+            self._carried.pop(thread, None)
         return outcome
+
+    def carried(self) -> list[tuple[str, str, float]]:
+        """(job, item, since: ``time.time()``) of each item a scrape carried on to and is on
+        now."""
+        return list(self._carried.values())
 
     def _scrape_one(
         self, job: str, item: str, go_on: Optional[Callable[[], bool]]
@@ -198,9 +215,13 @@ class Scraping:
         found = self.known_links.unknown(page.job, created, found)
         if verdict.skip:
             return self._finish_skipped(page, found, cut, verdict)
-        reply = self._report_scraped(page, download, found, cut)
+        carry = page.go_on is not None and page.go_on()
+        reply = self._report_scraped(page, download, found, cut, carry)
         # Stale or not, the tracker took the finds.
         self.known_links.remember(page.job, created, found)
+        if carry and reply.held and reply.dispatch:
+            page.carried = reply.dispatch[0]
+            reply = dataclasses.replace(reply, dispatch=reply.dispatch[1:])
         if not reply.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             dispatch(self.publisher, page.job, reply.dispatch)
@@ -335,9 +356,10 @@ class Scraping:
             raise self._fail(page, f"priority rule error: {exc!r}", fault=Fault.ITEM) from None
 
     def _report_scraped(
-        self, page: LeasedPage, download: Download, found: list[str], cut: int
+        self, page: LeasedPage, download: Download, found: list[str], cut: int, carry: bool
     ) -> ScrapedResult:
-        """Tell the tracker the page was scraped, with what it links to."""
+        """Tell the tracker the page was scraped, with what it links to; with ``carry``, take
+        the item this scrape goes on with (first in the reply's ``dispatch``)."""
         runtime = self.runtime
         depth = page.checkout.depth + 1
         priorities = self._priorities(page, found, depth)
@@ -347,13 +369,13 @@ class Scraping:
             # need, is not staged.
             return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
                                            save_as=runtime.worker_id, cut=cut,
-                                           priorities=priorities)
+                                           priorities=priorities, carry=carry)
         # Its body is staged in the same step as the item turns save-pending, so a pending
         # save always has a body to take, and a stale lease stages nothing; its save task is
         # queued now, or later with those of other pages.
         return runtime.tracker.scraped(page.job, page.item, page.token, found, depth,
                                        body=download.body, keep_as=page_holder(runtime), cut=cut,
-                                       priorities=priorities)
+                                       priorities=priorities, carry=carry)
 
     def _join_batch(self, page: LeasedPage, download: Download, reply: ScrapedResult) -> str:
         """Let the scraped page wait for its save batch, with the scrape messages that may

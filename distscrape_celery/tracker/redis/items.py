@@ -168,7 +168,7 @@ class ItemCalls(ShardLayout):
     def scraped(
         self, job: str, item: str, token: int, found: Sequence[str] = (), depth: int = 0,
         body: Optional[bytes] = None, save_as: Optional[str] = None, keep_as: Optional[str] = None,
-        cut: int = 0, priorities: Sequence[int] = (),
+        cut: int = 0, priorities: Sequence[int] = (), *, carry: bool = False,
     ) -> ScrapedResult:
         check_save_as(body, save_as, keep_as)
         if priorities and len(priorities) != len(found):
@@ -197,13 +197,13 @@ class ItemCalls(ShardLayout):
             [item, token, self.save_timeout, depth, *self._top_up_args(job),
              save_as or "", keep_as or "", int(cut),
              priorities_text([p for _, p in ranked]) if priorities else "",
-             *(x for x, _ in ranked)],
+             "1" if carry else "", *(x for x, _ in ranked)],
             before=[("SET", key, body, "PX", self._body_ttl_ms) for key in body_keys],
         )
         if int(reply[1]):
             self._mirror_active(job, [home])
         return ScrapedResult(
-            dispatch=dispatch + dispatched(reply[2:]), added=added + int(reply[1]),
+            dispatch=dispatched(reply[2:]) + dispatch, added=added + int(reply[1]),
             held=reply[0] == "ok"
         )
 

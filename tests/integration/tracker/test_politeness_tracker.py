@@ -330,7 +330,7 @@ def test_lease_times_a_batch_records_are_those_its_calls_would_record(batched):
             bound, max_batch, lease = t._top_up_args("j")
             t._eval_many([
                 ("scraped", list(t._item_keys("j")), [item, tokens[item], 60, 1, bound, max_batch,
-                                                      lease, "", "", 0, ""]) for item in [a0, b0, a1]])
+                                                      lease, "", "", 0, "", ""]) for item in [a0, b0, a1]])
         else:
             for item in [a0, b0, a1]:
                 assert t.scraped("j", item, tokens[item]).held

@@ -1146,7 +1146,7 @@ def test_a_batch_writes_its_counters_and_tokens_once_and_as_its_calls_would(trac
     found = [["http://127.0.0.1/a", "http://127.0.0.1/b"], ["http://127.0.0.1/b", items[0]],
              ["http://127.0.0.1/c"]]
     replies = _batch(t, "scraped", "j", [
-        [item, token, 60, 1, bound, max_batch, lease_s, "", "", 0, "", *links]
+        [item, token, 60, 1, bound, max_batch, lease_s, "", "", 0, "", "", *links]
         for item, token, links in zip(items[1:], tokens, found)])
     assert [r[0] for r in replies] == ["ok"] * 3
     assert [int(r[1]) for r in replies] == [2, 0, 1]
@@ -1171,7 +1171,7 @@ def test_a_batch_that_raises_keeps_the_counts_of_what_it_did(tracker_factory):
     with pytest.raises(redis.exceptions.ResponseError, match="bad dispatch bound"):
         # The batch's one top-up, at its end, is given a bound it cannot read.
         _batch(t, "scraped", "j", [["http://127.0.0.1/x", token, 60, 1, "nonsense", max_batch,
-                                    lease_s, "", "", 0, "", "http://127.0.0.1/new"]])
+                                    lease_s, "", "", 0, "", "", "http://127.0.0.1/new"]])
     s = t.stats("j")
     assert s.seen == 2
     assert s.frontier + s.dispatched + s.leased + s.save_pending == s.seen - s.done

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.crawl import crawl_settings
 from tests.support.http import RouteServer
 
@@ -16,10 +18,13 @@ LEASE = 1.0
 SLOW = 4 * LEASE
 
 
-def test_download_longer_than_the_lease_is_not_reclaimed(redis_url, workers, tmp_path):
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_download_longer_than_the_lease_is_not_reclaimed(redis_url, workers, tmp_path, pool):
+    """With the threads pool the slow page is the one the first page's task carries on to: no
+    message names it, and the worker's heartbeat keeps its lease all the same."""
     settings = crawl_settings(redis_url, lease_seconds=LEASE)
     # Two workers: had the slow item's lease lapsed, the idle one would have fetched it again.
-    procs = [workers(settings, f"long-{i}", concurrency=2) for i in range(2)]
+    procs = [workers(settings, f"long-{i}", concurrency=2, pool=pool) for i in range(2)]
     tracker = RedisTracker.from_url(redis_url)
     wait_for_workers(tracker, 2, procs=procs)
     configure_app(settings)
@@ -31,4 +36,6 @@ def test_download_longer_than_the_lease_is_not_reclaimed(redis_url, workers, tmp
         stats = manager.wait("long", timeout=60)
     assert (stats.done, stats.dead) == (2, 0), tracker.dead_items("long")
     assert server.hits.count("/slow") == 1
+    logs = "".join(p.log_path.read_text(errors="replace") for p in procs)
+    assert ("/slow: carried on to: " in logs) == (pool == "threads")
     assert (tmp_path / "out").is_dir()

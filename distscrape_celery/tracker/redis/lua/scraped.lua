@@ -23,14 +23,17 @@
 -- ARGV[10] cut          links of the page left out past max_links_per_page: added to the
 --                       job's links_cut count (a figure of its status)
 -- ARGV[11] priorities  of the found items, as in add.lua
--- ARGV[12..] found items (the caller sends at most one batch; more go through add.lua first)
+-- ARGV[12] carry       '1': the caller goes on with one more item itself, in the slot its fetch
+--                      frees: if it still holds the lease, take_carried hands it one past the
+--                      dispatch bound, first of the items
+-- ARGV[13..] found items (the caller sends at most one batch; more go through add.lua first)
 -- Returns {status, added, dispatch_item...}; status is ok|stale
 local item, token, save_timeout = ARGV[1], ARGV[2], micros(ARGV[3])
 local depth = ARGV[4]
 local bound, max_batch, lease = ARGV[5], tonumber(ARGV[6]), micros(ARGV[7])
 local body_key = KEYS[22]
 local saver, keeper = ARGV[8], ARGV[9]
-local added = add_items(ARGV, 12, depth, ARGV[11])
+local added = add_items(ARGV, 13, depth, ARGV[11])
 if tonumber(ARGV[10]) > 0 then count('links_cut', tonumber(ARGV[10])) end
 local now = redis_now()
 local status = 'stale'
@@ -70,4 +73,5 @@ if v then
 end
 if body_key and status ~= 'ok' then redis_call('UNLINK', body_key) end
 local out = {status, added}
+if ARGV[12] == '1' and status == 'ok' then take_carried(bound, now + lease, out) end
 return take_for_dispatch(bound, max_batch, now + lease, out)
