@@ -86,10 +86,13 @@ class WorkerCrawl:
         if group_prefix and self.launch in ("loop", "forks"):
             raise SystemExit(f"BENCH_LAUNCH={self.launch}: its workers cannot each have a prefix")
         self.worker_env = worker_env
-        self.env = dict(clean_env(), DISTSCRAPE_REDIS_URL=self.server.url, **worker_env)
+        self.job = f"bench-{site_name}-{self.workers}-{run}"
+        self.output = work / f"{self.job}-out"
+        # Workers write a path output only under roots their operator set: this one's.
+        self.env = dict(clean_env(), DISTSCRAPE_REDIS_URL=self.server.url,
+                        DISTSCRAPE_OUTPUT_ROOTS=str(self.output), **worker_env)
         self.settings = Settings(redis_url=self.server.url)
         self.tracker = RedisTracker.from_settings(self.settings)
-        self.job = f"bench-{site_name}-{self.workers}-{run}"
         self.procs: list[subprocess.Popen] = []
         self.shell: Optional[subprocess.Popen] = None
         self.multi_files = [f"--pidfile={work}/{self.job}-%n.pid",
@@ -281,7 +284,7 @@ class WorkerCrawl:
         limit = ["--max-pages", str(max_pages)] if max_pages else []
         seed = subprocess.run(
             [str(BIN / "distscrape"), "seed", self.job, *self.site.seeds, "--output",
-             str(self.work / f"{self.job}-out"), *([] if polite else HIGH_LIMITS), *limit],
+             str(self.output), *([] if polite else HIGH_LIMITS), *limit],
             env=self.env, capture_output=True, text=True)
         if seed.returncode != 0:
             raise RuntimeError(f"seed failed: {seed.stderr}")
