@@ -134,6 +134,16 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def command_name(pid: int) -> str:
+    """The process's command name (``/proc/PID/comm``, which a rewritten title leaves alone), or
+    "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
 def own_cpu(pid: int) -> float:
     """user+sys of ``pid`` alone (not its children)."""
     fields = _proc_stat(pid)

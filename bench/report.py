@@ -12,18 +12,23 @@ from bench.probes import Result, cap_used
 from bench.worker_crawl import HOST_COUNTS
 
 
-def table(results: list[Result], peers: dict[str, Result]) -> str:
-    rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
-            "| Redis round trips / scripts a page | Redis cmds/page | Redis CPU ms/page | site CPU ms/page "
-            "| command wall s | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(results: list[Result], peers: dict[tuple[str, str], Result]) -> str:
+    """A row a crawl: pages/s against each peer's of the same site and round, CPU a page with
+    and without the start-up (the CPU before the site's first request), Redis's figures."""
+    rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis "
+            "| CPU ms/page | CPU ms/page without start-up "
+            "| Redis round trips / scripts a page | Redis cmds/page | Redis CPU ms/page "
+            "| site CPU ms/page | command wall s | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
-        ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
-        notes = "; ".join(filter(None, [r.note, r.timeline]))
+        ratio = (lambda kind: f"{r.rate / p.rate:.2f}x"
+                 if (p := peers.get((kind, r.site))) and p.rate else "")
+        startup = f"start-up {r.startup_cpu:.2f} CPU s" if r.startup_cpu else ""
+        notes = "; ".join(filter(None, [startup, r.note, r.timeline]))
         rows.append(
-            f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
-            f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
+            f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio('scrapy')} | "
+            f"{ratio('scrapy-redis')} | {1000 * r.per_page(r.cpu):.2f} | "
+            f"{1000 * r.per_page(r.running_cpu):.2f} | "
             f"{r.per_page(r.redis_reads):.1f} / {r.per_page(r.redis_scripts):.2f} | "
             f"{r.per_page(r.redis_cmds):.1f} | "
             f"{1000 * r.per_page(r.redis_cpu):.2f} | "

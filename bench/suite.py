@@ -28,10 +28,12 @@ it fails the suite if a page is lost.
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
 Redis; for workers that ``celery multi`` detached, their CPU from /proc before they are
-stopped), Redis round trips, commands and CPU per page (``INFO`` deltas: requests read from
-clients, each pipeline or script once; every command, those a script runs included; CPU). Our
-politeness limits are set high
-(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything).
+stopped), the same without the start-up (less the CPU all its processes had spent when the site
+received its first request, ``bench.probes.StartupCpu``), Redis round trips, commands and CPU
+per page (``INFO`` deltas: requests read from clients, each pipeline or script once; every
+command, those a script runs included; CPU). Our politeness limits are set high
+(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything); the
+peers neither fetch it nor limit a site below their 64 requests in flight.
 Network: 127.0.0.1 only.
 """
 
