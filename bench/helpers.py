@@ -24,6 +24,7 @@ from distscrape_celery.testing.sitegen import Site, SiteServer
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 BENCH = ROOT / "bench"
 PEERS = BENCH / ".venv-peers"  # Scrapy, scrapy-redis, py-spy and uvloop (bench.peers)
+CRAWLEE = BENCH / ".venv-crawlee"  # Crawlee for Python (bench.crawlee_peer)
 BIN = Path(sys.executable).parent  # this virtualenv's programs: distscrape, celery
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
