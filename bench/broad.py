@@ -124,6 +124,7 @@ class BroadSite(Site):
         self.log = workdir / "broad-access.log"
         self._seeds = [f"http://{h.address}:{port}/" for h in self.hosts]
         self.url = self._seeds[0]
+        self.delays = {h.address: h.delay for h in self.hosts}
         self.expected = sum(len(h.pages) - 1 for h in self.hosts)
         sites_file = workdir / "broad-sites.json"
         sites_file.write_text(json.dumps([
@@ -143,6 +144,10 @@ class BroadSite(Site):
     @property
     def seeds(self) -> list[str]:
         return self._seeds
+
+    def arrival(self, fields: list[str]) -> float:
+        # It logs when it answered: the host's delay and its lag (ms) after the request came.
+        return float(fields[0]) - self.delays[fields[4]] - float(fields[3]) / 1000
 
     @property
     def floor(self) -> float:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.helpers import BIN, PEERS, clean_env
-from bench.probes import RUNS, Result, embedded_probe, run_measured, site_figures
+from bench.probes import (RUNS, Result, StartupCpu, embedded_probe, run_measured,
+                          site_figures)
 from bench.sites import Site
 
 # Our politeness limits set high, so that a crawl of one site measures the crawler.
@@ -36,17 +37,22 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     env = clean_env()
     if baseline:
         env["PYTHONPATH"] = args.baseline
+    # Its embedded Redis is left out of the start-up as it is out of the whole (below).
+    startup = StartupCpu(site, mark, leave_out=frozenset({"redis-server"}))
     status, wall, cpu, probe = run_measured(
-        command, env, args.timeout, work / f"default-{site_name}.log", embedded_probe(state))
+        command, env, args.timeout, work / f"default-{site_name}.log", embedded_probe(state),
+        startup)
     cmds, rcpu, reads = probe.delta() if probe else (0.0, 0.0, 0.0)
     name = ("distscrape crawl (defaults" + (", default politeness)" if polite else ")")
             + (" " + " ".join(extra) if extra else "") + (" [baseline]" if baseline else ""))
-    r = Result(name, site_name, wall=wall, cpu=cpu, redis_cmds=cmds, redis_cpu=rcpu,
-               redis_reads=reads, ok=status == 0, redis_probe=probe)
+    r = Result(name, site_name, wall=wall, cpu=cpu, startup_cpu=startup.seconds(),
+               redis_cmds=cmds, redis_cpu=rcpu, redis_reads=reads, ok=status == 0,
+               redis_probe=probe)
     r.redis_scripts = probe.scripts() if probe else 0.0
     site_figures(r, site, mark)
-    # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
-    r.cpu -= rcpu
+    # The embedded Redis is a child of the command: its CPU is in the rusage; take it out,
+    # all of it (INFO's CPU counts from its start), not only the crawl's share in rcpu.
+    r.cpu -= probe.last["cpu"] if probe else 0.0
     saved = sum(1 for p in out.rglob("*") if p.is_file())
     r.note = f"{saved} files saved"
     r.ok = r.ok and saved == r.distinct == site.expected

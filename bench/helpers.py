@@ -24,6 +24,7 @@ from distscrape_celery.testing.sitegen import Site, SiteServer
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 BENCH = ROOT / "bench"
 PEERS = BENCH / ".venv-peers"  # Scrapy, scrapy-redis, py-spy and uvloop (bench.peers)
+CRAWLEE = BENCH / ".venv-crawlee"  # Crawlee for Python (bench.crawlee_peer)
 BIN = Path(sys.executable).parent  # this virtualenv's programs: distscrape, celery
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -132,6 +133,16 @@ def descendants(pid: int) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def command_name(pid: int) -> str:
+    """The process's command name (``/proc/PID/comm``, which a rewritten title leaves alone), or
+    "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def own_cpu(pid: int) -> float:

@@ -14,7 +14,7 @@ from typing import Optional
 from urllib.parse import urlsplit
 
 from bench.helpers import BENCH, PEERS, clean_env, stop_process
-from bench.probes import RUNS, Result, ThrowawayRedis, run_measured, site_figures
+from bench.probes import RUNS, Result, StartupCpu, ThrowawayRedis, run_measured, site_figures
 from bench.sites import Site
 
 PEER_PACKAGES = ["scrapy", "scrapy-redis", "py-spy", "uvloop"]
@@ -64,12 +64,13 @@ def crawl_scrapy(site: Site, site_name: str, work: Path, args,
     reactor = [f"TWISTED_REACTOR={settings['TWISTED_REACTOR']}"] if settings and (
         "TWISTED_REACTOR" in settings) else []
     mark = site.mark()
+    startup = StartupCpu(site, mark)
     status, wall, cpu, _ = run_measured(
         [str(PEERS / "bin" / "scrapy"), "runspider", str(SPIDER),
          "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages}", *(["-s", *reactor] if reactor else [])],
-        env, args.timeout, work / "scrapy.log")
+        env, args.timeout, work / "scrapy.log", startup=startup)
     r = Result(f"Scrapy CrawlSpider, 1 process x {label}", site_name, wall=wall, cpu=cpu,
-               ok=status == 0)
+               startup_cpu=startup.seconds(), ok=status == 0)
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"
     return r
@@ -94,8 +95,10 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args,
                 "-s", f"CLOSESPIDER_PAGECOUNT={args.peer_pages // processes}"]
     mark = site.mark()
     started = time.monotonic()
-    procs = []
+    procs: list[subprocess.Popen] = []
     cpu, ok = 0.0, True
+    startup = StartupCpu(site, mark)
+    startup.watch(lambda: [proc.pid for proc in procs])
     try:
         for i in range(processes):
             with (work / f"scrapy-redis-{i}.log").open("ab") as log:
@@ -120,11 +123,13 @@ def crawl_scrapy_redis(site: Site, site_name: str, work: Path, args,
                 stop_process(proc)
         raise
     finally:
+        startup.stop()
         server.stop()
     wall = time.monotonic() - started
     cmds, rcpu, reads = server.probe.delta()
-    r = Result(f"scrapy-redis, {processes} processes x {label}", site_name, wall=wall, cpu=cpu, redis_cmds=cmds,
-               redis_reads=reads, redis_cpu=rcpu, ok=ok)
+    r = Result(f"scrapy-redis, {processes} processes x {label}", site_name, wall=wall, cpu=cpu,
+               startup_cpu=startup.seconds(), redis_cmds=cmds, redis_reads=reads,
+               redis_cpu=rcpu, ok=ok)
     r.redis_scripts = server.probe.scripts()
     site_figures(r, site, mark)
     r.note = f"{r.pages - r.distinct} fetched twice"

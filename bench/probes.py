@@ -1,6 +1,7 @@
 """How the benchmark measures a crawl: its :class:`Result`, Redis's ``INFO`` deltas
-(:class:`RedisProbe`), a command run to its end with its CPU, a throwaway Redis, the figures a
-site's access log gives, and what the items were doing while it ran (``--sample``)."""
+(:class:`RedisProbe`), a command run to its end with its CPU, the CPU its processes spent before
+the site's first request (:class:`StartupCpu`), a throwaway Redis, the figures a site's access
+log gives, and what the items were doing while it ran (``--sample``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import Callable, ClassVar, Optional
 
 import redis
 
-from bench.helpers import descendants, free_port, stop_process, wait_port
+from bench.helpers import (command_name, cpu_seconds, descendants, free_port, stop_process,
+                           wait_port)
 from bench.sites import Site
 
 # Each crawl's number, for its own Redis directory, job and output.
@@ -32,6 +35,7 @@ class Result:
     seconds: float = 0.0
     wall: float = 0.0
     cpu: float = 0.0  # seconds, crawler processes, Redis excluded
+    startup_cpu: float = 0.0  # seconds of ``cpu`` spent before the site's first request
     redis_cmds: float = 0.0
     redis_reads: float = 0.0  # requests Redis read from clients: round trips
     redis_scripts: float = 0.0  # Lua script calls (EVALSHA, EVAL, FCALL)
@@ -54,8 +58,72 @@ class Result:
     def rate(self) -> float:
         return (self.pages - 1) / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def running_cpu(self) -> float:
+        """CPU seconds from the site's first request on: ``cpu`` without its start-up."""
+        return self.cpu - self.startup_cpu
+
     def per_page(self, value: float) -> float:
         return value / self.pages if self.pages else 0.0
+
+
+class StartupCpu:
+    """The CPU a crawler's processes spent before ``site`` logged its first request since
+    ``mark``: from :meth:`watch` on, every INTERVAL s, a thread adds up the CPU of the roots and
+    of every live descendant (``/proc``, reaped children included; processes whose command
+    name is in ``leave_out`` not), stamped with the wall clock the sites log in, until SETTLE s
+    after a request was logged; :meth:`seconds` takes the CPU at that request's arrival,
+    interpolated between the samples either side of it."""
+
+    INTERVAL = 0.025
+    # Long enough for the latency site's log (written every 20 ms, after its delay) to hold the
+    # request that arrived first.
+    SETTLE = 0.3
+
+    def __init__(self, site: Site, mark: tuple[int, float], leave_out: frozenset = frozenset()):
+        self.site, self.offset, self.leave_out = site, mark[0], leave_out
+        self.samples: list[tuple[float, float]] = []  # (time.time(), CPU seconds)
+        self.done = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def watch(self, roots: Callable[[], list[int]]) -> None:
+        """Sample the processes ``roots()`` names (asked at each sample) and their descendants."""
+        self.thread = threading.Thread(target=self._sample, args=(roots,), daemon=True)
+        self.thread.start()
+
+    def _sample(self, roots: Callable[[], list[int]]) -> None:
+        logged: Optional[float] = None
+        while not self.done.is_set():
+            pids = [p for root in roots() for p in (root, *descendants(root))]
+            if self.leave_out:
+                pids = [p for p in pids if command_name(p) not in self.leave_out]
+            self.samples.append((time.time(), cpu_seconds(pids)))
+            if logged is None and self.site.log.exists() and (
+                    self.site.log.stat().st_size > self.offset):
+                logged = time.monotonic()
+            if logged is not None and time.monotonic() - logged > self.SETTLE:
+                return
+            self.done.wait(self.INTERVAL)
+
+    def stop(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def seconds(self) -> float:
+        """The CPU seconds at the first request's arrival (0 if none came or none was sampled)."""
+        self.stop()
+        first = self.site.first_request_since(self.offset)
+        if first is None or not self.samples:
+            return 0.0
+        before = [s for s in self.samples if s[0] <= first]
+        after = [s for s in self.samples if s[0] > first]
+        if not after:
+            return before[-1][1]
+        if not before:  # it came before the first sample: at most that sample's CPU
+            return after[0][1]
+        (t0, c0), (t1, c1) = before[-1], after[0]
+        return c0 + (c1 - c0) * (first - t0) / (t1 - t0)
 
 
 @dataclass
@@ -180,11 +248,13 @@ def site_figures(result: Result, site: Site, mark: tuple[int, float]) -> None:
                            f"90th {lag[int(len(lag) * 0.9)]:.1f}")
 
 
-def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
-                 probe_for=None) -> tuple[int, float, float, Optional[RedisProbe]]:
+def run_measured(cmd: list[str], env: dict, timeout: float, log: Path, probe_for=None,
+                 startup: Optional[StartupCpu] = None
+                 ) -> tuple[int, float, float, Optional[RedisProbe]]:
     """Run ``cmd`` to its end (SIGTERM, then SIGKILL, at ``timeout``); return its status, wall
     seconds and the CPU seconds of it and every descendant it reaped. ``probe_for(pid)`` may
-    return a RedisProbe, sampled every 0.25 s while the command runs."""
+    return a RedisProbe, sampled every 0.25 s while the command runs; ``startup`` watches the
+    command's start."""
     started = time.monotonic()
     with log.open("ab") as out:
         # From the work directory, not the repository: a crawl that starts its workers with
@@ -192,6 +262,8 @@ def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
         # --baseline's PYTHONPATH says.
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=log.parent)
+    if startup is not None:
+        startup.watch(lambda: [proc.pid])
     probe = None
     status = None
     try:
@@ -213,6 +285,9 @@ def run_measured(cmd: list[str], env: dict, timeout: float, log: Path,
     except BaseException:
         stop_process(proc)  # Ctrl-C or SIGTERM: the command must not outlive the benchmark
         raise
+    finally:
+        if startup is not None:
+            startup.stop()
     proc.returncode = status
     return status, time.monotonic() - started, usage.ru_utime + usage.ru_stime, probe
 

@@ -1,5 +1,6 @@
 """The suite's report: a row a crawl, each target's ratio per round and its median, Redis's CPU
-a page against its bound, and the simulated hosts' figures."""
+a page and our CPU a page against Crawlee's against their bounds, and the simulated hosts'
+figures."""
 
 from __future__ import annotations
 
@@ -12,18 +13,23 @@ from bench.probes import Result, cap_used
 from bench.worker_crawl import HOST_COUNTS
 
 
-def table(results: list[Result], peers: dict[str, Result]) -> str:
-    rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | CPU ms/page "
-            "| Redis round trips / scripts a page | Redis cmds/page | Redis CPU ms/page | site CPU ms/page "
-            "| command wall s | checks |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def table(results: list[Result], peers: dict[tuple[str, str], Result]) -> str:
+    """A row a crawl: pages/s against each peer's of the same site and round, CPU a page with
+    and without the start-up (the CPU before the site's first request), Redis's figures."""
+    rows = ["| crawler | site | pages | pages/s | vs Scrapy | vs scrapy-redis | vs Crawlee "
+            "| CPU ms/page | CPU ms/page without start-up "
+            "| Redis round trips / scripts a page | Redis cmds/page | Redis CPU ms/page "
+            "| site CPU ms/page | command wall s | checks |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        scrapy, sredis = peers.get(("scrapy", r.site)), peers.get(("scrapy-redis", r.site))
-        ratio = (lambda p: f"{r.rate / p.rate:.2f}x" if p and p.rate else "")
-        notes = "; ".join(filter(None, [r.note, r.timeline]))
+        ratio = (lambda kind: f"{r.rate / p.rate:.2f}x"
+                 if (p := peers.get((kind, r.site))) and p.rate else "")
+        startup = f"start-up {r.startup_cpu:.2f} CPU s" if r.startup_cpu else ""
+        notes = "; ".join(filter(None, [startup, r.note, r.timeline]))
         rows.append(
-            f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio(scrapy)} | "
-            f"{ratio(sredis)} | {1000 * r.per_page(r.cpu):.2f} | "
+            f"| {r.name} | {r.site} | {r.pages} | {r.rate:.0f} | {ratio('scrapy')} | "
+            f"{ratio('scrapy-redis')} | {ratio('crawlee')} | {1000 * r.per_page(r.cpu):.2f} | "
+            f"{1000 * r.per_page(r.running_cpu):.2f} | "
             f"{r.per_page(r.redis_reads):.1f} / {r.per_page(r.redis_scripts):.2f} | "
             f"{r.per_page(r.redis_cmds):.1f} | "
             f"{1000 * r.per_page(r.redis_cpu):.2f} | "
@@ -36,6 +42,7 @@ def table(results: list[Result], peers: dict[str, Result]) -> str:
 TARGETS = [
     ("`distscrape crawl` vs Scrapy", 3.0, ("default", "nginx"), ("scrapy", "nginx")),
     ("`distscrape crawl` vs scrapy-redis", 2.0, ("default", "nginx"), ("scrapy-redis", "nginx")),
+    ("`distscrape crawl` vs Crawlee", 1.5, ("default", "nginx"), ("crawlee", "nginx")),
     ("README workers vs Scrapy", 3.0, ("workers", "nginx"), ("scrapy", "nginx")),
     ("README workers vs scrapy-redis", 2.0, ("workers", "nginx"), ("scrapy-redis", "nginx")),
     ("50 ms site / loopback, crawl", 0.9, ("default", "latency"), ("default", "nginx")),
@@ -71,14 +78,33 @@ REDIS_CEILINGS = [
 ]
 
 
+# Upper bounds on CPU a page without start-up, one crawl's over another's of the same round:
+# (what, at most, numerator, denominator).
+CPU_CEILINGS = [
+    ("CPU a page without start-up, `distscrape crawl` / Crawlee", 1.0, ("default", "nginx"),
+     ("crawlee", "nginx")),
+    ("CPU a page without start-up, README workers / Crawlee", 1.15, ("workers", "nginx"),
+     ("crawlee", "nginx")),
+]
+
+
 def ceiling_table(rounds: list[tuple[list[Result], dict]]) -> str:
-    """Each Redis CPU bound's figure in each round and the median; only crawls that ran."""
+    """Each upper bound's figure in each round and the median: Redis's CPU a page, and CPU a
+    page without start-up against Crawlee's; only crawls that ran."""
     figures = []
     for label, most, crawl in REDIS_CEILINGS:
         row: list[Optional[float]] = []
         for results, _ in rounds:
             found = {(r.kind, r.site): r for r in results}.get(crawl)
             row.append(1000 * found.per_page(found.redis_cpu) if found and found.pages else None)
+        figures.append((label, most, row))
+    for label, most, top, bottom in CPU_CEILINGS:
+        row = []
+        for results, _ in rounds:
+            found = {(r.kind, r.site): r for r in results}
+            a, b = found.get(top), found.get(bottom)
+            row.append(a.per_page(a.running_cpu) / b.per_page(b.running_cpu)
+                       if a and b and a.pages and b.per_page(b.running_cpu) > 0 else None)
         figures.append((label, most, row))
     return bound_table("bound", "at most", figures, len(rounds), lambda x, most: x <= most)
 

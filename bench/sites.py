@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 from bench.helpers import BENCH, PEERS, descendants, free_port, own_cpu, wait_port
 from distscrape_celery.testing.sitegen import generate_site
@@ -104,6 +105,17 @@ class Site:
     def requests_since(self, offset: int) -> list[tuple[float, str]]:
         return [(float(stamp), path) for stamp, path, *_ in self._lines_since(offset)]
 
+    def first_request_since(self, offset: int) -> Optional[float]:
+        """When the site received the first request logged since ``offset`` (robots.txt too),
+        on the wall clock (``time.time()``, as the logs are), or None before one is logged."""
+        lines = self._lines_since(offset)
+        return min(self.arrival(fields) for fields in lines) if lines else None
+
+    def arrival(self, fields: list[str]) -> float:
+        """When a log line's request arrived. nginx logs the time it answered a static file:
+        a fraction of a millisecond later, within its millisecond resolution."""
+        return float(fields[0])
+
     def lag_since(self, offset: int) -> list[float]:
         """The latency site's lag of each answer since ``offset``, in ms (nginx logs none)."""
         return [float(rest[0]) for _, _, _, *rest in self._lines_since(offset) if rest]
@@ -150,6 +162,11 @@ class LatencySite(Site):
              "--port", str(port), "--delay", str(delay), "--pages", str(pages_file),
              "--log", str(self.log)], start_new_session=True)
         wait_port(port)
+        self.delay = delay
+
+    def arrival(self, fields: list[str]) -> float:
+        # It logs when it answered: the delay and its lag (ms) after the request came.
+        return float(fields[0]) - self.delay - float(fields[3]) / 1000
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -1,4 +1,4 @@
-"""The crawl benchmark: our crawler against Scrapy and scrapy-redis, same site, same run.
+"""The crawl benchmark: our crawler against Scrapy, scrapy-redis and Crawlee, same site, same run.
 
     .venv/bin/python -m bench.suite [--pages 5000] [--peer-pages 2000] [--latency 0.05]
                                     [--only nginx-default,latency-default,...,chaos]
@@ -7,15 +7,16 @@
 One run, in this order, so every figure is taken under the same machine load:
 
 1. installs Scrapy, scrapy-redis, py-spy and uvloop into ``bench/.venv-peers`` if they are not
-   there;
+   there, and (with ``crawlee`` in ``--only``) Crawlee into ``bench/.venv-crawlee``;
 2. generates a site with ``distscrape_celery.testing.sitegen`` (``--pages`` pages of about 6 KB, robots.txt
    allowing everything) and serves it on 127.0.0.1 twice: from static files by nginx (a child
    process with its own config; ``apt-get install nginx-light`` if it is missing) and by
    ``bench/latency_site.py`` (asyncio on uvloop, the peers' Python), which answers every request
    after ``--latency`` seconds;
 3. crawls, each crawl bounded by ``--timeout`` seconds: Scrapy (a CrawlSpider, 1 process, 64
-   concurrent requests) and scrapy-redis (2 processes, its own throwaway redis-server) for
-   ``--peer-pages`` pages; ``distscrape crawl`` with the README's defaults and the README's
+   concurrent requests), scrapy-redis (2 processes, its own throwaway redis-server) and Crawlee
+   (a ParselCrawler, 1 process, 64 concurrent requests, storage in memory) for ``--peer-pages``
+   pages; ``distscrape crawl`` with the README's defaults and the README's
    multi-worker command (``celery multi start`` of two ``-P threads -c 32`` workers per core,
    then ``distscrape seed``) for the whole site; the scale-out runs (1, 2, 4 README workers)
    against the latency site; with ``--only scale-hosts`` (``bench.sim_hosts``), the same
@@ -28,10 +29,12 @@ it fails the suite if a page is lost.
 Figures per crawl: pages/s as the site saw it (requests in its access log, first to last), CPU
 ms per page of the crawler's processes (rusage of every process, start-up included, without
 Redis; for workers that ``celery multi`` detached, their CPU from /proc before they are
-stopped), Redis round trips, commands and CPU per page (``INFO`` deltas: requests read from
-clients, each pipeline or script once; every command, those a script runs included; CPU). Our
-politeness limits are set high
-(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything).
+stopped), the same without the start-up (less the CPU all its processes had spent when the site
+received its first request, ``bench.probes.StartupCpu``), Redis round trips, commands and CPU
+per page (``INFO`` deltas: requests read from clients, each pipeline or script once; every
+command, those a script runs included; CPU). Our politeness limits are set high
+(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything); the
+peers neither fetch it nor limit a site below their 64 requests in flight.
 Network: 127.0.0.1 only.
 """
 
@@ -51,6 +54,7 @@ from typing import Optional
 from bench import chaos
 from bench.cgroups import CgroupError, HostCgroups
 from bench.crawl_command import crawl_default
+from bench.crawlee_peer import crawl_crawlee, ensure_crawlee
 from bench.helpers import machine, unwind_on_sigterm
 from bench.peers import crawl_scrapy, crawl_scrapy_redis, ensure_peers
 from bench.probes import Result
@@ -59,7 +63,7 @@ from bench.sites import LatencySite, NginxSite, Site, site_pages
 from bench.worker_crawl import README_WORKER_ARGS, crawl_hosts, crawl_workers
 
 
-ALL = ["scrapy", "scrapy-redis", "nginx-default", "nginx-workers", "latency-default",
+ALL = ["scrapy", "scrapy-redis", "crawlee", "nginx-default", "nginx-workers", "latency-default",
        "latency-workers", "scale", "variants"]
 # Not in ALL either: scale-hosts (bench.sim_hosts), which needs root and a cgroup cpu
 # controller; chaos (bench.chaos), which takes minutes of its own.
@@ -109,7 +113,7 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
                                      worker_args=args.scale_args.split()))
             out[-1].kind = f"scale-{n}"
         return out
-    if what.startswith("scrapy"):
+    if what.startswith(("scrapy", "crawlee")):
         where, kind = "nginx", what
     else:
         where, _, kind = what.partition("-")
@@ -119,6 +123,8 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
         r = crawl_scrapy(site, name, work, args)
     elif kind == "scrapy-redis":
         r = crawl_scrapy_redis(site, name, work, args)
+    elif kind == "crawlee":
+        r = crawl_crawlee(site, name, work, args)
     elif kind == "default":
         r = crawl_default(site, name, work, args, extra)
     elif kind == "baseline":
@@ -131,7 +137,7 @@ def run_one(what: str, nginx: Site, latency: Site, work: Path, args, extra: list
         kind = "workers"
         r = crawl_workers(site, name, work, args, 2 * (os.cpu_count() or 1))
     r.kind = kind
-    if kind.startswith("scrapy"):
+    if kind.startswith(("scrapy", "crawlee")):
         peers[(kind, name)] = r
     return [r]
 
@@ -223,12 +229,14 @@ def crawl_rounds(args, only: list[str]) -> list[tuple[list[Result], dict]]:
     """The crawls of ``only``, ``--rounds`` times, every other round in reverse order; each
     round's results and peers, each result printed as it comes."""
     ensure_peers()  # the latency site runs on their Python too
+    if "crawlee" in only:
+        ensure_crawlee()
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     args.pages_map = site_pages(args.pages, args.page_bytes)
     work = Path(tempfile.mkdtemp(prefix="distscrape-suite-"))
     # nginx only for the crawls of it (the scale-out ones use the 50 ms site alone).
-    needs_nginx = any(w.startswith(("scrapy", "nginx")) for w in only) or (
+    needs_nginx = any(w.startswith(("scrapy", "crawlee", "nginx")) for w in only) or (
         "variants" in only and args.variant_sites != "latency")
     nginx = NginxSite(args.pages_map, work) if needs_nginx else None
     latency = LatencySite(args.pages_map, work, args.latency)

@@ -19,7 +19,8 @@ from bench.cgroups import HostCgroups
 from bench.crawl_command import HIGH_LIMITS
 from bench.helpers import (BIN, PEERS, children_of, clean_env, context_switches, cpu_ticks, own_cpu,
                            own_system_cpu, proc_status)
-from bench.probes import RUNS, Occupancy, Result, ThrowawayRedis, cap_used, site_figures
+from bench.probes import (RUNS, Occupancy, Result, StartupCpu, ThrowawayRedis, cap_used,
+                          site_figures)
 from bench.sites import Site
 
 README_WORKER_ARGS = ["-P", "threads", "-c", "32", "--without-gossip", "--without-mingle"]  # two a core
@@ -86,10 +87,13 @@ class WorkerCrawl:
         if group_prefix and self.launch in ("loop", "forks"):
             raise SystemExit(f"BENCH_LAUNCH={self.launch}: its workers cannot each have a prefix")
         self.worker_env = worker_env
-        self.env = dict(clean_env(), DISTSCRAPE_REDIS_URL=self.server.url, **worker_env)
+        self.job = f"bench-{site_name}-{self.workers}-{run}"
+        self.output = work / f"{self.job}-out"
+        # Workers write a path output only under roots their operator set: this one's.
+        self.env = dict(clean_env(), DISTSCRAPE_REDIS_URL=self.server.url,
+                        DISTSCRAPE_OUTPUT_ROOTS=str(self.output), **worker_env)
         self.settings = Settings(redis_url=self.server.url)
         self.tracker = RedisTracker.from_settings(self.settings)
-        self.job = f"bench-{site_name}-{self.workers}-{run}"
         self.procs: list[subprocess.Popen] = []
         self.shell: Optional[subprocess.Popen] = None
         self.multi_files = [f"--pidfile={work}/{self.job}-%n.pid",
@@ -185,6 +189,12 @@ class WorkerCrawl:
             return children_of(self.shell.pid)
         return [proc.pid for proc in self.procs]
 
+    def root_pids(self) -> list[int]:
+        """The processes whose CPU, with their descendants', is the workers' CPU."""
+        if self.launch == "multi":
+            return self.worker_pids()
+        return [proc.pid for proc in [*self.procs, *([self.shell] if self.shell else [])]]
+
     def worker_cpu(self) -> float:  # from /proc: the workers' own CPU so far
         return sum(own_cpu(pid) for pid in self.worker_pids())
 
@@ -238,6 +248,10 @@ class WorkerCrawl:
         atexit.register(self.abandon)
         self.wait_up()
         mark = self.site.mark()
+        # The workers idle until the seed: sampled from here, their CPU at the first request
+        # is all they spent before it.
+        startup, roots = StartupCpu(self.site, mark), self.root_pids()
+        startup.watch(lambda: roots)
         self.server.probe.start = {}
         self.server.probe.sample()
         spies = self.start_spies()
@@ -265,6 +279,7 @@ class WorkerCrawl:
         stats = self.tracker.stats(self.job)
         self.server.stop()
         result = self.result(wall, cpu, busiest, crawl_cpu, seed_wall, ok and stats.dead == 0)
+        result.startup_cpu = startup.seconds()
         site_figures(result, self.site, mark)
         result.note = (f"done {stats.done}, dead {stats.dead}"
                        + (f"; {occupancy}" if occupancy else ""))
@@ -281,7 +296,7 @@ class WorkerCrawl:
         limit = ["--max-pages", str(max_pages)] if max_pages else []
         seed = subprocess.run(
             [str(BIN / "distscrape"), "seed", self.job, *self.site.seeds, "--output",
-             str(self.work / f"{self.job}-out"), *([] if polite else HIGH_LIMITS), *limit],
+             str(self.output), *([] if polite else HIGH_LIMITS), *limit],
             env=self.env, capture_output=True, text=True)
         if seed.returncode != 0:
             raise RuntimeError(f"seed failed: {seed.stderr}")
