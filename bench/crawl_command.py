@@ -15,6 +15,13 @@ from bench.sites import Site
 HIGH_LIMITS = ["--per-domain-concurrency", "256"]
 
 
+def high_limits(args) -> list[str]:
+    """The suite's per-site limit for our crawls: HIGH_LIMITS, or ``--per-domain`` (the peers'
+    64 in flight, to compare at equal concurrency)."""
+    per_domain = getattr(args, "per_domain", None)
+    return HIGH_LIMITS if per_domain is None else ["--per-domain-concurrency", str(per_domain)]
+
+
 def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str] = (),
                   baseline: bool = False, polite: bool = False) -> Result:
     """The README's one command: ``distscrape crawl URL --output DIR``, limits set high (with
@@ -25,7 +32,7 @@ def crawl_default(site: Site, site_name: str, work: Path, args, extra: list[str]
     mark = site.mark()
     state = Path(str(out) + ".distscrape-state")
     command = [str(BIN / "distscrape"), "crawl", *site.seeds, "--output", str(out), "--quiet",
-               *([] if polite else HIGH_LIMITS), *extra]
+               *([] if polite else high_limits(args)), *extra]
     if args.profile:
         # Collapsed stacks of every Python process of the crawl, only samples holding the GIL
         # (Python CPU, not threads blocked in socket reads); CPU figures then include py-spy.

@@ -154,6 +154,9 @@ def parser() -> argparse.ArgumentParser:
     options.add_argument("--host-cpu", type=float, default=0.3,
                          help="scale-hosts: each simulated host's share of a core")
     options.add_argument("--latency", type=float, default=0.05)
+    options.add_argument("--per-domain", type=int, metavar="N",
+                         help="requests in flight to the site for our crawls (default 256; the "
+                         "peers keep 64)")
     options.add_argument("--timeout", type=float, default=150.0, help="seconds per crawl at most")
     options.add_argument("--only", default=",".join(ALL),
                          help=f"some of {','.join(ALL)}; also nginx-polite, latency-polite, "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from bench.cgroups import HostCgroups
-from bench.crawl_command import HIGH_LIMITS
+from bench.crawl_command import high_limits
 from bench.helpers import (BIN, PEERS, children_of, clean_env, context_switches, cpu_ticks, own_cpu,
                            own_system_cpu, proc_status)
 from bench.probes import (RUNS, Occupancy, Result, StartupCpu, ThrowawayRedis, cap_used,
@@ -296,7 +296,7 @@ class WorkerCrawl:
         limit = ["--max-pages", str(max_pages)] if max_pages else []
         seed = subprocess.run(
             [str(BIN / "distscrape"), "seed", self.job, *self.site.seeds, "--output",
-             str(self.output), *([] if polite else HIGH_LIMITS), *limit],
+             str(self.output), *([] if polite else high_limits(self.args)), *limit],
             env=self.env, capture_output=True, text=True)
         if seed.returncode != 0:
             raise RuntimeError(f"seed failed: {seed.stderr}")
