@@ -33,7 +33,7 @@ stopped), the same without the start-up (less the CPU all its processes had spen
 received its first request, ``bench.probes.StartupCpu``), Redis round trips, commands and CPU
 per page (``INFO`` deltas: requests read from clients, each pipeline or script once; every
 command, those a script runs included; CPU). Our politeness limits are set high
-(``--per-domain-concurrency 256``); robots.txt is fetched and obeyed (it allows everything); the
+(``--per-domain-concurrency 256``, or ``--per-domain N``); robots.txt is fetched and obeyed (it allows everything); the
 peers neither fetch it nor limit a site below their 64 requests in flight.
 Network: 127.0.0.1 only.
 """
