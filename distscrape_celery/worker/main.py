@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import os
 import platform
@@ -206,6 +207,12 @@ def run_forked(args: argparse.Namespace) -> int:
     global preloaded_modules
     _preload(args.pool)
     preloaded_modules = frozenset(sys.modules)
+    # What the children inherit is left out of their collections (as Python's gc.freeze docs
+    # advise before a fork): a child's collection at ready (freeze_startup_objects) would
+    # otherwise walk all of it and write to every object's header, copying each page of the
+    # parent's memory it touched.
+    gc.collect()
+    gc.freeze()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # or each child would write the parent's buffered output again
     tie_to_us = die_with_parent(signal.SIGTERM)
