@@ -2,29 +2,34 @@
 
     .venv/bin/python -m bench.revisits [--pages 5000] [--page-bytes 6000] [--modes etag,digest]
 
-Serves a generated site (``--pages`` pages of about ``--page-bytes``, as the suite's) on
-127.0.0.1 with ``SiteServer`` and crawls it with ``distscrape crawl URL --revisit --output DIR``
-(the embedded Redis, its state beside DIR; the suite's high per-domain limit), then changes the
-site as :func:`evolve_site` does (10 % of the pages changed, 2 % added, 2 % removed) and runs the
-same command again: generation 2 of its job. In mode ``etag`` the server sends ETag and
-Last-Modified and answers 304 to a matching conditional request (as nginx does for static
-files); in mode ``digest`` it sends neither, and only the body's digest tells an unchanged page.
+Serves a generated site (``--pages`` pages of about ``--page-bytes``, as the suite's, and the
+suite's robots.txt that allows everything) on 127.0.0.1 with nginx, from static files, and crawls
+it with ``distscrape crawl URL --revisit --output DIR`` (the embedded Redis, its state beside
+DIR; the suite's high per-domain limit), then changes the site as :func:`evolve_site` does (10 %
+of the pages changed, 2 % added, 2 % removed: their files rewritten with a later modification
+time, written, or deleted; the others left alone) and runs the same command again: generation 2
+of its job. In mode ``etag`` nginx serves its static files as it does by default: ETag (the
+file's modification time and size) and Last-Modified, and 304 to a matching conditional
+request; in mode ``digest`` it sends neither and ignores conditional requests, and only the
+body's digest tells an unchanged page. A removed page is a 404 in both.
 
 For each mode it prints both generations' wall time (of the command, start-up and shutdown
-included) and their first-to-last page request at the server, the body bytes the server sent,
-the CPU a page of the crawl's processes, of its Redis and of the server (this process), and the
-pages generation 2 saved, counted from the output: the files whose inode changed (the
-files saver replaces a file atomically) or that are new, against the changed and added pages
-(missed and extra must be 0). Bars, each PASS or FAIL (exit status 1 if any fails): generation 2
-saves exactly the changed and added pages, in both modes; in mode etag it downloads at most 15 %
-of generation 1's body bytes; its first-to-last page request takes at most half of generation
-1's, in both modes (the command's wall time is printed beside it: it adds a start-up and a
-shutdown that do not shrink with the pages fetched).
+included) and, from nginx's access log, their first-to-last page request, the pages requested
+and the body bytes sent; the CPU a page of the crawl's processes, of its Redis and of nginx
+(from /proc); and the pages generation 2 saved, counted from the output: the files whose inode
+changed (the files saver replaces a file atomically) or that are new, against the changed and
+added pages (missed and extra must be 0), each of them the page as served. Bars, each PASS or
+FAIL (exit status 1 if any fails): generation 2 saves exactly the changed and added pages, in
+both modes; in mode etag it downloads at most 15 % of generation 1's body bytes; its
+first-to-last page request takes at most half of generation 1's, in both modes (the command's
+wall time is printed beside it: it adds a start-up and a shutdown that do not shrink with the
+pages fetched).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -35,10 +40,23 @@ from pathlib import Path
 from bench.crawl_command import HIGH_LIMITS
 from bench.helpers import BIN, clean_env, machine, unwind_on_sigterm
 from bench.probes import embedded_probe, run_measured
+from bench.sites import ROBOTS, NginxSite, static_name, write_static
 from distscrape_celery.savers import FileItemSaver
-from distscrape_celery.testing.sitegen import Site, SiteServer, evolve_site, generate_site
+from distscrape_celery.testing.sitegen import Site, SiteChange, evolve_site, generate_site
 
 MODES = ("etag", "digest")
+# More of nginx's server block, by mode. etag: its defaults for static files. digest: no ETag,
+# no Last-Modified (add_header with an empty value takes the static module's away) and
+# If-Modified-Since ignored; an If-None-Match naming a tag then never matches (only "*" would,
+# which a crawl never sends).
+SERVER_CONF = {
+    "etag": "",
+    "digest": 'etag off;\nif_modified_since off;\nadd_header Last-Modified "";\n',
+}
+# A removed section page (/sec/K/) leaves its directory behind, with the section's other pages:
+# nginx would answer 403 (no index, no listing), which a crawl does not take for gone. A removed
+# page's 404 is expected: not an error line each.
+GONE = "log_not_found off;\nlocation ~ /$ { try_files ${uri}index.html =404; }\n"
 # The bars.
 MAX_BYTES_RATIO = 0.15  # etag: generation 2's body bytes against generation 1's
 MAX_TIME_RATIO = 0.5  # generation 2's first-to-last page request against generation 1's
@@ -47,10 +65,9 @@ MAX_TIME_RATIO = 0.5  # generation 2's first-to-last page request against genera
 @dataclass
 class Generation:
     """One run of the command: its wall seconds, the CPU seconds of its processes (workers and
-    the command; its embedded Redis's apart) and of the site's server (this process), the
-    server's first-to-last page request, the pages
-    requested and the body bytes sent, Redis's round trips and script calls, and the command's
-    report."""
+    the command; its embedded Redis's apart) and of nginx, the first-to-last page request, the
+    pages requested and the body bytes sent (from nginx's log, robots.txt's request left out of
+    the first two), Redis's round trips and script calls, and the command's report."""
 
     wall: float
     cpu: float
@@ -67,26 +84,46 @@ class Generation:
         return value / max(self.requests, 1)
 
 
-def crawl(server: SiteServer, out: Path, log: Path, timeout: float) -> Generation:
+def crawl(server: NginxSite, out: Path, log: Path, timeout: float) -> Generation:
     """``distscrape crawl URL --revisit --output OUT`` to its end, measured."""
-    command = [str(BIN / "distscrape"), "crawl", server.url("/"), "--revisit", "--output",
+    command = [str(BIN / "distscrape"), "crawl", server.url, "--revisit", "--output",
                str(out), "--quiet", *HIGH_LIMITS]
-    first, sent = len(server.requests), server.body_bytes
+    offset, served = server.mark()
     state = Path(str(out) + ".distscrape-state")
-    served = time.process_time()
     status, wall, cpu, probe = run_measured(command, clean_env(), timeout, log,
                                             embedded_probe(state))
-    served = time.process_time() - served
+    served = server.cpu_seconds() - served
     text = log.read_text(errors="replace")
     if status != 0:
         raise RuntimeError(f"the crawl exited {status}:\n{text[-2000:]}")
     _, redis_cpu, reads = probe.delta() if probe else (0.0, 0.0, 0.0)
-    times = server.request_times()[first:]
+    answers = server.responses_since(offset)
+    times = [when for when, path, _, _ in answers if path != "/robots.txt"]
     lines = [line for line in text.splitlines() if line.startswith("job ")]
     # The embedded Redis is a child of the command: its CPU is in the rusage; take it out.
-    return Generation(wall, cpu - redis_cpu, redis_cpu, served, times[-1] - times[0] if times else 0.0,
-                      len(times), server.body_bytes - sent, reads,
+    return Generation(wall, cpu - redis_cpu, redis_cpu, served,
+                      max(times) - min(times) if times else 0.0, len(times),
+                      sum(sent for _, _, _, sent in answers), reads,
                       probe.scripts() if probe else 0.0, " / ".join(lines))
+
+
+def change_files(root: Path, change: SiteChange) -> None:
+    """Make nginx's files under ``root`` the changed site: the changed and added pages written,
+    with a modification time a whole second past every other file's (nginx's ETag and
+    Last-Modified count whole seconds), the removed ones deleted, the rest left alone."""
+    latest = max(p.stat().st_mtime for p in root.rglob("*") if p.is_file())
+    when = max(int(time.time()), int(latest) + 1)
+    written = change.changed | change.added
+    write_static({path: change.site.pages[path] for path in written}, root)
+    for path in written:
+        os.utime(root / static_name(path), (when, when))
+    for path in change.removed:
+        (root / static_name(path)).unlink()
+
+
+def page_url(server: NginxSite, path: str) -> str:
+    """The URL of the site's page ``path`` (which starts with "/")."""
+    return server.url.rstrip("/") + path
 
 
 def inodes(output: Path) -> dict[str, int]:
@@ -119,19 +156,24 @@ class ModeResult:
 def run_mode(mode: str, site: Site, work: Path, seed: int, timeout: float) -> ModeResult:
     out, logs = work / mode / "out", work / mode
     logs.mkdir(parents=True)
-    with SiteServer(site, validators=mode == "etag") as server:
+    pages = {**{path: site.pages[path] for path in site.reachable}, "/robots.txt": ROBOTS}
+    server = NginxSite(pages, logs, SERVER_CONF[mode] + GONE)
+    try:
         saver = FileItemSaver(str(out))
         first = crawl(server, out, logs / "generation-1.log", timeout)
         before = inodes(out)
         change = evolve_site(site, seed=seed)
-        server.replace_site(change.site)
+        change_files(server.root, change)
         second = crawl(server, out, logs / "generation-2.log", timeout)
         if "generation 2" not in (logs / "generation-2.log").read_text():
             raise RuntimeError(f"the second run did not start generation 2: see {logs}")
         after = inodes(out)
-        name = {str(saver.name_for(server.url(p))): p for p in change.site.reachable}
+        name = {str(saver.name_for(page_url(server, p))): p for p in change.site.reachable}
+        expected = {str(saver.name_for(page_url(server, p)))
+                    for p in change.changed | change.added}
+    finally:
+        server.stop()
     written = {n for n, ino in after.items() if before.get(n) != ino}
-    expected = {str(saver.name_for(server.url(p))) for p in change.changed | change.added}
     wrong = sorted(n for n in written & expected
                    if (out / n).read_bytes() != change.site.pages[name[n]])
     return ModeResult(mode, first, second, len(change.changed), len(change.added),

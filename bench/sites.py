@@ -1,6 +1,7 @@
-"""The benchmark's sites on 127.0.0.1, each with an access log of ``time path status`` lines:
-a generated site served from static files by nginx (loopback) and by ``bench/latency_site.py``
-(answers after a fixed delay, run by the peers' Python, which has uvloop)."""
+"""The benchmark's sites on 127.0.0.1, each with an access log of ``time path status`` lines
+(and more fields after those): a generated site served from static files by nginx (loopback)
+and by ``bench/latency_site.py`` (answers after a fixed delay, run by the peers' Python, which
+has uvloop)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Optional
 
@@ -25,16 +27,20 @@ def site_pages(n_pages: int, page_bytes: int) -> dict[str, bytes]:
     return pages
 
 
+def static_name(path: str) -> str:
+    """The file nginx serves ``path`` from, relative to its root: ``/dir/`` is
+    ``dir/index.html``, ``/q?id=N`` is ``q/N.html``."""
+    if path.startswith("/q?id="):
+        return f"q/{path[len('/q?id='):]}.html"
+    if path.endswith("/"):
+        return path[1:] + "index.html"
+    return path[1:]
+
+
 def write_static(pages: dict[str, bytes], root: Path) -> None:
-    """Files nginx serves: ``/dir/`` as ``dir/index.html``, ``/q?id=N`` as ``q/N.html``."""
+    """Write each page under ``root`` as :func:`static_name` names it."""
     for path, body in pages.items():
-        if path.startswith("/q?id="):
-            rel = f"q/{path[len('/q?id='):]}.html"
-        elif path.endswith("/"):
-            rel = path[1:] + "index.html"
-        else:
-            rel = path[1:]
-        target = root / rel
+        target = root / static_name(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(body)
 
@@ -54,7 +60,7 @@ http {{
     fastcgi_temp_path {dir}/tmp;
     uwsgi_temp_path {dir}/tmp;
     scgi_temp_path {dir}/tmp;
-    log_format bench '$msec $request_uri $status';
+    log_format bench '$msec $request_uri $status $body_bytes_sent';
     access_log {dir}/access.log bench;
     sendfile on;
     tcp_nodelay on;
@@ -64,6 +70,7 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         location = /q {{ try_files /q/$arg_id.html =404; }}
+{server}
     }}
 }}
 """
@@ -127,19 +134,31 @@ class Site:
 
 
 class NginxSite(Site):
-    def __init__(self, pages: dict[str, bytes], workdir: Path) -> None:
-        root, self.dir = workdir / "static", workdir / "nginx"
-        write_static(pages, root)
+    """nginx serving ``pages`` as :func:`write_static` lays them out under ``root``; ``server``
+    is more of its server block's configuration (one directive a line)."""
+
+    def __init__(self, pages: dict[str, bytes], workdir: Path, server: str = "") -> None:
+        self.root, self.dir = workdir / "static", workdir / "nginx"
+        write_static(pages, self.root)
         (self.dir / "tmp").mkdir(parents=True)
         port = free_port()
         conf = self.dir / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(dir=self.dir, port=port, root=root))
+        conf.write_text(NGINX_CONF.format(dir=self.dir, port=port, root=self.root,
+                                          server=textwrap.indent(server, " " * 8)))
         self.log = self.dir / "access.log"
         self.url = f"http://127.0.0.1:{port}/"
         self.expected = sum(1 for path in pages if path != "/robots.txt")
         self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
                                      start_new_session=True)
         wait_port(port)
+
+    def lag_since(self, offset: int) -> list[float]:
+        return []  # nginx logs no lag (its fourth field is the body bytes)
+
+    def responses_since(self, offset: int) -> list[tuple[float, str, int, int]]:
+        """Each answer logged since ``offset``: when, the path, the status and the body bytes."""
+        return [(float(stamp), path, int(status), int(sent))
+                for stamp, path, status, sent in self._lines_since(offset)]
 
     def stop(self) -> None:
         self.proc.terminate()
