@@ -38,6 +38,10 @@ PROXY_SCHEMES = ("http", "https", "socks5", "socks5h")
 DEFAULT_ROBOTS_CACHE_BYTES = 64 * 1024 * 1024
 # The shortest bearer token `distscrape api` takes: a guessable one would guard nothing.
 MIN_API_TOKEN_CHARS = 16
+# Settings that wait within a quarter of another's time, to leave room: a page waits for its save
+# batch under its worker's lease (a slow broker round trip on top must not let the lease run
+# out), and a task's time limit ends it with the item it carried on to.
+WITHIN_A_QUARTER = {"save_batch_seconds": "lease_seconds", "carry_seconds": "task_time_limit"}
 
 
 class Settings(BaseModel):
@@ -309,24 +313,13 @@ class Settings(BaseModel):
                     f"{CREDENTIAL_PREFIX}{name}: must be one line of printable ASCII characters")
         return value
 
-    @field_validator("save_batch_seconds")
+    @field_validator(*WITHIN_A_QUARTER)
     @classmethod
-    def _check_save_batch_seconds(cls, value: float, info: ValidationInfo) -> float:
-        # A page waits this long under its worker's lease: far less than the lease, so a slow
-        # broker round trip on top does not let the lease run out.
-        lease = info.data.get("lease_seconds")
-        if lease is not None and value > lease / 4:
-            raise ValueError(f"must be at most a quarter of lease_seconds ({lease:g})")
-        return value
-
-    @field_validator("carry_seconds")
-    @classmethod
-    def _check_carry_seconds(cls, value: float, info: ValidationInfo) -> float:
-        # The time limit ends the task, with the item it carried on to: leave that item the
-        # rest of it.
-        limit = info.data.get("task_time_limit")
-        if limit is not None and value > limit / 4:
-            raise ValueError(f"must be at most a quarter of task_time_limit ({limit:g})")
+    def _check_within_a_quarter(cls, value: float, info: ValidationInfo) -> float:
+        other = WITHIN_A_QUARTER[info.field_name]
+        bound = info.data.get(other)
+        if bound is not None and value > bound / 4:
+            raise ValueError(f"must be at most a quarter of {other} ({bound:g})")
         return value
 
     @field_validator("worker_prune_seconds")

@@ -8,14 +8,22 @@ from distscrape_celery.tracker import CrawlLimits, DomainLimits, LeaseStatus
 from tests.support.jobs import new_job
 
 
-def test_a_carrying_completion_gets_one_item_past_the_bound(tracker_factory):
-    tracker = tracker_factory()
+def _broker_full(tracker):
+    """A job of 30 items on as many domains, as many of them handed out as the broker may hold,
+    and the first of those leased (its slot in the broker filled again): its worker, the items,
+    those handed out and the first lease."""
     worker = new_job(tracker, limits=CrawlLimits(default=DomainLimits(concurrency=64)))
     items = [f"http://h{i}.test/" for i in range(30)]
     handed = list(tracker.add("j", items).dispatch)
     assert len(handed) == tracker.dispatch_bound() < len(items)
     first = tracker.checkout("j", handed[0], worker, max_lost=3)
-    handed += first.dispatch  # its slot in the broker filled again
+    handed += first.dispatch
+    return worker, items, handed, first
+
+
+def test_a_carrying_completion_gets_one_item_past_the_bound(tracker_factory):
+    tracker = tracker_factory()
+    worker, items, handed, first = _broker_full(tracker)
     # The broker holds as many as it may: a plain completion hands out nothing.
     assert tracker.complete("j", handed[0], first.token).dispatch == []
     second = tracker.checkout("j", handed[1], worker, max_lost=3)
@@ -56,12 +64,7 @@ def test_a_carried_item_keeps_its_domains_politeness(tracker_factory):
 
 def test_a_carrying_scrape_report_gets_one_item_past_the_bound(tracker_factory):
     tracker = tracker_factory()
-    worker = new_job(tracker, limits=CrawlLimits(default=DomainLimits(concurrency=64)))
-    items = [f"http://h{i}.test/" for i in range(30)]
-    handed = list(tracker.add("j", items).dispatch)
-    assert len(handed) == tracker.dispatch_bound() < len(items)
-    first = tracker.checkout("j", handed[0], worker, max_lost=3)
-    handed += first.dispatch
+    worker, items, handed, first = _broker_full(tracker)
     # The broker holds as many as it may: a plain report hands out nothing.
     assert tracker.scraped("j", handed[0], first.token, save_as=worker).dispatch == []
     second = tracker.checkout("j", handed[1], worker, max_lost=3)
@@ -76,11 +79,7 @@ def test_a_carrying_scrape_report_gets_one_item_past_the_bound(tracker_factory):
 
 def test_a_stale_or_throttled_scrape_report_carries_nothing(tracker_factory):
     tracker = tracker_factory()
-    worker = new_job(tracker, limits=CrawlLimits(default=DomainLimits(concurrency=64)))
-    items = [f"http://h{i}.test/" for i in range(30)]
-    handed = list(tracker.add("j", items).dispatch)
-    c = tracker.checkout("j", handed[0], worker, max_lost=3)
-    handed += c.dispatch
+    worker, _, handed, c = _broker_full(tracker)
     # A holder whose lease went on without it gets nothing to go on with.
     stale = tracker.scraped("j", handed[0], c.token + 1, save_as=worker, carry=True)
     assert not stale.held and stale.dispatch == []
