@@ -107,8 +107,9 @@ class Settings(BaseModel):
         le=100,
         description="The broker holds at most this many scrape messages per unit of live worker "
         "concurrency (at least one); the rest of the frontier waits in the tracker. Fewer "
-        "leave worker threads idle more often; more keep more of the frontier in the broker "
-        "(docs/architecture.md, 'The broker stays bounded').",
+        "leave worker threads idle more often; more keep more of the frontier in the broker, "
+        "where each message holds its domain's slot until a task takes it, about once a second "
+        "a task slot since tasks carry on (docs/architecture.md, 'The broker stays bounded').",
     )
     save_backlog_factor: int = Field(
         SAVE_BACKLOG_FACTOR,

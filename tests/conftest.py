@@ -57,7 +57,13 @@ def redis_client(redis_url):
     client.close()
 
 
+# The tracker tests count what a call hands out at two scrape messages a task slot, unless a
+# test sets its own: they are about the dispatch rules, not the default bound's size.
+TEST_DISPATCH_FACTOR = 2.0
+
+
 def make_tracker(kind: str, redis_url: str | None, **kw):
+    kw.setdefault("dispatch_factor", TEST_DISPATCH_FACTOR)
     if kind == "memory":
         return InMemoryTracker(bound_refresh_seconds=0, **kw)
     return RedisTracker.from_url(redis_url, bound_refresh_seconds=0, **kw)

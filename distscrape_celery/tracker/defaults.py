@@ -9,7 +9,7 @@ This module imports nothing from the package, so any module may import it.
 LEASE_SECONDS = 60.0
 # Scrape messages of a job the broker may hold, per unit of the live workers' concurrency
 # (DISTSCRAPE_DISPATCH_FACTOR).
-DISPATCH_FACTOR = 2.0
+DISPATCH_FACTOR = 0.5
 # Pages of save messages of a job the broker may hold, per unit of the live workers'
 # concurrency (DISTSCRAPE_SAVE_BACKLOG_FACTOR).
 SAVE_BACKLOG_FACTOR = 2

@@ -9,8 +9,9 @@ import pytest
 
 from distscrape_celery.errors import JobStateError
 from distscrape_celery.tracker import (
-    CrawlLimits, DomainLimits, InMemoryTracker, JobAction, JobState, LeaseStatus, RedisTracker,
+    CrawlLimits, DomainLimits, JobAction, JobState, LeaseStatus,
 )
+from tests.conftest import make_tracker
 from tests.support.jobs import FakeClock, new_job
 
 LOST = 10
@@ -52,7 +53,7 @@ def run_out_of_time(t, w, job, pass_time):
 
 def test_a_job_out_of_time_dispatches_nothing_and_ends_expired_on_a_moved_clock():
     clock = FakeClock()
-    t = InMemoryTracker(bound_refresh_seconds=0, clock=clock)
+    t = make_tracker("memory", None, clock=clock)
     limits = CrawlLimits(default=DomainLimits(concurrency=2), max_duration=10)
     w = new_job(t, concurrency=1, limits=limits)
     clock.now += 9.9
@@ -65,7 +66,7 @@ def test_a_job_out_of_time_dispatches_nothing_and_ends_expired_on_a_moved_clock(
 
 
 def test_a_job_out_of_time_ends_expired_on_redis_clock(redis_url):
-    t = RedisTracker.from_url(redis_url, bound_refresh_seconds=0)
+    t = make_tracker("redis", redis_url)
     limits = CrawlLimits(default=DomainLimits(concurrency=2), max_duration=1.0)
     w = new_job(t, concurrency=1, limits=limits)
     started = t.job_info("j").started
@@ -87,7 +88,7 @@ def test_the_budget_counts_from_the_jobs_started_field(tracker_factory):
 
 def test_a_paused_job_out_of_time_ends_expired_too():
     clock = FakeClock()
-    t = InMemoryTracker(bound_refresh_seconds=0, clock=clock)
+    t = make_tracker("memory", None, clock=clock)
     new_job(t, limits=CrawlLimits(max_duration=5))
     t.add("j", ITEMS)
     t.control("j", JobAction.PAUSE)
@@ -98,7 +99,7 @@ def test_a_paused_job_out_of_time_ends_expired_too():
 
 def test_a_job_without_a_budget_never_expires():
     clock = FakeClock()
-    t = InMemoryTracker(bound_refresh_seconds=0, clock=clock)
+    t = make_tracker("memory", None, clock=clock)
     new_job(t, concurrency=1)
     t.add("j", ITEMS)
     clock.now += 10 * 365 * 86400

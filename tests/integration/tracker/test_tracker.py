@@ -839,7 +839,7 @@ def test_large_batches_are_chunked(tracker_factory):
     new_job(t, concurrency=1)
     n = MAX_ADD_BATCH * 3 + 7
     res = t.add("j", [f"u{i}" for i in range(n)])
-    assert res.added == n and len(res.dispatch) == 2  # the default bound: 2 a slot
+    assert res.added == n and len(res.dispatch) == 2  # the tests' bound: 2 a slot
     assert t.stats("j").queued == n
 
 
