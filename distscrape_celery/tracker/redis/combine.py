@@ -40,10 +40,7 @@ class _Call:
         self.weight = weight
         self.reply: Any = None
         self.error: BaseException | None = None
-        # Released once, when the call's reply (or the lead) is in: a bare lock, not an Event,
-        # whose Condition costs several locks and calls on both sides, once a page.
-        self.ready = threading.Lock()
-        self.ready.acquire()
+        self.ready = threading.Event()
         self.lead = False
 
 
@@ -88,7 +85,7 @@ class Combiner:
             lead, group.busy = not group.busy, True
         if not lead:
             try:
-                own.ready.acquire()
+                own.ready.wait()
             except BaseException:
                 self._abandon(group, own)
                 raise
@@ -116,7 +113,7 @@ class Combiner:
                 self._hand_on(group)
             for c in calls:
                 if c is not own:
-                    c.ready.release()
+                    c.ready.set()
         return self._outcome(own)
 
     def _take(self, group: _Group) -> list[_Call]:
@@ -135,7 +132,7 @@ class Combiner:
         """The lead goes to the first call waiting, if any (under the lock)."""
         if group.waiting:
             group.waiting[0].lead = True
-            group.waiting[0].ready.release()
+            group.waiting[0].ready.set()
         else:
             group.busy = False
 

@@ -302,22 +302,17 @@ def test_an_interrupted_waiter_passes_the_lead_on(monkeypatch):
     for ever."""
     interrupt = threading.Event()
 
-    class InterruptedWait:
-        """A call's ``ready`` lock whose wait is cut short by an exception."""
-
-        def acquire(self, blocking=True, timeout=-1):
+    class InterruptibleEvent(threading.Event):
+        def wait(self, timeout=None):
             interrupt.wait(10)
             raise KeyboardInterrupt
-
-        def release(self):
-            pass
 
     real_call = combine._Call
 
     def make(payload, weight=1):
         call = real_call(payload, weight)
         if payload == 2:
-            call.ready = InterruptedWait()
+            call.ready = InterruptibleEvent()
         return call
 
     monkeypatch.setattr(combine, "_Call", make)
