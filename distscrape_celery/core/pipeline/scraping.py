@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
@@ -78,6 +78,17 @@ class LeasedPage:
     @property
     def token(self) -> int:
         return self.checkout.token
+
+    def may_carry_on(self) -> bool:
+        """Whether the scrape that holds the page may take one more item as the page ends."""
+        return self.go_on is not None and self.go_on()
+
+    def carry_on_with(self, handed: Sequence[str]) -> list[str]:
+        """Keep the first of ``handed`` (what a carrying tracker call handed out, the carried
+        item first) to scrape next; the others, to send."""
+        if handed:
+            self.carried = handed[0]
+        return list(handed[1:])
 
 
 class Scraping:
@@ -215,13 +226,12 @@ class Scraping:
         found = self.known_links.unknown(page.job, created, found)
         if verdict.skip:
             return self._finish_skipped(page, found, cut, verdict)
-        carry = page.go_on is not None and page.go_on()
+        carry = page.may_carry_on()
         reply = self._report_scraped(page, download, found, cut, carry)
         # Stale or not, the tracker took the finds.
         self.known_links.remember(page.job, created, found)
-        if carry and reply.held and reply.dispatch:
-            page.carried = reply.dispatch[0]
-            reply = dataclasses.replace(reply, dispatch=reply.dispatch[1:])
+        if carry and reply.held:
+            reply = dataclasses.replace(reply, dispatch=page.carry_on_with(reply.dispatch))
         if not reply.held:
             # Our lease ran out meanwhile and the item went on without us: leave it alone.
             dispatch(self.publisher, page.job, reply.dispatch)
@@ -239,13 +249,11 @@ class Scraping:
 
     def _finish_unsaved(self, page: LeasedPage, update: RevisitUpdate) -> str:
         """The page is done without a save (a revisit found it unchanged, or gone)."""
-        carry = page.go_on is not None and page.go_on()
+        carry = page.may_carry_on()
         completed = self.runtime.tracker.complete(page.job, page.item, page.token, update,
                                                   carry=carry)
-        items, page.unsent = list(completed.dispatch) + page.unsent, []
-        if carry and items:
-            page.carried, items = items[0], items[1:]
-        dispatch(self.publisher, page.job, items)
+        items, page.unsent = [*completed.dispatch, *page.unsent], []
+        dispatch(self.publisher, page.job, page.carry_on_with(items) if carry else items)
         return update.outcome.value
 
     def _finish_skipped(self, page: LeasedPage, found: list[str], cut: int, verdict: Verdict) -> str:
