@@ -5,8 +5,6 @@ its commit and the tracker's done mark."""
 
 from __future__ import annotations
 
-import signal
-import time
 
 import pytest
 
@@ -20,9 +18,9 @@ from distscrape_celery.tracker.model import LeaseStatus
 from distscrape_celery.worker.app import configure_app
 from distscrape_celery.worker.publish import publisher
 from tests.plugins.savers import event_counts
-from tests.support.crawl import check_all, crawl_settings, registered_id
+from tests.support.crawl import check_all, crawl_settings, sigkill_mid_crawl
 from tests.support.postgres import rows
-from tests.support.tracker_state import lease_holders, live_items
+from tests.support.tracker_state import live_items
 
 LEASE = 2.0
 PLUGIN_MODULES = "tests.plugins"
@@ -56,7 +54,6 @@ def test_worker_sigkilled_while_saving_to_postgres(
     settings, tracker, procs = _start(
         redis_url, workers, ["pg-victim", "pg-survivor"], postgres_dsn=postgres_dsn)
     victim, survivor = procs
-    victim_id = registered_id(tracker, victim)
     job = "pgcrash"
     with SiteServer(site, delay=0.05) as server:
         spec = build_spec({"seeds": [server.url("/")], "saver": {
@@ -64,14 +61,8 @@ def test_worker_sigkilled_while_saving_to_postgres(
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed(job, spec)
         # Kill while the victim holds items and rows are being written.
-        while (tracker.stats(job).done < n // 3
-               or victim_id not in lease_holders(redis_client, job).values()):
-            assert not tracker.stats(job).finished, "crawl finished before the kill"
-            survivor.check()
-            time.sleep(0.01)
-        victim.kill(signal.SIGKILL)
-        victim.proc.wait(10)
-        done_at_kill = tracker.stats(job).done
+        done_at_kill = sigkill_mid_crawl(tracker, redis_client, job, victim, survivor,
+                                         done=n // 3)
         rows_at_kill = len(rows(postgres_dsn, "pages"))
         replacement = workers(settings, "pg-replacement", concurrency=3)
         stats = manager.wait(job, timeout=120, check=check_all([survivor, replacement]))

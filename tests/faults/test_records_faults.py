@@ -9,14 +9,11 @@ page's records once."""
 from __future__ import annotations
 
 import json
-import signal
-import time
 from collections import Counter
 
 import pytest
 from tests.plugins.savers import event_counts, instruct
-from tests.support.crawl import check_all, crawl_settings, registered_id
-from tests.support.tracker_state import lease_holders
+from tests.support.crawl import check_all, crawl_settings, registered_id, sigkill_mid_crawl
 
 from distscrape_celery.core.manager import CrawlManager
 from distscrape_celery.job.spec import build_spec
@@ -118,16 +115,10 @@ def test_worker_sigkilled_while_writing_record_shards(redis_url, redis_client, w
     with SiteServer(site, delay=0.05) as server:
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed(job, _spec(server, output, shard_max_items=5))
-        while (tracker.stats(job).done < n // 3
-               or victim_id not in lease_holders(redis_client, job).values()
-               or not any(s.name.startswith(f"items-{victim_id}-") and s.stat().st_size
-                          for s in jsonl_shards(output))):
-            assert not tracker.stats(job).finished, "crawl finished before the kill"
-            survivor.check()
-            time.sleep(0.01)
-        victim.kill(signal.SIGKILL)
-        victim.proc.wait(10)
-        done_at_kill = tracker.stats(job).done
+        done_at_kill = sigkill_mid_crawl(
+            tracker, redis_client, job, victim, survivor, done=n // 3,
+            also=lambda: any(s.name.startswith(f"items-{victim_id}-") and s.stat().st_size
+                             for s in jsonl_shards(output)))
         replacement = workers(settings, "rw-replacement", concurrency=3)
         stats = manager.wait(job, timeout=120, check=check_all([survivor, replacement]))
     assert done_at_kill < n

@@ -4,6 +4,7 @@ site and waiting for it, stopping workers, and comparing what was saved with the
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -13,6 +14,7 @@ from distscrape_celery.local.processes import WorkerProcess
 from distscrape_celery.settings import Settings
 from distscrape_celery.tracker import RedisTracker
 from tests.support import REPO_ROOT
+from tests.support.tracker_state import lease_holders
 
 
 def plugins_path(*first: str) -> str:
@@ -129,3 +131,20 @@ def wait_until(what: str, cond, timeout: float = 90.0, procs=()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.1)
+
+
+def sigkill_mid_crawl(tracker, redis_client, job: str, victim, survivor, *, done: int,
+                      also=lambda: True) -> int:
+    """SIGKILL ``victim`` (a worker) once ``job`` has ``done`` items done, the victim holds a
+    lease in it and ``also()`` holds; wait for it to end and return the job's done count then.
+    Fails if the crawl finishes first or ``survivor`` dies meanwhile."""
+    victim_id = registered_id(tracker, victim)
+    while (tracker.stats(job).done < done
+           or victim_id not in lease_holders(redis_client, job).values()
+           or not also()):
+        assert not tracker.stats(job).finished, "crawl finished before the kill"
+        survivor.check()
+        time.sleep(0.01)
+    victim.kill(signal.SIGKILL)
+    victim.proc.wait(10)
+    return tracker.stats(job).done

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import re
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from tests.support.crawl import check_all, crawl_settings, registered_id
+from tests.support.crawl import check_all, crawl_settings, registered_id, sigkill_mid_crawl
 from tests.support.saving import GNU_TAR_FLAG
 from distscrape_celery.testing.sitegen import SiteServer, generate_site
-from tests.support.tracker_state import lease_holders, live_items
+from tests.support.tracker_state import live_items
 from warcio.archiveiterator import ArchiveIterator
 
 from distscrape_celery.worker.app import configure_app
@@ -156,17 +154,9 @@ def test_worker_sigkilled_while_writing_tar_shards(redis_url, redis_client, work
         manager = CrawlManager(tracker, publisher.scrape)
         manager.seed(job, spec)
         # Kill while the victim holds items and has written shards.
-        while (
-            tracker.stats(job).done < n // 3
-            or victim_id not in lease_holders(redis_client, job).values()
-            or not any(s.stat().st_size for s in _shards_of(output, victim_id))
-        ):
-            assert not tracker.stats(job).finished, "crawl finished before the kill"
-            survivor.check()
-            time.sleep(0.01)
-        victim.kill(signal.SIGKILL)
-        victim.proc.wait(10)
-        done_at_kill = tracker.stats(job).done
+        done_at_kill = sigkill_mid_crawl(
+            tracker, redis_client, job, victim, survivor, done=n // 3,
+            also=lambda: any(s.stat().st_size for s in _shards_of(output, victim_id)))
         replacement = workers(crawl_settings(redis_url, lease_seconds=LEASE), "tar-replacement", concurrency=3)
         stats = manager.wait(job, timeout=120, check=check_all([survivor, replacement]))
 
