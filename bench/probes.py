@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Callable, ClassVar, Optional
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from bench.helpers import (command_name, cpu_seconds, descendants, free_port, stop_process,
                            wait_port)
@@ -126,6 +128,15 @@ class StartupCpu:
         return c0 + (c1 - c0) * (first - t0) / (t1 - t0)
 
 
+def probe_client(**where) -> redis.Redis:
+    """A client for a probe: one try a call, never long. redis-py (6 and later) retries a failed
+    call with a growing backoff by default, about 4 s against a Redis that is gone: a probe
+    sampled as the measured command shuts its Redis down would hold up the loop that waits for
+    the command, and add those seconds to its wall time."""
+    return redis.Redis(**where, retry=Retry(NoBackoff(), 0), socket_connect_timeout=1,
+                       socket_timeout=2)
+
+
 @dataclass
 class RedisProbe:
     """``INFO`` deltas of one Redis: commands processed (those a Lua script runs included), CPU
@@ -218,7 +229,7 @@ class ThrowawayRedis:
             stdout=subprocess.DEVNULL, start_new_session=True)
         wait_port(self.port)
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.probe = RedisProbe(redis.Redis(port=self.port))
+        self.probe = RedisProbe(probe_client(port=self.port))
         self.probe.sample()
 
     def stop(self) -> None:
@@ -309,7 +320,7 @@ def embedded_probe(state_dir: Path):
                 where = ({"port": int(on_port.group(1))} if on_port
                          else {"unix_socket_path": on_socket.group(1).decode()})
                 password = (state_dir / "redis.password").read_text().strip()
-                probe = RedisProbe(redis.Redis(**where, password=password))
+                probe = RedisProbe(probe_client(**where, password=password))
                 return probe if probe.sample() else None
         return None
     return find
