@@ -1,7 +1,7 @@
 """A recurring crawl's second generation against its first: what it downloads, saves and costs.
 
     .venv/bin/python -m bench.revisits [--pages 5000] [--page-bytes 6000] [--modes etag,digest]
-                                       [--rounds 3]
+                                       [--rounds 3] [--link-rate RATE]
 
 Serves a generated site (``--pages`` pages of about ``--page-bytes``, as the suite's, and the
 suite's robots.txt that allows everything) on 127.0.0.1 with nginx, from static files, and crawls
@@ -15,6 +15,8 @@ round of each and not on a whole mode. In mode ``etag`` nginx serves its static 
 does by default: ETag (the file's modification time and size) and Last-Modified, and 304 to a
 matching conditional request; in mode ``digest`` it sends neither and ignores conditional
 requests, and only the body's digest tells an unchanged page. A removed page is a 404 in both.
+With ``--link-rate RATE`` (root) nginx serves from a network namespace over a link of that rate
+(:mod:`bench.netlink`) instead of 127.0.0.1, so that bytes not sent save time, as on a network.
 
 For each round it prints both generations' wall time (of the command, start-up and shutdown
 included) and, from nginx's access log, their first-to-last page request, the pages requested
@@ -41,9 +43,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from bench.crawl_command import HIGH_LIMITS
 from bench.helpers import BIN, clean_env, machine, unwind_on_sigterm
+from bench.netlink import RateLimitedLink
 from bench.probes import StartupCpu, embedded_probe, run_measured
 from bench.sites import ROBOTS, NginxSite, static_name, write_static
 from distscrape_celery.savers import FileItemSaver
@@ -195,12 +199,14 @@ class Mode:
     """A mode's site, served by nginx as the mode says, in both versions, and its rounds so far;
     the changed site's counts."""
 
-    def __init__(self, mode: str, site: Site, work: Path, seed: int) -> None:
+    def __init__(self, mode: str, site: Site, work: Path, seed: int,
+                 link: Optional[RateLimitedLink] = None) -> None:
         pages = {**{path: site.pages[path] for path in site.reachable}, "/robots.txt": ROBOTS}
         self.mode, self.work = mode, work / mode
         self.work.mkdir(parents=True)
         self.change = evolve_site(site, seed=seed)
-        self.server = NginxSite(pages, self.work, SERVER_CONF[mode] + GONE)
+        where = {"address": link.address, "prefix": link.prefix()} if link else {}
+        self.server = NginxSite(pages, self.work, SERVER_CONF[mode] + GONE, **where)
         self.rounds: list[Round] = []
         try:
             self.versions = SiteVersions(self.server, self.change)
@@ -317,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="etag (validators and 304s), digest (neither), or both")
     parser.add_argument("--rounds", type=int, default=3,
                         help="new jobs crawled twice, in each mode (the modes take turns)")
+    parser.add_argument("--link-rate", metavar="RATE",
+                        help="serve the site from a network namespace over a link of RATE "
+                             "(tc's notation, e.g. 20mbit; needs root) instead of 127.0.0.1")
     parser.add_argument("--seed", type=int, default=2, help="evolve_site's seed")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a crawl may take")
     parser.add_argument("--keep", action="store_true", help="keep the outputs and the logs")
@@ -335,15 +344,22 @@ def main(argv: list[str] | None = None) -> int:
           "generations 10 % change, 2 % are added, 2 % removed", flush=True)
     work = Path(tempfile.mkdtemp(prefix="distscrape-revisits-"))
     modes: list[Mode] = []
+    link = None
     try:
+        if args.link_rate:
+            link = RateLimitedLink(args.link_rate)
+            print(f"the site is served over a link of {args.link_rate}, from {link.address}",
+                  flush=True)
         for name in names:
-            modes.append(Mode(name, site, work, args.seed))
+            modes.append(Mode(name, site, work, args.seed, link))
         for _ in range(args.rounds):
             for mode in modes:
                 mode.run(args.timeout)
     finally:
         for mode in modes:
             mode.stop()
+        if link is not None:
+            link.close()
         if args.keep:
             print(f"kept {work}")
         else:

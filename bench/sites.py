@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Optional
 
 from bench.helpers import BENCH, PEERS, descendants, free_port, own_cpu, wait_port
@@ -67,7 +68,7 @@ http {{
     keepalive_requests 1000000;
     keepalive_timeout 120s;
     server {{
-        listen 127.0.0.1:{port};
+        listen {address}:{port};
         root {root};
         location = /q {{ try_files /q/$arg_id.html =404; }}
 {server}
@@ -137,20 +138,25 @@ class NginxSite(Site):
     """nginx serving ``pages`` as :func:`write_static` lays them out under ``root``; ``server``
     is more of its server block's configuration (one directive a line)."""
 
-    def __init__(self, pages: dict[str, bytes], workdir: Path, server: str = "") -> None:
+    def __init__(self, pages: dict[str, bytes], workdir: Path, server: str = "", *,
+                 address: str = "127.0.0.1", prefix: Sequence[str] = ()) -> None:
+        """``prefix``: a command that runs nginx elsewhere (in a network namespace) where it
+        listens on ``address``."""
         self.root, self.dir = workdir / "static", workdir / "nginx"
         write_static(pages, self.root)
         (self.dir / "tmp").mkdir(parents=True)
         port = free_port()
         conf = self.dir / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(dir=self.dir, port=port, root=self.root,
+        conf.write_text(NGINX_CONF.format(dir=self.dir, address=address, port=port,
+                                          root=self.root,
                                           server=textwrap.indent(server, " " * 8)))
         self.log = self.dir / "access.log"
-        self.url = f"http://127.0.0.1:{port}/"
+        self.url = f"http://{address}:{port}/"
         self.expected = sum(1 for path in pages if path != "/robots.txt")
-        self.proc = subprocess.Popen([find_nginx(), "-c", str(conf), "-p", str(self.dir)],
-                                     start_new_session=True)
-        wait_port(port)
+        # `ip netns exec` execs nginx: the process held is nginx itself.
+        self.proc = subprocess.Popen([*prefix, find_nginx(), "-c", str(conf), "-p",
+                                      str(self.dir)], start_new_session=True)
+        wait_port(port, host=address)
 
     def lag_since(self, offset: int) -> list[float]:
         return []  # nginx logs no lag (its fourth field is the body bytes)
