@@ -60,6 +60,20 @@ async def main():
 asyncio.run(main())
 '''
 
+# The end of every client's script: ``run(k)`` in ``threads`` threads, timed; ``label`` names it.
+TIMED = r'''
+workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+for t in workers:
+    t.start()
+for t in workers:
+    t.join()
+after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - started
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+n = threads * fetches
+print(f"{1e6 * cpu / n:.0f} us CPU a download, {n / wall:.0f} downloads/s ({label})")
+'''
+
 CLIENT = CHECKOUT_PRELUDE + r'''
 import resource, threading, time
 import contextlib
@@ -76,18 +90,8 @@ def run(k):
         for i in range(fetches):
             got = fetcher.get(f"{seeds[(i * 7 + k) % hosts]}p{i}.html")
             assert got.status == expected, got.status
-workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-for t in workers:
-    t.start()
-for t in workers:
-    t.join()
-after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - started
-cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-n = threads * fetches
-print(f"{1e6 * cpu / n:.0f} us CPU a download, {n / wall:.0f} downloads/s "
-      f"({fetch.__file__.rsplit('/distscrape_celery/', 1)[0]})")
-'''
+label = fetch.__file__.rsplit('/distscrape_celery/', 1)[0]
+''' + TIMED
 
 
 # The other clients, each as its documentation has a program use it from many threads.
@@ -130,17 +134,8 @@ elif kind == "impit":
             r = client.get(f"{seeds[(i * 7 + k) % hosts]}p{i}.html", headers=headers)
             r.content
             assert r.status_code == expected, r.status_code
-workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-before, started = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
-for t in workers:
-    t.start()
-for t in workers:
-    t.join()
-after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - started
-cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-n = threads * fetches
-print(f"{1e6 * cpu / n:.0f} us CPU a download, {n / wall:.0f} downloads/s ({kind})")
-'''
+label = kind
+''' + TIMED
 CLIENTS = ("fetcher", "urllib3", "pycurl", "impit")
 
 
