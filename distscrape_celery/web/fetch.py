@@ -371,6 +371,11 @@ class Fetcher:
                 # No body follows: read to its end, the connection goes back to its pool for
                 # the next request (closed unread, a revisit would open one per page).
                 response.drain_conn()
+                if not _asked_conditionally(url):
+                    # It says the copy the request named is current; this one named none.
+                    raise FetchError(
+                        f"HTTP 304 (not modified) to a request that asked nothing "
+                        f"conditionally: {url}", retryable=True, status=304)
                 return Download(url=url, status=304, content_type=headers.get("Content-Type", ""),
                                 body=b"", etag=headers.get("ETag", ""),
                                 last_modified=_http_date(headers.get("Last-Modified")),
@@ -549,6 +554,20 @@ def _redirect_target(url: str, response: urllib3.BaseHTTPResponse) -> Optional[s
             f"invalid URL {url}: redirect to a non-http(s) URL {target}", retryable=False
         )
     return target
+
+
+# Request headers that make a GET conditional: only to such a request may a server answer 304.
+_CONDITIONAL_HEADERS = frozenset({"if-none-match", "if-modified-since"})
+
+
+def _asked_conditionally(url: str) -> bool:
+    """Whether the request of ``url`` carried a validator: the revisit's (:func:`conditional`),
+    or one the job's fetch policy sets for its domain."""
+    if _validators.get():
+        return True
+    policy = current_policy()
+    return policy is not None and any(
+        name.lower() in _CONDITIONAL_HEADERS for name in policy.for_url(url).headers)
 
 
 def _check_status(url: str, response: urllib3.BaseHTTPResponse) -> None:

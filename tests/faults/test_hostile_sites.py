@@ -46,6 +46,7 @@ def hostile_routes(refused: int) -> tuple[dict, Counter]:
     trap = "".join(f'<a href="/target?utm_source={n}&utm_medium=m#f{n}">t</a>' for n in range(TRAP_LINKS))
     links = ["/huge", "/bomb", "/endless/0", "/loop-a", "/drip", "/lying-gzip", "/bad-bytes",
              "/flaky", "/busy", "/private/secret", "/to-private", "/h/über", "/trap", "/gone",
+             "/unasked-304",
              f"http://127.0.0.1:{refused}/refused"]
     index = "<html><body>" + "".join(f'<a href="{link}">x</a>' for link in links) + "</body></html>"
 
@@ -93,6 +94,8 @@ def hostile_routes(refused: int) -> tuple[dict, Counter]:
         "/trap": ok(f"<html>{trap}</html>".encode()),
         "/target": ok(b"the one page behind every tracking link"),
         "/gone": lambda h: reply(h, 404, b"no"),
+        # "Not modified" to a request that named no copy: there is no page in it to save.
+        "/unasked-304": lambda h: reply(h, 304, headers={"ETag": '"v1"'}),
     }
     for n in range(20):  # an endless chain of redirects
         routes[f"/endless/{n}"] = (lambda n: lambda h: reply(h, 302, headers={"Location": f"/endless/{n + 1}"}))(n)
@@ -125,6 +128,7 @@ def expected_outcomes(base: str, refused: int) -> tuple[set[str], dict[str, str]
         "/private/secret": "disallowed by robots.txt",
         "/to-private": "disallowed by robots.txt",  # robots.txt is asked at every redirect hop
         "/gone": "HTTP 404",
+        "/unasked-304": "HTTP 304 (not modified) to a request that asked nothing conditionally",
     }
     dead_urls = {base + path: why for path, why in dead.items()}
     dead_urls[f"http://127.0.0.1:{refused}/refused"] = "connection refused"
@@ -147,6 +151,7 @@ def check_outcomes(tracker, job, base, refused, counts, out) -> None:
     assert counts["/flaky"] == 2 and counts["/busy"] == 2  # failed once, then retried to done
     assert counts["/robots.txt"] == 1  # once per host, then from Redis
     assert counts["/drip"] == 2  # a timeout is retried (max_retries=1), then dead
+    assert counts["/unasked-304"] == 2  # a cache may serve it for a while: retried, then dead
 
 
 def test_hostile_site_through_the_pipeline(redis_url, tmp_path, caplog):

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler
 import pytest
 
 from distscrape_celery.errors import FetchError
-from distscrape_celery.web.fetch import Download, Fetcher
+from distscrape_celery.web.fetch import Download, Fetcher, conditional
 from distscrape_celery.job.sections import FetchSpec
 from tests.support.http import Route, nested_gzip_bomb, reply, serve
 from tests.support.ops import closed_port as _closed_port
@@ -64,6 +64,22 @@ def test_http_error_status_maps_to_retryable_or_not(status: int, retryable: bool
         error = fetch_error(fetcher(), base + "/x")
     assert error.retryable is retryable
     assert str(error) == f"HTTP {status} for {base}/x"
+
+
+def test_a_304_to_a_request_that_asked_nothing_conditionally_is_a_retryable_error() -> None:
+    """304 answers a conditional request ("the copy you have is current"); to a request that
+    named no copy it holds no page, and saving its empty body would replace a page with
+    nothing. A cache that serves it may stop: retryable. Asked conditionally, it is a 304."""
+    routes = {"/page": lambda h: reply(h, 304, headers={"ETag": '"v1"'})}
+    with serve(routes) as (base, _, log):
+        error = fetch_error(fetcher(), base + "/page")
+        with conditional('"v1"'):
+            got = fetcher().get(base + "/page")
+    assert error.retryable is True and error.status == 304
+    assert str(error) == (f"HTTP 304 (not modified) to a request that asked nothing "
+                          f"conditionally: {base}/page")
+    assert got.not_modified and got.body == b"" and got.etag == '"v1"'
+    assert "If-None-Match" not in log[0]["headers"] and log[1]["headers"]["If-None-Match"] == '"v1"'
 
 
 def test_body_over_max_bytes_is_not_retryable() -> None:
