@@ -421,3 +421,21 @@ def test_no_site_sets_a_cookie_for_a_whole_country_domain(cookie_store):
                            ("x.shop.co.uk", "/p")]:
             get(fetcher, policy, f"http://{host}:{port}{path}")
     assert [cookies_sent(entry) for entry in log[1:]] == [set(), {"shop=1"}]
+
+
+def test_a_validator_the_policy_sends_makes_a_304_an_answer():
+    """A 304 is the answer to a conditional request: one the job's policy makes conditional
+    for a domain (its own If-Modified-Since) gets it as not modified; another domain, asking
+    nothing conditionally, gets a retryable failure for the same answer."""
+    unchanged = lambda h: reply(h, 304, headers={"ETag": '"v1"'})  # noqa: E731
+    with serve({"/p": unchanged}) as (a, _, log_a), serve({"/p": unchanged}) as (b, _, _):
+        fetcher, policy = policy_fetcher(
+            {"domains": {domain(a): {"headers": {"If-Modified-Since":
+                                                 "Sat, 01 Jan 2000 00:00:00 GMT"}}}},
+            [a + "/", b + "/"])
+        got = get(fetcher, policy, a + "/p")
+        with pytest.raises(FetchError, match="asked nothing conditionally") as refused:
+            get(fetcher, policy, b + "/p")
+    assert got.not_modified and got.body == b""
+    assert log_a[0]["headers"]["If-Modified-Since"] == "Sat, 01 Jan 2000 00:00:00 GMT"
+    assert refused.value.retryable is True
