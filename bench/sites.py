@@ -1,7 +1,7 @@
-"""The benchmark's sites on 127.0.0.1, each with an access log of ``time path status`` lines
-(and more fields after those): a generated site served from static files by nginx (loopback)
-and by ``bench/latency_site.py`` (answers after a fixed delay, run by the peers' Python, which
-has uvloop)."""
+"""The benchmark's sites, each with an access log of ``time path status`` lines (and more
+fields after those): a generated site served from static files by nginx (on 127.0.0.1, or from
+a network namespace of :mod:`bench.netlink`) and by ``bench/latency_site.py`` on 127.0.0.1
+(answers after a fixed delay, run by the peers' Python, which has uvloop)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Optional
 
 from bench.helpers import BENCH, PEERS, descendants, free_port, own_cpu, wait_port
